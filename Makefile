@@ -1,0 +1,46 @@
+# Two commands do all the set-up: `make run` (the demo on http://127.0.0.1:8000) and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+PORT ?= 8000
+
+# The test suite runs the production stack for real.
+TEST_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/postgres
+TEST_REDIS_URL ?= redis://127.0.0.1:6379/14
+
+.PHONY: install run test lint bench chromium clean docker-config
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --disable-pip-version-check -r requirements-dev.txt
+	touch $@
+
+install: $(VENV)/.installed
+
+# Debian's Chromium for the browser tests; never a browser download.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+		echo "installing Debian's chromium"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+run: install
+	$(PY) manage.py migrate --noinput
+	$(PY) manage.py seed_demo --if-empty
+	$(PY) manage.py serve --port $(PORT)
+
+test: install chromium
+	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+bench: install
+	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m bench.run --out bench/results/report.json
+
+docker-config:
+	docker compose -f docker/compose.yaml config --quiet
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .ruff_cache .hypothesis

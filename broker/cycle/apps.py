@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class CycleConfig(AppConfig):
+    name = "broker.cycle"
+    label = "cycle"

@@ -1,0 +1,159 @@
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.db.models import F
+
+
+class Health(models.TextChoices):
+    HEALTHY = "Healthy"
+    UNHEALTHY = "Unhealthy"
+    UNKNOWN = "Unknown"
+
+
+class TaintEffect(models.TextChoices):
+    NO_SCHEDULE = "NoSchedule"
+    NO_EXECUTE = "NoExecute"
+
+
+class ClusterState(models.Model):
+    """One row per cluster; `generation` moves whenever inventory changes, so a cycle can tell its
+    snapshot went stale before committing."""
+
+    name = models.SlugField(unique=True)
+    generation = models.BigIntegerField(default=0)
+
+    def __str__(self):
+        return f"{self.name}@{self.generation}"
+
+    @classmethod
+    def bump(cls, name="default"):
+        state, _ = cls.objects.get_or_create(name=name)
+        cls.objects.filter(pk=state.pk).update(generation=F("generation") + 1)
+
+    @classmethod
+    def current_generation(cls, name="default"):
+        state, _ = cls.objects.get_or_create(name=name)
+        return state.generation
+
+
+class TopologyLevel(models.Model):
+    """One level of the topology, coarse (low order) to fine; the node is always the finest, implicit."""
+
+    name = models.SlugField(max_length=50, unique=True)
+    order = models.PositiveSmallIntegerField(unique=True)
+
+    class Meta:
+        ordering = ["order"]
+
+    def __str__(self):
+        return self.name
+
+
+class Domain(models.Model):
+    """A domain of one level (a zone, block or rack); its parent is a domain of the level above."""
+
+    level = models.ForeignKey(TopologyLevel, on_delete=models.PROTECT, related_name="domains")
+    name = models.CharField(max_length=100)
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="children")
+
+    class Meta:
+        ordering = ["level__order", "name"]
+        constraints = [models.UniqueConstraint(fields=["level", "name"], name="domain_unique_name_per_level")]
+
+    def __str__(self):
+        return f"{self.level.name}:{self.name}"
+
+    def clean(self):
+        if self.parent_id is None:
+            return
+        if self.parent.level.order >= self.level.order:
+            raise ValidationError({"parent": "The parent must sit on a coarser level."})
+
+    def path(self):
+        """{level name: domain name} from this domain up to the root."""
+        out = {}
+        domain = self
+        while domain is not None:
+            out[domain.level.name] = domain.name
+            domain = domain.parent
+        return out
+
+
+class Node(models.Model):
+    name = models.CharField(max_length=253, unique=True)
+    domain = models.ForeignKey(
+        Domain,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="nodes",
+        help_text="The node's domain on the finest topology level; coarser levels follow its parents.",
+    )
+    labels = models.JSONField(default=dict, blank=True)
+    cordoned = models.BooleanField(default=False, help_text="A cordoned node takes no new allocations.")
+    created = models.DateTimeField(auto_now_add=True)
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+    @property
+    def schedulable(self):
+        return not self.cordoned
+
+
+class Device(models.Model):
+    """One accelerator (or a partition of one), as a DRA ResourceSlice publishes it."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="devices")
+    driver = models.CharField(max_length=253, default="gpu.example.com")
+    pool = models.CharField(max_length=253, blank=True)
+    name = models.CharField(max_length=63)
+    attributes = models.JSONField(default=dict, blank=True)
+    capacity = models.JSONField(default=dict, blank=True)
+    health = models.CharField(max_length=10, choices=Health.choices, default=Health.HEALTHY)
+    taints = models.JSONField(default=list, blank=True, help_text='[{"key": ..., "value": ..., "effect": ...}]')
+    parent = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="partitions",
+        help_text="For a partition (e.g. a MIG slice): the whole device it is cut from.",
+    )
+
+    class Meta:
+        ordering = ["node__name", "name"]
+        constraints = [models.UniqueConstraint(fields=["node", "name"], name="device_unique_name_per_node")]
+
+    def __str__(self):
+        return self.qualified_name
+
+    @property
+    def qualified_name(self):
+        return f"{self.node.name}/{self.name}"
+
+    def clean(self):
+        errors = {}
+        if not isinstance(self.attributes, dict):
+            errors["attributes"] = "Attributes must be an object of name: value."
+        if not isinstance(self.capacity, dict):
+            errors["capacity"] = "Capacity must be an object of name: quantity."
+        taint_error = validate_taints(self.taints)
+        if taint_error:
+            errors["taints"] = taint_error
+        if errors:
+            raise ValidationError(errors)
+
+
+def validate_taints(taints):
+    if not isinstance(taints, list):
+        return "Taints must be a list."
+    for index, taint in enumerate(taints):
+        if not isinstance(taint, dict) or not taint.get("key"):
+            return f"Taint {index} needs a key."
+        if taint.get("effect", TaintEffect.NO_SCHEDULE) not in TaintEffect.values:
+            return f"Taint {index}: effect must be one of {', '.join(TaintEffect.values)}."
+    return None

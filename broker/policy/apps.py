@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class PolicyConfig(AppConfig):
+    name = "broker.policy"
+    label = "policy"

@@ -1,0 +1,205 @@
+"""Flat, environment-driven settings.
+
+With no variable set this is the embedded default: SQLite, an in-memory channel layer and the
+scheduling cycle running inside the web process on a timer. DATABASE_URL and REDIS_URL switch to the
+production stack (PostgreSQL through psycopg 3, Redis for Celery and Channels).
+"""
+
+import os
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def envbool(name, default):
+    return os.getenv(name, default).lower() in ("1", "true", "yes", "on")
+
+
+def envint(name, default):
+    return int(os.getenv(name, default))
+
+
+def envfloat(name, default):
+    return float(os.getenv(name, default))
+
+
+PRODUCTION = envbool("PRODUCTION", "False")
+DEBUG = envbool("DEBUG", "False" if PRODUCTION else "True")
+SECRET_KEY = os.getenv("SECRET_KEY", "" if PRODUCTION else "dev-only-insecure-key-do-not-use-in-production")
+if PRODUCTION and len(SECRET_KEY) < 50:
+    raise RuntimeError("PRODUCTION=True needs a SECRET_KEY of at least 50 characters")
+
+ALLOWED_HOSTS = os.getenv("ALLOWED_HOSTS", "127.0.0.1,localhost,testserver").split(",")
+CSRF_TRUSTED_ORIGINS = [o for o in os.getenv("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+SITE_NAME = os.getenv("SITE_NAME", "Capacity Broker")
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "django_filters",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "channels",
+    "broker.inventory",
+    "broker.policy",
+    "broker.workloads",
+    "broker.audit",
+    "broker.api",
+    "broker.cycle",
+    "dashboard",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "broker.urls"
+WSGI_APPLICATION = "broker.wsgi.application"
+ASGI_APPLICATION = "broker.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "dashboard.context_processors.site",
+            ],
+        },
+    },
+]
+
+DATA_DIR = Path(os.getenv("DATA_DIR", BASE_DIR / "var"))
+DATA_DIR.mkdir(parents=True, exist_ok=True)
+DATABASE_URL = os.getenv("DATABASE_URL", "")
+if DATABASE_URL:
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=envint("DB_CONN_MAX_AGE", "0"))}
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": os.getenv("SQLITE_PATH", str(DATA_DIR / "broker.sqlite3")),
+            "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"},
+        }
+    }
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    DATABASES["default"].setdefault("TEST", {})["NAME"] = os.getenv("TEST_DATABASE_NAME", "test_capacity_broker")
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = os.getenv("REDIS_URL", "")
+if REDIS_URL:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}}
+    CELERY_BROKER_URL = REDIS_URL
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    CELERY_BROKER_URL = "memory://"
+CELERY_TASK_ALWAYS_EAGER = envbool("CELERY_TASK_ALWAYS_EAGER", "False" if REDIS_URL else "True")
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+
+# "celery": beat and the worker run cycles; "inprocess": the web process runs them on a timer.
+CYCLE_MODE = os.getenv("CYCLE_MODE", "celery" if REDIS_URL else "inprocess")
+CYCLE_INTERVAL_SECONDS = envfloat("CYCLE_INTERVAL_SECONDS", "3")
+CYCLE_DEBOUNCE_SECONDS = envfloat("CYCLE_DEBOUNCE_SECONDS", "0.5")
+CLUSTER_NAME = os.getenv("CLUSTER_NAME", "default")
+CELERY_BEAT_SCHEDULE = {
+    "scheduling-cycle": {"task": "broker.cycle.tasks.run_cycle", "schedule": CYCLE_INTERVAL_SECONDS},
+    "simulated-executor": {"task": "broker.cycle.tasks.advance_executor", "schedule": CYCLE_INTERVAL_SECONDS},
+}
+
+# The simulated executor's clock runs this many times faster than the wall clock.
+SIMULATION_SPEED = envfloat("SIMULATION_SPEED", "60")
+EXECUTOR = os.getenv("EXECUTOR", "simulated")
+DEMO_REPLAY = envbool("DEMO_REPLAY", "False")
+TRACES_DIR = Path(os.getenv("TRACES_DIR", BASE_DIR.parent / "shared" / "data" / "traces"))
+BACKFILL_WAIT_SECONDS = envfloat("BACKFILL_WAIT_SECONDS", "600")
+APPROVAL_ESCALATION_SECONDS = envfloat("APPROVAL_ESCALATION_SECONDS", "86400")
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "dashboard:overview"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = os.getenv("TIME_ZONE", "UTC")
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = Path(os.getenv("STATIC_ROOT", DATA_DIR / "staticfiles"))
+WHITENOISE_USE_FINDERS = True
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.SessionAuthentication",
+        "rest_framework.authentication.TokenAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_FILTER_BACKENDS": [
+        "django_filters.rest_framework.DjangoFilterBackend",
+        "rest_framework.filters.OrderingFilter",
+        "rest_framework.filters.SearchFilter",
+    ],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": envint("API_PAGE_SIZE", "50"),
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "TEST_REQUEST_DEFAULT_FORMAT": "json",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Capacity Broker API",
+    "DESCRIPTION": "Brokers scarce AI accelerators: inventory, policy, workloads, explanations, costs.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+if PRODUCTION:
+    SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", "True")
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", "31536000")
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = True
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    STORAGES = {
+        "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+        "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+    }
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": os.getenv("LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

@@ -1,0 +1,71 @@
+from django.contrib import admin
+
+from broker.workloads.models import (
+    Allocation,
+    Explanation,
+    ExplanationChange,
+    PodSet,
+    SchedulingCycle,
+    Workload,
+    WorkloadTransition,
+)
+
+
+class PodSetInline(admin.TabularInline):
+    model = PodSet
+    extra = 0
+
+
+class TransitionInline(admin.TabularInline):
+    model = WorkloadTransition
+    extra = 0
+    can_delete = False
+    readonly_fields = ("from_state", "to_state", "at", "actor", "reason")
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Workload)
+class WorkloadAdmin(admin.ModelAdmin):
+    list_display = ("name", "team", "queue", "resource_class", "state", "priority", "submitted_at")
+    list_filter = ("state", "team", "queue", "resource_class", "approval", "disruption_mode")
+    search_fields = ("name", "team__name", "trace_id")
+    date_hierarchy = "submitted_at"
+    list_select_related = ("team", "queue", "resource_class")
+    readonly_fields = ("state", "state_changed_at", "admitted_at", "started_at", "finished_at", "chosen_device_class")
+    inlines = [PodSetInline, TransitionInline]
+
+
+@admin.register(Allocation)
+class AllocationAdmin(admin.ModelAdmin):
+    list_display = ("device", "workload", "pod_set", "pod_index", "allocated_at", "released_at")
+    list_filter = ("device_class", ("released_at", admin.EmptyFieldListFilter))
+    search_fields = ("workload__name", "device__node__name")
+    list_select_related = ("device__node", "workload__team")
+    raw_id_fields = ("workload", "device", "cycle")
+
+
+@admin.register(Explanation)
+class ExplanationAdmin(admin.ModelAdmin):
+    list_display = ("workload", "reason", "position_in_queue", "position_in_cluster", "estimated_start", "updated_at")
+    list_filter = ("reason",)
+    search_fields = ("workload__name", "message")
+    raw_id_fields = ("workload", "cycle")
+
+
+@admin.register(ExplanationChange)
+class ExplanationChangeAdmin(admin.ModelAdmin):
+    list_display = ("workload", "reason", "at")
+    list_filter = ("reason",)
+    raw_id_fields = ("workload", "cycle")
+
+
+@admin.register(SchedulingCycle)
+class SchedulingCycleAdmin(admin.ModelAdmin):
+    list_display = ("id", "started_at", "outcome", "pending_count", "admitted_count", "preempted_count", "decide_ms")
+    list_filter = ("outcome", "cluster")
+    date_hierarchy = "started_at"
+
+    def has_change_permission(self, request, obj=None):
+        return False

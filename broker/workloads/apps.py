@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class WorkloadsConfig(AppConfig):
+    name = "broker.workloads"
+    label = "workloads"

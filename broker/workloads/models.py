@@ -1,0 +1,224 @@
+from django.conf import settings
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from broker.workloads.states import HOLDING_STATES, InvalidTransition, State, can_transition
+
+
+class DisruptionMode(models.TextChoices):
+    POD = "Pod", "Pods may be evicted one by one"
+    POD_GROUP = "PodGroup", "The group is evicted whole"
+
+
+class ApprovalState(models.TextChoices):
+    NOT_REQUIRED = "NotRequired"
+    REQUESTED = "Requested"
+    APPROVED = "Approved"
+    REJECTED = "Rejected"
+
+
+class Workload(models.Model):
+    """A PodGroup: one or more pod sets scheduled all-or-nothing."""
+
+    name = models.SlugField(max_length=100)
+    team = models.ForeignKey("policy.Team", on_delete=models.PROTECT, related_name="workloads")
+    queue = models.ForeignKey("policy.Queue", on_delete=models.PROTECT, related_name="workloads")
+    resource_class = models.ForeignKey(
+        "policy.ResourceClass", null=True, blank=True, on_delete=models.PROTECT, related_name="workloads"
+    )
+    submitted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="workloads"
+    )
+    priority = models.IntegerField(default=0)
+    disruption_mode = models.CharField(max_length=8, choices=DisruptionMode.choices, default=DisruptionMode.POD_GROUP)
+    preemptible = models.BooleanField(default=True)
+    topology_required = models.CharField(max_length=50, blank=True)
+    topology_preferred = models.CharField(max_length=50, blank=True)
+    expected_duration_seconds = models.PositiveIntegerField(null=True, blank=True)
+    state = models.CharField(max_length=20, choices=State.choices, default=State.SUBMITTED, db_index=True)
+    approval = models.CharField(max_length=12, choices=ApprovalState.choices, default=ApprovalState.NOT_REQUIRED)
+    submitted_at = models.DateTimeField(default=timezone.now, db_index=True)
+    state_changed_at = models.DateTimeField(default=timezone.now)
+    admitted_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    chosen_device_class = models.ForeignKey(
+        "policy.DeviceClass",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="The device class the cycle chose from the fallback list.",
+    )
+    trace_id = models.CharField(max_length=64, blank=True, help_text="Source job when replayed from a trace.")
+
+    class Meta:
+        ordering = ["submitted_at", "id"]
+        constraints = [models.UniqueConstraint(fields=["team", "name"], name="workload_unique_name_per_team")]
+        indexes = [models.Index(fields=["state", "queue"])]
+
+    def __str__(self):
+        return f"{self.team.name}/{self.name}"
+
+    @property
+    def total_devices(self):
+        return sum(pod_set.replicas * pod_set.devices_per_pod for pod_set in self.pod_sets.all())
+
+    @property
+    def holds_devices(self):
+        return self.state in HOLDING_STATES
+
+    def transition(self, target, actor=None, reason="", at=None):
+        """Move to `target` if the state machine allows it; records and returns the transition."""
+        if not can_transition(self.state, target):
+            raise InvalidTransition(self.state, target)
+        at = at or timezone.now()
+        previous = self.state
+        self.state = target
+        self.state_changed_at = at
+        if target == State.ADMITTED:
+            self.admitted_at = at
+        elif target == State.RUNNING:
+            self.started_at = at
+        elif target in (State.SUCCEEDED, State.FAILED, State.CANCELLED, State.PREEMPTED):
+            self.finished_at = at
+        elif target == State.PENDING:
+            self.finished_at = None
+        self.save()
+        return WorkloadTransition.objects.create(
+            workload=self, from_state=previous, to_state=target, at=at, actor=actor, reason=reason
+        )
+
+
+class PodSet(models.Model):
+    workload = models.ForeignKey(Workload, on_delete=models.CASCADE, related_name="pod_sets")
+    name = models.SlugField(max_length=63, default="main")
+    replicas = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    min_count = models.PositiveIntegerField(null=True, blank=True, help_text="Gang size; empty means all replicas.")
+    devices_per_pod = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    device_classes = models.JSONField(
+        default=list, blank=True, help_text="Device class names in fallback order; empty: the resource class's."
+    )
+    match_attribute = models.CharField(max_length=100, blank=True)
+    tolerations = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        ordering = ["workload", "id"]
+        constraints = [models.UniqueConstraint(fields=["workload", "name"], name="podset_unique_name")]
+
+    def __str__(self):
+        return f"{self.workload}:{self.name}"
+
+    @property
+    def gang_size(self):
+        return self.min_count or self.replicas
+
+
+class WorkloadTransition(models.Model):
+    workload = models.ForeignKey(Workload, on_delete=models.CASCADE, related_name="transitions")
+    from_state = models.CharField(max_length=20, choices=State.choices)
+    to_state = models.CharField(max_length=20, choices=State.choices)
+    at = models.DateTimeField(default=timezone.now)
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    reason = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+
+
+class SchedulingCycle(models.Model):
+    class Outcome(models.TextChoices):
+        RUNNING = "Running"
+        COMMITTED = "Committed"
+        REFUSED = "Refused", "Refused: snapshot went stale"
+        FAILED = "Failed"
+
+    cluster = models.SlugField(default="default")
+    started_at = models.DateTimeField(default=timezone.now, db_index=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=10, choices=Outcome.choices, default=Outcome.RUNNING)
+    generation = models.BigIntegerField(default=0, help_text="Inventory generation of the snapshot.")
+    load_ms = models.FloatField(default=0)
+    decide_ms = models.FloatField(default=0)
+    commit_ms = models.FloatField(default=0)
+    pending_count = models.PositiveIntegerField(default=0)
+    admitted_count = models.PositiveIntegerField(default=0)
+    preempted_count = models.PositiveIntegerField(default=0)
+    detail = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+
+    def __str__(self):
+        return f"cycle {self.pk} ({self.outcome})"
+
+    @property
+    def duration_ms(self):
+        return self.load_ms + self.decide_ms + self.commit_ms
+
+
+class Allocation(models.Model):
+    """A device held by a workload's pod. A device has at most one active allocation, ever: the
+    partial unique index below makes the database refuse a second one."""
+
+    workload = models.ForeignKey(Workload, on_delete=models.PROTECT, related_name="allocations")
+    device = models.ForeignKey("inventory.Device", on_delete=models.PROTECT, related_name="allocations")
+    device_class = models.ForeignKey("policy.DeviceClass", on_delete=models.PROTECT, related_name="allocations")
+    pod_set = models.CharField(max_length=63)
+    pod_index = models.PositiveIntegerField()
+    cycle = models.ForeignKey(SchedulingCycle, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    allocated_at = models.DateTimeField(default=timezone.now)
+    released_at = models.DateTimeField(null=True, blank=True, db_index=True)
+
+    class Meta:
+        ordering = ["allocated_at", "id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["device"], condition=Q(released_at__isnull=True), name="allocation_one_active_per_device"
+            ),
+            models.CheckConstraint(
+                condition=Q(released_at__isnull=True) | Q(released_at__gte=models.F("allocated_at")),
+                name="allocation_released_after_allocated",
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.device} -> {self.workload}"
+
+    @property
+    def active(self):
+        return self.released_at is None
+
+
+class Explanation(models.Model):
+    """The latest word on why a workload is not admitted (one row per workload)."""
+
+    workload = models.OneToOneField(Workload, on_delete=models.CASCADE, related_name="explanation")
+    cycle = models.ForeignKey(SchedulingCycle, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    reason = models.CharField(max_length=32, db_index=True)
+    secondary = models.JSONField(default=list, blank=True)
+    message = models.TextField()
+    details = models.JSONField(default=dict, blank=True)
+    position_in_queue = models.PositiveIntegerField(null=True, blank=True)
+    position_in_cluster = models.PositiveIntegerField(null=True, blank=True)
+    estimated_start = models.DateTimeField(null=True, blank=True)
+    suggestions = models.JSONField(default=list, blank=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self):
+        return f"{self.workload}: {self.reason}"
+
+
+class ExplanationChange(models.Model):
+    """Compact history: a row only when the reason or message changes, not one per cycle."""
+
+    workload = models.ForeignKey(Workload, on_delete=models.CASCADE, related_name="explanation_history")
+    cycle = models.ForeignKey(SchedulingCycle, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    reason = models.CharField(max_length=32)
+    message = models.TextField()
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["at", "id"]
