@@ -39,6 +39,11 @@ class Workload(models.Model):
     expected_duration_seconds = models.PositiveIntegerField(null=True, blank=True)
     state = models.CharField(max_length=20, choices=State.choices, default=State.SUBMITTED, db_index=True)
     approval = models.CharField(max_length=12, choices=ApprovalState.choices, default=ApprovalState.NOT_REQUIRED)
+    approval_decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="approval_decisions"
+    )
+    approval_decided_at = models.DateTimeField(null=True, blank=True)
+    approval_comment = models.TextField(blank=True)
     submitted_at = models.DateTimeField(default=timezone.now, db_index=True)
     state_changed_at = models.DateTimeField(default=timezone.now)
     admitted_at = models.DateTimeField(null=True, blank=True)
