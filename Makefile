@@ -9,7 +9,7 @@ PORT ?= 8000
 TEST_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/postgres
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/14
 
-.PHONY: install run test lint bench chromium clean docker-config
+.PHONY: install run test lint bench system-deps clean docker-config
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -18,18 +18,22 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 
 install: $(VENV)/.installed
 
-# Debian's Chromium for the browser tests; never a browser download.
-chromium:
-	@command -v chromium >/dev/null 2>&1 || { \
-		echo "installing Debian's chromium"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+# Debian's Chromium for the browser tests (never a browser download) and a Compose CLI to check docker/.
+system-deps:
+	@missing=""; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	{ docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null 2>&1; } || missing="$$missing docker-compose"; \
+	if [ -n "$$missing" ]; then \
+		echo "installing from Debian:$$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
 
 run: install
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py seed_demo --if-empty
 	$(PY) manage.py serve --port $(PORT)
 
-test: install chromium
+test: install system-deps
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest $(PYTEST_ARGS)
 
 lint: install
@@ -40,7 +44,8 @@ bench: install
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m bench.run --out bench/results/report.json
 
 docker-config:
-	docker compose -f docker/compose.yaml config --quiet
+	@if docker compose version >/dev/null 2>&1; then SECRET_KEY=check docker compose -f docker/compose.yaml config --quiet; \
+	else SECRET_KEY=check docker-compose -f docker/compose.yaml config --quiet; fi && echo "docker/compose.yaml is valid"
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .ruff_cache .hypothesis

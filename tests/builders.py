@@ -79,11 +79,17 @@ def make_resource_class(name, priority_class, device_classes, **fields):
     return resource_class
 
 
-def make_workload(queue, name="job", replicas=1, devices_per_pod=1, resource_class=None, submitted_by=None,
-                  minutes_ago=0, **fields):
+def make_workload(
+    queue, name="job", replicas=1, devices_per_pod=1, resource_class=None, submitted_by=None, minutes_ago=0, **fields
+):
     workload = Workload.objects.create(
-        name=name, team=queue.team, queue=queue, resource_class=resource_class, submitted_by=submitted_by,
-        submitted_at=timezone.now() - timedelta(minutes=minutes_ago), **fields,
+        name=name,
+        team=queue.team,
+        queue=queue,
+        resource_class=resource_class,
+        submitted_by=submitted_by,
+        submitted_at=timezone.now() - timedelta(minutes=minutes_ago),
+        **fields,
     )
     PodSet.objects.create(workload=workload, name="main", replicas=replicas, devices_per_pod=devices_per_pod)
     return workload
