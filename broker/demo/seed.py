@@ -1,0 +1,234 @@
+"""Write a demo inventory, its policy and demo users into the database, idempotently.
+
+Every object is looked up by its natural key first and created only when missing, so a second run
+changes nothing; existing rows (an operator's edited quota, a changed password) are left alone.
+Nodes and devices go in with bulk_create: the Alibaba inventory is 10k devices.
+"""
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from django.contrib.auth.models import Group, User
+from django.db import transaction
+
+from broker.demo import inventory as demo
+from broker.inventory.models import ClusterState, Device, Domain, Node, TopologyLevel
+from broker.policy import roles
+from broker.policy.models import (
+    Cohort,
+    DeviceClass,
+    PriorityClass,
+    Queue,
+    ReclaimPolicy,
+    ResourceClass,
+    ResourceClassDeviceClass,
+    Team,
+    WithinQueuePolicy,
+)
+
+LEVELS = ("zone", "block", "rack")
+COHORT = "shared"
+STAFF_LOGINS = (
+    ("operator", roles.OPERATOR, False),
+    ("finance", roles.FINANCE, False),
+    ("approver", roles.APPROVER, False),
+    ("admin", roles.ADMIN, True),
+)
+
+
+class SeedConflict(Exception):
+    pass
+
+
+@dataclass
+class SeedReport:
+    inventory: str
+    created: Counter = field(default_factory=Counter)
+    logins: list = field(default_factory=list)
+
+    @property
+    def changed(self):
+        return sum(self.created.values()) > 0
+
+
+def seed(inventory="philly"):
+    machines = demo.machines_for(inventory)
+    report = SeedReport(inventory)
+    with transaction.atomic():
+        check_same_inventory(inventory)
+        levels = ensure_levels(report)
+        place_nodes(inventory, demo.place(machines), levels, report)
+        classes = ensure_device_classes(inventory, report)
+        capacity = Counter()
+        for machine in machines:
+            capacity[demo.class_of(inventory, machine.attributes)] += machine.devices
+        teams = ensure_teams_and_queues(demo.philly_virtual_clusters(), capacity, report)
+        ensure_menu(inventory, classes, teams, report)
+        report.logins = ensure_users(teams, report)
+        if report.created["nodes"] or report.created["devices"]:
+            # Running cycles must see their snapshot went stale.
+            ClusterState.bump()
+    return report
+
+
+def check_same_inventory(inventory):
+    other = Node.objects.exclude(labels__inventory=inventory).values_list("labels", flat=True).first()
+    if other is not None:
+        found = other.get("inventory", "a hand-made inventory")
+        raise SeedConflict(f"The database already holds {found}; seed '{inventory}' into an empty database.")
+
+
+def ensure_levels(report):
+    levels = {}
+    for order, name in enumerate(LEVELS):
+        level = TopologyLevel.objects.filter(name=name).first()
+        if level is None:
+            level = TopologyLevel.objects.create(name=name, order=order)
+            report.created["topology levels"] += 1
+        levels[name] = level
+    return levels
+
+
+def ensure_domains(level, wanted, report):
+    """{name: Domain} for `wanted` = {name: parent Domain or None}, creating the missing ones."""
+    existing = {domain.name: domain for domain in Domain.objects.filter(level=level, name__in=list(wanted))}
+    missing = [Domain(level=level, name=name, parent=parent) for name, parent in wanted.items() if name not in existing]
+    for domain in Domain.objects.bulk_create(missing):
+        existing[domain.name] = domain
+    report.created[f"{level.name}s"] += len(missing)
+    return existing
+
+
+def place_nodes(inventory, placed, levels, report):
+    zones = ensure_domains(levels["zone"], {p.zone: None for p in placed}, report)
+    blocks = ensure_domains(levels["block"], {p.block: zones[p.zone] for p in placed}, report)
+    racks = ensure_domains(levels["rack"], {p.rack: blocks[p.block] for p in placed}, report)
+    existing = set(Node.objects.filter(name__in=[p.machine.name for p in placed]).values_list("name", flat=True))
+    new_nodes = [
+        Node(name=p.machine.name, domain=racks[p.rack], labels={"inventory": inventory, "machine-type": type_label(p)})
+        for p in placed
+        if p.machine.name not in existing
+    ]
+    Node.objects.bulk_create(new_nodes, batch_size=1000)
+    report.created["nodes"] += len(new_nodes)
+    node_ids = dict(Node.objects.filter(name__in=[p.machine.name for p in placed]).values_list("name", "id"))
+    have = set(Device.objects.filter(node_id__in=node_ids.values()).values_list("node_id", "name"))
+    devices = []
+    for p in placed:
+        node_id = node_ids[p.machine.name]
+        for index in range(p.machine.devices):
+            if (node_id, str(index)) in have:
+                continue
+            devices.append(new_device(node_id, p.machine, index))
+    Device.objects.bulk_create(devices, batch_size=2000)
+    report.created["devices"] += len(devices)
+
+
+def type_label(placed):
+    return f"{placed.machine.devices}x{placed.machine.attributes['model']}"
+
+
+def new_device(node_id, machine, index):
+    capacity = {"memory": f"{machine.attributes['memory']}Gi"} if "memory" in machine.attributes else {}
+    return Device(
+        node_id=node_id,
+        driver=demo.DRIVER,
+        pool=machine.name,
+        name=str(index),
+        attributes={**machine.attributes, "index": index},
+        capacity=capacity,
+    )
+
+
+def ensure_device_classes(inventory, report):
+    classes = {}
+    for spec in demo.device_classes_for(inventory):
+        device_class = DeviceClass.objects.filter(name=spec.name).first()
+        if device_class is None:
+            device_class = DeviceClass.objects.create(
+                name=spec.name, selector=spec.selector, price_per_hour=spec.price_per_hour, description=spec.description
+            )
+            report.created["device classes"] += 1
+        classes[spec.name] = device_class
+    return classes
+
+
+def ensure_teams_and_queues(vcs, capacity, report):
+    cohort, created = Cohort.objects.get_or_create(name=COHORT)
+    report.created["cohorts"] += int(created)
+    quotas = demo.proportional_quotas(vcs, capacity)
+    teams = {}
+    for vc in vcs:
+        team, created = Team.objects.get_or_create(
+            name=vc.name, defaults={"display_name": f"Philly VC {vc.name}" + ("" if vc.nodes else " (no quota)")}
+        )
+        report.created["teams"] += int(created)
+        _, created = Queue.objects.get_or_create(
+            name=vc.name,
+            defaults={
+                "team": team,
+                "cohort": cohort,
+                "nominal_quota": quotas[vc.name],
+                # Lend and borrow freely inside the cohort; a queue under its quota reclaims what it lent.
+                "borrowing_limit": None,
+                "lending_limit": None,
+                "within_queue_preemption": WithinQueuePolicy.LOWER_PRIORITY,
+                "reclaim_within_cohort": ReclaimPolicy.ANY,
+            },
+        )
+        report.created["queues"] += int(created)
+        teams[vc.name] = (team, vc.nodes)
+    return teams
+
+
+def ensure_menu(inventory, classes, teams, report):
+    priorities = {}
+    for name, value, preemptible, description in demo.PRIORITY_CLASSES:
+        priority, created = PriorityClass.objects.get_or_create(
+            name=name, defaults={"value": value, "preemptible": preemptible, "description": description}
+        )
+        report.created["priority classes"] += int(created)
+        priorities[name] = priority
+    for spec in demo.RESOURCE_CLASSES:
+        fields = {key: value for key, value in spec.items() if key not in ("name", "priority_class")}
+        resource_class, created = ResourceClass.objects.get_or_create(
+            name=spec["name"], defaults={**fields, "priority_class": priorities[spec["priority_class"]]}
+        )
+        if not created:
+            continue
+        report.created["resource classes"] += 1
+        for rank, class_name in enumerate(demo.MENU[inventory][spec["name"]]):
+            ResourceClassDeviceClass.objects.create(
+                resource_class=resource_class, device_class=classes[class_name], rank=rank
+            )
+        if spec["name"] == "large-reserved-training":
+            allowed = [team for team, nodes in teams.values() if nodes >= demo.RESERVED_TRAINING_MIN_VC_NODES]
+            resource_class.allowed_teams.add(*allowed)
+
+
+def ensure_users(teams, report):
+    """Demo logins; the password is the user name. Returns [(username, password, what it is)]."""
+    logins = []
+    for username, role, superuser in STAFF_LOGINS:
+        user = ensure_user(username, role, report, superuser=superuser)
+        logins.append((user.username, username, role))
+    for name, (team, _) in sorted(teams.items()):
+        username = f"member-{name}"
+        user = ensure_user(username, roles.MEMBER, report)
+        if not team.members.filter(pk=user.pk).exists():
+            team.members.add(user)
+        logins.append((username, username, f"member of team {name}"))
+    return logins
+
+
+def ensure_user(username, role, report, superuser=False):
+    user = User.objects.filter(username=username).first()
+    if user is not None:
+        return user
+    if superuser:
+        user = User.objects.create_superuser(username, f"{username}@example.com", username)
+    else:
+        user = User.objects.create_user(username, f"{username}@example.com", username)
+    user.groups.add(Group.objects.get_or_create(name=role)[0])
+    report.created["users"] += 1
+    return user
