@@ -1,5 +1,43 @@
+from django.urls import path
 from rest_framework.routers import DefaultRouter
 
-router = DefaultRouter()
+from broker.api.views import StatusView
+from broker.audit.api.views import AuditEventViewSet
+from broker.inventory.api.views import DeviceViewSet, DomainViewSet, NodeViewSet, TopologyLevelViewSet
+from broker.policy.api.views import (
+    CohortViewSet,
+    DeviceClassViewSet,
+    PriorityClassViewSet,
+    QueueViewSet,
+    ReservationViewSet,
+    ResourceClassViewSet,
+    TeamViewSet,
+)
+from broker.workloads.api.views import AllocationViewSet, ExplanationViewSet, SchedulingCycleViewSet, WorkloadViewSet
 
-urlpatterns = router.urls
+router = DefaultRouter()
+# Inventory
+router.register("topology-levels", TopologyLevelViewSet)
+router.register("domains", DomainViewSet)
+router.register("nodes", NodeViewSet)
+router.register("devices", DeviceViewSet)
+# Policy
+router.register("teams", TeamViewSet)
+router.register("priority-classes", PriorityClassViewSet)
+router.register("device-classes", DeviceClassViewSet)
+router.register("cohorts", CohortViewSet)
+router.register("queues", QueueViewSet)
+router.register("resource-classes", ResourceClassViewSet)
+router.register("reservations", ReservationViewSet)
+# Workloads and what the scheduler made of them
+router.register("workloads", WorkloadViewSet)
+router.register("allocations", AllocationViewSet)
+router.register("explanations", ExplanationViewSet)
+router.register("cycles", SchedulingCycleViewSet)
+# Audit
+router.register("audit-events", AuditEventViewSet)
+
+urlpatterns = [
+    path("status/", StatusView.as_view(), name="api-status"),
+    *router.urls,
+]

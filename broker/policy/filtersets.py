@@ -1,0 +1,63 @@
+import django_filters
+
+from broker.policy.models import Cohort, DeviceClass, PriorityClass, Queue, Reservation, ResourceClass, Team
+
+
+class TeamFilterSet(django_filters.FilterSet):
+    member = django_filters.CharFilter(field_name="members__username")
+
+    class Meta:
+        model = Team
+        fields = ["name", "member"]
+
+
+class PriorityClassFilterSet(django_filters.FilterSet):
+    class Meta:
+        model = PriorityClass
+        fields = {"name": ["exact"], "value": ["exact", "gte", "lte"], "preemptible": ["exact"]}
+
+
+class DeviceClassFilterSet(django_filters.FilterSet):
+    class Meta:
+        model = DeviceClass
+        fields = ["name"]
+
+
+class CohortFilterSet(django_filters.FilterSet):
+    parent = django_filters.CharFilter(field_name="parent__name")
+
+    class Meta:
+        model = Cohort
+        fields = ["name", "parent"]
+
+
+class QueueFilterSet(django_filters.FilterSet):
+    team = django_filters.CharFilter(field_name="team__name")
+    cohort = django_filters.CharFilter(field_name="cohort__name")
+
+    class Meta:
+        model = Queue
+        fields = ["name", "team", "cohort"]
+
+
+class ResourceClassFilterSet(django_filters.FilterSet):
+    priority_class = django_filters.CharFilter(field_name="priority_class__name")
+    device_class = django_filters.CharFilter(field_name="device_class_choices__device_class__name", distinct=True)
+    allowed_team = django_filters.CharFilter(field_name="allowed_teams__name", distinct=True)
+
+    class Meta:
+        model = ResourceClass
+        fields = ["name", "sharing", "preemptible", "approval_required", "priority_class", "device_class"]
+
+
+class ReservationFilterSet(django_filters.FilterSet):
+    team = django_filters.CharFilter(field_name="team__name")
+    device_class = django_filters.CharFilter(field_name="device_class__name")
+    active_at = django_filters.IsoDateTimeFilter(method="filter_active_at", help_text="Held at this instant.")
+
+    class Meta:
+        model = Reservation
+        fields = ["name", "team", "device_class", "domain"]
+
+    def filter_active_at(self, queryset, name, value):
+        return queryset.filter(start__lte=value, end__gt=value)

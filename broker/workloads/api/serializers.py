@@ -1,0 +1,249 @@
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from broker.policy.models import Queue, ResourceClass
+from broker.workloads import services
+from broker.workloads.models import Allocation, DisruptionMode, Explanation, PodSet, SchedulingCycle, Workload
+
+
+class PodSetSerializer(serializers.ModelSerializer):
+    gang_size = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = PodSet
+        fields = ["name", "replicas", "min_count", "gang_size", "devices_per_pod", "device_classes", "match_attribute"]
+
+
+class WorkloadExplanationSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Explanation
+        fields = [
+            "reason",
+            "secondary",
+            "message",
+            "details",
+            "position_in_queue",
+            "position_in_cluster",
+            "estimated_start",
+            "suggestions",
+            "updated_at",
+        ]
+
+
+class WorkloadSerializer(serializers.ModelSerializer):
+    team = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    queue = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    resource_class = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    chosen_device_class = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    submitted_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    approval_decided_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    total_devices = serializers.IntegerField(read_only=True)
+    pod_sets = PodSetSerializer(many=True, read_only=True)
+    explanation = serializers.SerializerMethodField(help_text="Why it is not admitted yet, when it is waiting.")
+
+    class Meta:
+        model = Workload
+        fields = [
+            "id",
+            "name",
+            "team",
+            "queue",
+            "resource_class",
+            "submitted_by",
+            "priority",
+            "disruption_mode",
+            "preemptible",
+            "topology_required",
+            "topology_preferred",
+            "expected_duration_seconds",
+            "state",
+            "approval",
+            "approval_decided_by",
+            "approval_decided_at",
+            "approval_comment",
+            "submitted_at",
+            "state_changed_at",
+            "admitted_at",
+            "started_at",
+            "finished_at",
+            "chosen_device_class",
+            "total_devices",
+            "pod_sets",
+            "explanation",
+            "trace_id",
+        ]
+        read_only_fields = fields
+
+    @extend_schema_field(WorkloadExplanationSerializer(allow_null=True))
+    def get_explanation(self, workload):
+        try:
+            explanation = workload.explanation
+        except Explanation.DoesNotExist:
+            return None
+        return WorkloadExplanationSerializer(explanation).data
+
+
+class PodSetRequestSerializer(serializers.Serializer):
+    name = serializers.SlugField(max_length=63, default="main")
+    replicas = serializers.IntegerField(min_value=1)
+    min_count = serializers.IntegerField(
+        min_value=1, required=False, allow_null=True, help_text="Gang size: pods that must start together."
+    )
+    devices_per_pod = serializers.IntegerField(min_value=1)
+    device_classes = serializers.ListField(
+        child=serializers.SlugField(), required=False, default=list, help_text="Fallback order; default: the class's."
+    )
+    match_attribute = serializers.CharField(max_length=100, required=False, default="", allow_blank=True)
+
+
+class WorkloadSubmissionSerializer(serializers.Serializer):
+    """A request for capacity: a gang of pod sets in a resource class, submitted to a queue."""
+
+    name = serializers.SlugField(max_length=100)
+    queue = serializers.SlugRelatedField(
+        slug_field="name",
+        queryset=Queue.objects.select_related("team"),
+        required=False,
+        help_text="Default: your team's queue, when you are in one team.",
+    )
+    resource_class = serializers.SlugRelatedField(
+        slug_field="name", queryset=ResourceClass.objects.select_related("priority_class")
+    )
+    pod_sets = PodSetRequestSerializer(many=True, allow_empty=False)
+    priority = serializers.IntegerField(required=False, help_text="Default: the class's priority.")
+    disruption_mode = serializers.ChoiceField(choices=DisruptionMode.choices, required=False)
+    topology_required = serializers.CharField(max_length=50, required=False, allow_blank=True)
+    topology_preferred = serializers.CharField(max_length=50, required=False, allow_blank=True)
+    expected_duration_seconds = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+
+    def validate(self, attrs):
+        actor = self.context["request"].user
+        queue = attrs.get("queue") or services.default_queue(actor)
+        if queue is None:
+            raise serializers.ValidationError({"queue": ["Name a queue: you are not in exactly one team's queue."]})
+        submission = services.Submission(
+            name=attrs["name"],
+            queue=queue,
+            resource_class=attrs["resource_class"],
+            pod_sets=tuple(
+                services.PodSetRequest(**{**pod_set, "device_classes": tuple(pod_set["device_classes"])})
+                for pod_set in attrs["pod_sets"]
+            ),
+            priority=attrs.get("priority"),
+            disruption_mode=attrs.get("disruption_mode", ""),
+            topology_required=attrs.get("topology_required"),
+            topology_preferred=attrs.get("topology_preferred"),
+            expected_duration_seconds=attrs.get("expected_duration_seconds"),
+        )
+        errors = services.submission_errors(submission, actor)
+        if errors:
+            raise serializers.ValidationError(errors)
+        return {"submission": submission}
+
+    def create(self, validated_data):
+        return services.submit_workload(validated_data["submission"], self.context["request"].user)
+
+
+class DecisionSerializer(serializers.Serializer):
+    comment = serializers.CharField(max_length=5000, help_text="Mandatory: why it was approved or rejected.")
+
+
+class PriorityChangeSerializer(serializers.Serializer):
+    priority = serializers.IntegerField()
+    reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
+
+
+class AllocationSerializer(serializers.ModelSerializer):
+    workload_name = serializers.CharField(source="workload.name", read_only=True)
+    team = serializers.CharField(source="workload.team.name", read_only=True)
+    device_name = serializers.CharField(source="device.qualified_name", read_only=True)
+    node = serializers.CharField(source="device.node.name", read_only=True)
+    device_class = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    active = serializers.BooleanField(read_only=True)
+
+    class Meta:
+        model = Allocation
+        fields = [
+            "id",
+            "workload",
+            "workload_name",
+            "team",
+            "device",
+            "device_name",
+            "node",
+            "device_class",
+            "pod_set",
+            "pod_index",
+            "cycle",
+            "allocated_at",
+            "released_at",
+            "active",
+        ]
+        read_only_fields = fields
+
+
+class ExplanationSerializer(serializers.ModelSerializer):
+    """One row of the pending-workloads view (Kueue's visibility API, with the reason behind each)."""
+
+    workload_name = serializers.CharField(source="workload.name", read_only=True)
+    team = serializers.CharField(source="workload.team.name", read_only=True)
+    queue = serializers.CharField(source="workload.queue.name", read_only=True)
+    resource_class = serializers.SerializerMethodField()
+    priority = serializers.IntegerField(source="workload.priority", read_only=True)
+    state = serializers.CharField(source="workload.state", read_only=True)
+    submitted_at = serializers.DateTimeField(source="workload.submitted_at", read_only=True)
+
+    class Meta:
+        model = Explanation
+        fields = [
+            "id",
+            "workload",
+            "workload_name",
+            "team",
+            "queue",
+            "resource_class",
+            "priority",
+            "state",
+            "submitted_at",
+            "reason",
+            "secondary",
+            "message",
+            "details",
+            "position_in_queue",
+            "position_in_cluster",
+            "estimated_start",
+            "suggestions",
+            "cycle",
+            "updated_at",
+        ]
+        read_only_fields = fields
+
+    @extend_schema_field(OpenApiTypes.STR)
+    def get_resource_class(self, explanation):
+        resource_class = explanation.workload.resource_class
+        return resource_class.name if resource_class else None
+
+
+class SchedulingCycleSerializer(serializers.ModelSerializer):
+    duration_ms = serializers.FloatField(read_only=True)
+
+    class Meta:
+        model = SchedulingCycle
+        fields = [
+            "id",
+            "cluster",
+            "started_at",
+            "finished_at",
+            "outcome",
+            "generation",
+            "load_ms",
+            "decide_ms",
+            "commit_ms",
+            "duration_ms",
+            "pending_count",
+            "admitted_count",
+            "preempted_count",
+            "detail",
+        ]
+        read_only_fields = fields

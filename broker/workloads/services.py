@@ -1,0 +1,320 @@
+"""What people do to workloads: submit, cancel, approve, reject, reprioritise.
+
+Each operation is one transaction that changes the workload, records its state transition and an audit
+event, and asks for a scheduling cycle once the transaction has committed. The API and the dashboard
+both call these; they check *who* may act, these check *whether* the workload allows it.
+"""
+
+from dataclasses import dataclass, field
+
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from broker.audit.models import record
+from broker.inventory.models import TopologyLevel
+from broker.policy import roles
+from broker.policy.models import DeviceClass, Queue, ResourceClass
+from broker.workloads.models import Allocation, ApprovalState, PodSet, Workload
+from broker.workloads.states import FINAL_STATES, State
+
+
+class ActionRefused(Exception):
+    """The workload's current state does not allow the action (the API answers 409)."""
+
+
+class InvalidSubmission(Exception):
+    """A submission that must not be stored; `errors` is {field: [messages]}, pod sets by index."""
+
+    def __init__(self, errors):
+        super().__init__(errors)
+        self.errors = errors
+
+
+@dataclass(frozen=True)
+class PodSetRequest:
+    name: str
+    replicas: int
+    devices_per_pod: int
+    min_count: int | None = None
+    device_classes: tuple = ()
+    match_attribute: str = ""
+
+    @property
+    def devices(self):
+        return self.replicas * self.devices_per_pod
+
+
+@dataclass(frozen=True)
+class Submission:
+    name: str
+    queue: Queue
+    resource_class: ResourceClass
+    pod_sets: tuple = field(default_factory=tuple)
+    priority: int | None = None
+    disruption_mode: str = ""
+    topology_required: str | None = None
+    topology_preferred: str | None = None
+    expected_duration_seconds: int | None = None
+
+    @property
+    def total_devices(self):
+        return sum(pod_set.devices for pod_set in self.pod_sets)
+
+
+def request_cycle_after_commit(reason):
+    def trigger():
+        try:
+            from broker.cycle.triggers import request_cycle
+        except ImportError:  # TODO(cycle): drop once broker.cycle.triggers lands; the periodic cycle covers it
+            return
+        request_cycle(reason)
+
+    transaction.on_commit(trigger)
+
+
+def default_queue(user):
+    """The queue a member submits to when they name none: their only team's queue named after the team,
+    else that team's only queue. None when it is ambiguous."""
+    teams = list(user.teams.all())
+    if len(teams) != 1:
+        return None
+    queues = list(Queue.objects.filter(team=teams[0]))
+    same_name = [queue for queue in queues if queue.name == teams[0].name]
+    if same_name:
+        return same_name[0]
+    return queues[0] if len(queues) == 1 else None
+
+
+def topology_levels():
+    return set(TopologyLevel.objects.values_list("name", flat=True)) | {"node"}
+
+
+def pod_set_errors(pod_set, resource_class, offered):
+    errors = {}
+    if pod_set.replicas < 1:
+        errors["replicas"] = ["At least 1 replica."]
+    if pod_set.devices_per_pod < 1:
+        errors["devices_per_pod"] = ["At least 1 device per pod."]
+    elif resource_class.max_devices_per_pod and pod_set.devices_per_pod > resource_class.max_devices_per_pod:
+        errors["devices_per_pod"] = [
+            f"{resource_class} allows at most {resource_class.max_devices_per_pod} devices per pod."
+        ]
+    if pod_set.min_count is not None and not 1 <= pod_set.min_count <= pod_set.replicas:
+        errors["min_count"] = [f"The gang size must be between 1 and the {pod_set.replicas} replicas."]
+    known = set(DeviceClass.objects.filter(name__in=pod_set.device_classes).values_list("name", flat=True))
+    unknown = [name for name in pod_set.device_classes if name not in known]
+    not_offered = [name for name in pod_set.device_classes if name in known and offered and name not in offered]
+    if unknown:
+        errors["device_classes"] = [f"Unknown device class: {', '.join(unknown)}."]
+    elif not_offered:
+        errors["device_classes"] = [
+            f"{resource_class} does not offer {', '.join(not_offered)}; it offers {', '.join(offered)}."
+        ]
+    return errors
+
+
+def submission_errors(submission, actor):
+    """Everything that makes a request malformed for its class, as {field: [messages]}. Entitlement is
+    not here: a team not entitled to the class gets a NotEntitled explanation from the cycle."""
+    errors = {}
+    resource_class = submission.resource_class
+    queue = submission.queue
+    if not roles.is_admin(actor) and queue.team_id not in roles.team_ids(actor):
+        errors["queue"] = [f"Queue {queue.name} belongs to team {queue.team.name}, which you are not a member of."]
+    elif Workload.objects.filter(team_id=queue.team_id, name=submission.name).exists():
+        errors["name"] = [f"Team {queue.team.name} already has a workload named {submission.name}."]
+
+    if not submission.pod_sets:
+        errors["pod_sets"] = ["A workload needs at least one pod set."]
+    else:
+        offered = [device_class.name for device_class in resource_class.ordered_device_classes()]
+        per_pod_set, seen = [], set()
+        for pod_set in submission.pod_sets:
+            found = pod_set_errors(pod_set, resource_class, offered)
+            if pod_set.name in seen:
+                found["name"] = [f"Pod set names must be unique; {pod_set.name} is used twice."]
+            seen.add(pod_set.name)
+            per_pod_set.append(found)
+        if any(per_pod_set):
+            errors["pod_sets"] = per_pod_set
+        elif resource_class.max_devices and submission.total_devices > resource_class.max_devices:
+            errors["resource_class"] = [
+                f"The request asks for {submission.total_devices} devices; {resource_class} allows at most "
+                f"{resource_class.max_devices}. Choose a larger class."
+            ]
+
+    levels = topology_levels()
+    for name in ("topology_required", "topology_preferred"):
+        value = getattr(submission, name)
+        if value and value not in levels:
+            errors[name] = [f"Unknown topology level {value}; levels are {', '.join(sorted(levels))}."]
+    limit = resource_class.max_duration_seconds
+    if limit and submission.expected_duration_seconds and submission.expected_duration_seconds > limit:
+        errors["expected_duration_seconds"] = [f"{resource_class} allows at most {limit} seconds."]
+    ceiling = resource_class.priority_class.value
+    if submission.priority is not None and submission.priority > ceiling and not roles.is_operator(actor):
+        errors["priority"] = [f"{resource_class} allows priority up to {ceiling}; an operator can raise it."]
+    return errors
+
+
+def submit_workload(submission, actor):
+    """Store the workload and its pod sets, waiting for approval or pending; returns the workload."""
+    errors = submission_errors(submission, actor)
+    if errors:
+        raise InvalidSubmission(errors)
+    resource_class = submission.resource_class
+    needs_approval = resource_class.needs_approval(submission.total_devices)
+    with transaction.atomic():
+        workload = Workload.objects.create(
+            name=submission.name,
+            team=submission.queue.team,
+            queue=submission.queue,
+            resource_class=resource_class,
+            submitted_by=actor,
+            priority=resource_class.priority_class.value if submission.priority is None else submission.priority,
+            disruption_mode=submission.disruption_mode or Workload._meta.get_field("disruption_mode").default,
+            preemptible=resource_class.preemptible and resource_class.priority_class.preemptible,
+            topology_required=(
+                resource_class.topology_required
+                if submission.topology_required is None
+                else submission.topology_required
+            ),
+            topology_preferred=(
+                resource_class.topology_preferred
+                if submission.topology_preferred is None
+                else submission.topology_preferred
+            ),
+            expected_duration_seconds=submission.expected_duration_seconds,
+            approval=ApprovalState.REQUESTED if needs_approval else ApprovalState.NOT_REQUIRED,
+        )
+        for pod_set in submission.pod_sets:
+            PodSet.objects.create(
+                workload=workload,
+                name=pod_set.name,
+                replicas=pod_set.replicas,
+                min_count=pod_set.min_count,
+                devices_per_pod=pod_set.devices_per_pod,
+                device_classes=list(pod_set.device_classes),
+                match_attribute=pod_set.match_attribute,
+            )
+        target = State.AWAITING_APPROVAL if needs_approval else State.PENDING
+        workload.transition(target, actor=actor, reason="submitted")
+        record(
+            "workload.submit",
+            workload,
+            actor=actor,
+            after={
+                "state": workload.state,
+                "approval": workload.approval,
+                "queue": workload.queue.name,
+                "resource_class": resource_class.name,
+                "priority": workload.priority,
+                "devices": submission.total_devices,
+            },
+        )
+        request_cycle_after_commit(f"workload {workload.pk} submitted")
+    return workload
+
+
+def locked(workload):
+    return Workload.objects.select_for_update().get(pk=workload.pk)
+
+
+def cancel_workload(workload, actor, reason=""):
+    """Cancel and release every device it holds; returns the workload."""
+    with transaction.atomic():
+        workload = locked(workload)
+        if workload.state in FINAL_STATES:
+            raise ActionRefused(f"The workload is already {workload.state}.")
+        before = workload.state
+        now = timezone.now()
+        released = Allocation.objects.filter(workload=workload, released_at__isnull=True).update(released_at=now)
+        workload.transition(State.CANCELLED, actor=actor, reason=reason or "cancelled", at=now)
+        record(
+            "workload.cancel",
+            workload,
+            actor=actor,
+            before={"state": before},
+            after={"state": workload.state, "released_devices": released},
+            reason=reason,
+            manual_intervention=workload.team_id not in roles.team_ids(actor),
+        )
+        if released:
+            request_cycle_after_commit(f"workload {workload.pk} cancelled")
+    return workload
+
+
+def decision_checks(workload, actor, comment):
+    if not comment or not comment.strip():
+        raise ValidationError({"comment": "A comment is required: say why."})
+    if workload.submitted_by_id is not None and workload.submitted_by_id == actor.pk:
+        raise PermissionDenied("Approvers cannot decide on their own requests; another approver must.")
+    if workload.state != State.AWAITING_APPROVAL or workload.approval != ApprovalState.REQUESTED:
+        raise ActionRefused(f"The workload is not awaiting a decision (it is {workload.state}, {workload.approval}).")
+
+
+def decide(workload, actor, comment, approval):
+    workload.approval = approval
+    workload.approval_decided_by = actor
+    workload.approval_decided_at = timezone.now()
+    workload.approval_comment = comment.strip()
+    workload.save(update_fields=["approval", "approval_decided_by", "approval_decided_at", "approval_comment"])
+
+
+def approve_workload(workload, actor, comment):
+    """Approve a request: it joins its queue as Pending; returns the workload."""
+    with transaction.atomic():
+        workload = locked(workload)
+        decision_checks(workload, actor, comment)
+        decide(workload, actor, comment, ApprovalState.APPROVED)
+        workload.transition(State.PENDING, actor=actor, reason=f"approved: {workload.approval_comment}")
+        record(
+            "workload.approve",
+            workload,
+            actor=actor,
+            before={"approval": ApprovalState.REQUESTED, "state": State.AWAITING_APPROVAL},
+            after={"approval": workload.approval, "state": workload.state},
+            reason=workload.approval_comment,
+        )
+        request_cycle_after_commit(f"workload {workload.pk} approved")
+    return workload
+
+
+def reject_workload(workload, actor, comment):
+    """Reject a request: it stays AwaitingApproval, marked Rejected, and is never scheduled."""
+    with transaction.atomic():
+        workload = locked(workload)
+        decision_checks(workload, actor, comment)
+        decide(workload, actor, comment, ApprovalState.REJECTED)
+        record(
+            "workload.reject",
+            workload,
+            actor=actor,
+            before={"approval": ApprovalState.REQUESTED},
+            after={"approval": workload.approval, "state": workload.state},
+            reason=workload.approval_comment,
+        )
+    return workload
+
+
+def change_priority(workload, actor, priority, reason=""):
+    """An operator's priority override, counted as a manual intervention; returns the workload."""
+    with transaction.atomic():
+        workload = locked(workload)
+        if workload.state in FINAL_STATES:
+            raise ActionRefused(f"The workload is already {workload.state}.")
+        before = workload.priority
+        workload.priority = priority
+        workload.save(update_fields=["priority"])
+        record(
+            "workload.priority",
+            workload,
+            actor=actor,
+            before={"priority": before},
+            after={"priority": priority},
+            reason=reason,
+            manual_intervention=True,
+        )
+        request_cycle_after_commit(f"workload {workload.pk} priority changed")
+    return workload
