@@ -55,6 +55,7 @@ INSTALLED_APPS = [
     "broker.audit",
     "broker.api",
     "broker.cycle",
+    "broker.costs",
     "dashboard",
 ]
 

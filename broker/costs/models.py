@@ -1,0 +1,53 @@
+from django.core.validators import MinValueValidator
+from django.db import models
+
+
+class DeviceClassPrice(models.Model):
+    """One price of a device class, in force from `effective_from` until the next row of the class.
+
+    The history is append-only: a new price never changes what was already billed. DeviceClass.price_per_hour
+    stays the price in force now (the scheduler and the forms read it); these rows are what the ledger reads.
+    """
+
+    device_class = models.ForeignKey("policy.DeviceClass", on_delete=models.CASCADE, related_name="price_history")
+    price_per_hour = models.DecimalField(max_digits=10, decimal_places=4, validators=[MinValueValidator(0)])
+    effective_from = models.DateTimeField(db_index=True)
+    recorded_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["device_class", "effective_from"]
+        constraints = [
+            models.UniqueConstraint(fields=["device_class", "effective_from"], name="price_unique_per_class_and_time")
+        ]
+
+    def __str__(self):
+        return f"{self.device_class_id} {self.price_per_hour}/h from {self.effective_from:%Y-%m-%d %H:%M}"
+
+
+class CapacitySample(models.Model):
+    """What the free capacity of one device class looked like at `at`; it holds until the next sample
+    of the class. Allocated devices are not sampled: the ledger reads them from Allocation intervals.
+
+    Compact: a row is written only when a count changes, not once per cycle.
+    """
+
+    at = models.DateTimeField(db_index=True)
+    device_class = models.ForeignKey("policy.DeviceClass", on_delete=models.CASCADE, related_name="capacity_samples")
+    total = models.PositiveIntegerField(help_text="Devices billed under this class (allocated or free).")
+    unhealthy = models.PositiveIntegerField(default=0, help_text="Free devices that take no new work.")
+    reserved_unused = models.PositiveIntegerField(default=0, help_text="Free devices held by reservations.")
+    stranded = models.PositiveIntegerField(default=0, help_text="Free healthy devices no pending work can use.")
+    reserved_by_team = models.JSONField(default=dict, blank=True, help_text="{team name: reserved unused devices}")
+
+    class Meta:
+        ordering = ["device_class", "at"]
+        constraints = [
+            models.UniqueConstraint(fields=["device_class", "at"], name="sample_unique_per_class_and_time"),
+        ]
+        indexes = [models.Index(fields=["device_class", "at"])]
+
+    def __str__(self):
+        return f"{self.device_class_id}@{self.at:%Y-%m-%d %H:%M:%S} total={self.total}"
+
+    def counts(self):
+        return (self.total, self.unhealthy, self.reserved_unused, self.stranded, dict(self.reserved_by_team))

@@ -1,0 +1,335 @@
+"""Cost reports: load allocation intervals, samples and prices from the database, run the pure ledger,
+aggregate and round (ledger.py documents the rounding rule)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from django.db.models import Q
+from django.utils import timezone
+
+from broker.costs import ledger
+from broker.costs.models import CapacitySample
+from broker.costs.prices import price_timelines
+from broker.costs.windows import from_us, steps_of, to_us
+from broker.policy.models import DeviceClass, Team
+from broker.workloads.models import Allocation, Workload
+
+AGGREGATES = ("team", "queue", "resource_class", "cost_label", "workload", "device_class")
+UNALLOCATED_CATEGORIES = ("idle", "stranded", "unhealthy", "reserved_unused")
+NONE_LABEL = "(none)"
+
+
+@dataclass
+class Loaded:
+    steps: list  # [StepLedger]
+    meta: dict  # workload id -> {"name", "team", "queue", "resource_class", "cost_label", "state"}
+    class_names: dict  # device class id -> name
+
+
+# --- loading -------------------------------------------------------------------------------------------------
+
+
+def load(start, end, step, now=None):
+    """The exact ledger of [start, end) in `step` steps, with what aggregation needs to name lines."""
+    now = now or timezone.now()
+    steps = [(to_us(a), to_us(b)) for a, b in steps_of(start, end, step)]
+    prices = {pk: [(to_us(at), units) for at, units in rows] for pk, rows in price_timelines().items()}
+    intervals = allocation_intervals(start, min(end, now))
+    samples = capacity_samples(start, end)
+    steps_ledger = ledger.build_ledger(steps, to_us(now), prices, samples, intervals)
+    workload_ids = {line for step_ledger in steps_ledger for line, _ in step_ledger.allocated}
+    return Loaded(steps_ledger, workload_meta(workload_ids), dict(DeviceClass.objects.values_list("pk", "name")))
+
+
+def allocation_intervals(start, end):
+    """Allocation rows overlapping [start, end) as ledger intervals; the devices of a gang placed and
+    released together become one interval of n devices."""
+    rows = (
+        Allocation.objects.filter(allocated_at__lt=end)
+        .filter(Q(released_at__isnull=True) | Q(released_at__gt=start))
+        .order_by()
+        .values_list("workload_id", "device_class_id", "allocated_at", "released_at")
+    )
+    grouped = defaultdict(int)
+    for workload_id, class_id, allocated_at, released_at in rows:
+        grouped[(workload_id, class_id, allocated_at, released_at)] += 1
+    return [
+        ledger.Interval(
+            start=to_us(allocated_at),
+            end=None if released_at is None else to_us(released_at),
+            device_class=class_id,
+            line=workload_id,
+            devices=devices,
+        )
+        for (workload_id, class_id, allocated_at, released_at), devices in grouped.items()
+    ]
+
+
+def capacity_samples(start, end):
+    """{class id: [Sample]}: the last sample at or before `start` of each class (it still holds) and all
+    samples inside the window."""
+    out = defaultdict(list)
+    for class_id in DeviceClass.objects.values_list("pk", flat=True):
+        before = CapacitySample.objects.filter(device_class_id=class_id, at__lte=start).order_by("-at").first()
+        rows = list(CapacitySample.objects.filter(device_class_id=class_id, at__gt=start, at__lt=end).order_by("at"))
+        for row in ([before] if before else []) + rows:
+            out[class_id].append(
+                ledger.Sample(
+                    at=to_us(row.at),
+                    total=row.total,
+                    unhealthy=row.unhealthy,
+                    stranded=row.stranded,
+                    reserved=tuple(sorted((team, int(n)) for team, n in row.reserved_by_team.items())),
+                )
+            )
+    return dict(out)
+
+
+def workload_meta(workload_ids):
+    rows = Workload.objects.filter(pk__in=workload_ids).values(
+        "pk", "name", "state", "team__name", "queue__name", "resource_class__name", "resource_class__cost_label"
+    )
+    return {
+        row["pk"]: {
+            "name": row["name"],
+            "team": row["team__name"],
+            "queue": row["queue__name"],
+            "resource_class": row["resource_class__name"] or NONE_LABEL,
+            "cost_label": row["resource_class__cost_label"] or NONE_LABEL,
+            "state": row["state"],
+        }
+        for row in rows
+    }
+
+
+# --- aggregation ---------------------------------------------------------------------------------------------
+
+
+def line_key(meta, class_name, dims):
+    """The aggregate name of one (workload, device class) line, e.g. "team-a" or "team-a/h100"."""
+    parts = []
+    for dim in dims:
+        if dim == "device_class":
+            parts.append(class_name)
+        elif dim == "workload":
+            parts.append(f"{meta['team']}/{meta['name']}")
+        else:
+            parts.append(meta[dim])
+    return "/".join(parts)
+
+
+def step_leaves(step_ledger, loaded, dims):
+    """Exact leaf lines of one step: {("allocated", key) | ("idle",) | ("stranded",) | ("unhealthy",) |
+    ("reserved_unused", team): Amount}; leaves are ordered allocations first (by key), then the rest."""
+    allocated = defaultdict(ledger.Amount)
+    for (workload_id, class_id), amount in step_ledger.allocated.items():
+        key = line_key(loaded.meta[workload_id], loaded.class_names[class_id], dims)
+        _accumulate(allocated[("allocated", key)], amount)
+    rest = defaultdict(ledger.Amount)
+    for category in ("idle", "stranded", "unhealthy"):
+        rest[(category,)] = ledger.Amount()
+    for (category, _class_id, team), amount in step_ledger.capacity.items():
+        leaf = ("reserved_unused", team) if category == "reserved_unused" else (category,)
+        _accumulate(rest[leaf], amount)
+    leaves = dict(sorted(allocated.items()))
+    leaves.update(sorted(rest.items()))
+    return leaves
+
+
+def _accumulate(into, amount):
+    into.device_us += amount.device_us
+    into.raw += amount.raw
+
+
+def round_leaves(leaves):
+    """{leaf: (ten-thousandths of device-hours, cents)} and the step's (hours, cents) totals; the lines
+    sum to the totals exactly."""
+    hours_total, hours = ledger.round_lines(
+        {leaf: amount.device_us for leaf, amount in leaves.items()}, ledger.MICROS_PER_TEN_THOUSANDTH_HOUR
+    )
+    cents_total, cents = ledger.round_lines({leaf: amount.raw for leaf, amount in leaves.items()}, ledger.RAW_PER_CENT)
+    return {leaf: (hours[leaf], cents[leaf]) for leaf in leaves}, (hours_total, cents_total)
+
+
+def money(cents):
+    return ledger.cents_to_money(cents)
+
+
+def hours(units):
+    return ledger.ten_thousandths_to_hours(units)
+
+
+def entry(units, cents):
+    return {"device_hours": hours(units), "cost": money(cents)}
+
+
+def allocation_report(
+    start, end, aggregate=("team",), step="day", idle=True, share_idle=False, now=None, workload_detail=False
+):
+    """The OpenCost-shaped report: per step, aggregate -> {device_hours, cost} and the unallocated rows."""
+    loaded = load(start, end, step, now)
+    steps_out = []
+    totals = _empty_totals()
+    for step_ledger in loaded.steps:
+        rounded, (hours_total, cents_total) = round_leaves(step_leaves(step_ledger, loaded, aggregate))
+        step_out = _step_output(step_ledger, rounded, hours_total, cents_total, idle, share_idle)
+        _add_totals(totals, step_out, rounded, hours_total, cents_total)
+        steps_out.append(step_out)
+    report = {
+        "window": {"start": start, "end": end},
+        "aggregate": ",".join(aggregate),
+        "step": step,
+        "idle": idle,
+        "share_idle": share_idle,
+        "steps": steps_out,
+        "totals": _totals_output(totals),
+    }
+    if "workload" in aggregate:
+        report["workloads"] = _workload_index(loaded, aggregate, workload_detail)
+    return report
+
+
+def _step_output(step_ledger, rounded, hours_total, cents_total, idle, share_idle):
+    allocations = {leaf[1]: (units, cents) for leaf, (units, cents) in rounded.items() if leaf[0] == "allocated"}
+    shared = {}
+    idle_units, idle_cents = rounded[("idle",)]
+    if share_idle and idle_cents and any(cents for _, cents in allocations.values()):
+        # OpenCost shares idle in proportion to each allocation's cost; largest remainder keeps the cents.
+        shared = ledger.apportion(idle_cents, {key: cents for key, (_, cents) in allocations.items()})
+    out_allocations = {}
+    for key, (units, cents) in allocations.items():
+        row = entry(units, cents)
+        if share_idle:
+            row["shared_idle_cost"] = money(shared.get(key, 0))
+            row["total_cost"] = money(cents + shared.get(key, 0))
+        out_allocations[key] = row
+    reserved = {leaf[1]: entry(*value) for leaf, value in rounded.items() if leaf[0] == "reserved_unused"}
+    by_category = _category_sums(rounded)
+    step_out = {
+        "start": from_us(step_ledger.start),
+        "end": from_us(step_ledger.end),
+        "allocations": out_allocations,
+        "stranded": entry(*rounded[("stranded",)]),
+        "unhealthy": entry(*rounded[("unhealthy",)]),
+        "reserved_unused": reserved,
+        "totals": {name: entry(*value) for name, value in by_category.items()}
+        | {"total": entry(hours_total, cents_total)},
+    }
+    if idle:
+        step_out["idle"] = entry(idle_units, idle_cents) | ({"shared": bool(shared)} if share_idle else {})
+    return step_out
+
+
+def _category_sums(rounded):
+    sums = {name: [0, 0] for name in ledger.CATEGORIES}
+    for leaf, (units, cents) in rounded.items():
+        sums[leaf[0]][0] += units
+        sums[leaf[0]][1] += cents
+    return {name: tuple(value) for name, value in sums.items()}
+
+
+def _empty_totals():
+    return {
+        "categories": {name: [0, 0] for name in ledger.CATEGORIES},
+        "total": [0, 0],
+        "allocations": defaultdict(lambda: [0, 0]),
+        "reserved_unused": defaultdict(lambda: [0, 0]),
+    }
+
+
+def _add_totals(totals, step_out, rounded, hours_total, cents_total):
+    for name, (units, cents) in _category_sums(rounded).items():
+        totals["categories"][name][0] += units
+        totals["categories"][name][1] += cents
+    totals["total"][0] += hours_total
+    totals["total"][1] += cents_total
+    for leaf, (units, cents) in rounded.items():
+        if leaf[0] in ("allocated", "reserved_unused"):
+            bucket = totals["allocations" if leaf[0] == "allocated" else "reserved_unused"][leaf[1]]
+            bucket[0] += units
+            bucket[1] += cents
+
+
+def _totals_output(totals):
+    out = {name: entry(*value) for name, value in totals["categories"].items()}
+    out["total"] = entry(*totals["total"])
+    out["allocations"] = {key: entry(*value) for key, value in sorted(totals["allocations"].items())}
+    out["reserved_unused_by_team"] = {key: entry(*value) for key, value in sorted(totals["reserved_unused"].items())}
+    return out
+
+
+def _workload_index(loaded, aggregate, detail):
+    """Who each workload key belongs to. Finance sees name and team only; placement, pod sets and
+    explanations are never part of a cost report."""
+    out = {}
+    for workload_id, meta in loaded.meta.items():
+        key = f"{meta['team']}/{meta['name']}"
+        row = {"name": meta["name"], "team": meta["team"]}
+        if detail:
+            row |= {
+                "id": workload_id,
+                "queue": meta["queue"],
+                "resource_class": meta["resource_class"],
+                "state": meta["state"],
+            }
+        out[key] = row
+    return out
+
+
+# --- monthly chargeback and statements -----------------------------------------------------------------------
+
+
+def chargeback(start, end, now=None):
+    """Per team: allocated and reserved-unused device-hours and cost, and their sum (the charge); then the
+    platform rows (idle, stranded, unhealthy) and the capacity total. One step over the month, so the
+    figures are exactly those of the allocation API with step=month, aggregate=team."""
+    report = allocation_report(start, end, aggregate=("team",), step="month", now=now)
+    totals = report["totals"]
+    teams = sorted(
+        set(Team.objects.values_list("name", flat=True))
+        | set(totals["allocations"])
+        | set(totals["reserved_unused_by_team"])
+    )
+    zero = entry(0, 0)
+    rows = []
+    for team in teams:
+        allocated = totals["allocations"].get(team, zero)
+        reserved = totals["reserved_unused_by_team"].get(team, zero)
+        rows.append(
+            {
+                "team": team,
+                "allocated_device_hours": allocated["device_hours"],
+                "allocated_cost": allocated["cost"],
+                "reserved_unused_device_hours": reserved["device_hours"],
+                "reserved_unused_cost": reserved["cost"],
+                "charge": allocated["cost"] + reserved["cost"],
+            }
+        )
+    platform = {name: totals[name] for name in ("idle", "stranded", "unhealthy")}
+    return {"start": start, "end": end, "teams": rows, "platform": platform, "total": totals["total"]}
+
+
+def team_breakdown(start, end, team, dims, now=None):
+    """The team's allocated cost over [start, end) (one step) split by `dims`, apportioned inside the team's
+    own rounded figure so the lines always add up to the team line of the chargeback."""
+    loaded = load(start, end, "month", now)
+    by_team_units = by_team_cents = 0
+    fine_us, fine_raw = defaultdict(int), defaultdict(int)
+    for step_ledger in loaded.steps:
+        rounded, _ = round_leaves(step_leaves(step_ledger, loaded, ("team",)))
+        units, cents = rounded.get(("allocated", team), (0, 0))
+        by_team_units += units
+        by_team_cents += cents
+        for (workload_id, class_id), amount in step_ledger.allocated.items():
+            meta = loaded.meta[workload_id]
+            if meta["team"] != team:
+                continue
+            key = line_key(meta, loaded.class_names[class_id], dims)
+            fine_us[key] += amount.device_us
+            fine_raw[key] += amount.raw
+    keys = sorted(fine_raw)
+    units = ledger.apportion(by_team_units, {key: fine_us[key] for key in keys}) if by_team_units else {}
+    cents = ledger.apportion(by_team_cents, {key: fine_raw[key] for key in keys}) if by_team_cents else {}
+    return {key: entry(units.get(key, 0), cents.get(key, 0)) for key in keys}

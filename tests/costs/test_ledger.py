@@ -1,0 +1,180 @@
+"""The pure ledger: the capacity bill splits with nothing lost, to the cent, for every window."""
+
+from collections import defaultdict
+from decimal import Decimal
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker.costs import ledger
+
+SECOND = 1_000_000
+HOUR = 3600 * SECOND
+
+
+def brute_force(steps, now, prices, samples, intervals):
+    """An independent oracle: walk every second (all inputs are whole seconds) and classify devices one
+    second at a time, with the rule written out again from the brief."""
+    out = [defaultdict(int) for _ in steps]
+    allocated_lines = [defaultdict(int) for _ in steps]
+    for index, (start, end) in enumerate(steps):
+        for t in range(start, min(end, now), SECOND):
+            for device_class in set(prices):
+                price = [p for at, p in prices[device_class] if at <= t]
+                price = price[-1] if price else prices[device_class][0][1]
+                held = [
+                    i
+                    for i in intervals
+                    if i.device_class == device_class and i.start <= t and (i.end is None or t < i.end)
+                ]
+                busy = sum(i.devices for i in held)
+                for i in held:
+                    allocated_lines[index][i.line] += i.devices * SECOND * price
+                out[index]["allocated"] += busy * SECOND * price
+                current = [s for s in samples.get(device_class, []) if s.at <= t]
+                if not current:
+                    continue
+                sample = current[-1]
+                free = max(sample.total - busy, 0)
+                unhealthy = min(free, sample.unhealthy)
+                reserved = min(free - unhealthy, sum(n for _, n in sample.reserved))
+                stranded = min(free - unhealthy - reserved, sample.stranded)
+                idle = free - unhealthy - reserved - stranded
+                for name, devices in (
+                    ("unhealthy", unhealthy),
+                    ("reserved_unused", reserved),
+                    ("stranded", stranded),
+                    ("idle", idle),
+                ):
+                    out[index][name] += devices * SECOND * price
+    return out, allocated_lines
+
+
+@st.composite
+def scenarios(draw):
+    horizon = draw(st.integers(20, 120))
+    seconds = st.integers(0, horizon)
+    classes = draw(st.lists(st.sampled_from(["h100", "a100", "l4"]), min_size=1, max_size=2, unique=True))
+    prices = {}
+    for device_class in classes:
+        changes = sorted(set(draw(st.lists(seconds, max_size=3))))
+        prices[device_class] = [(0, draw(st.integers(0, 123_456)))] + [
+            (at * SECOND, draw(st.integers(0, 123_456))) for at in changes if at > 0
+        ]
+    samples = {}
+    for device_class in draw(st.lists(st.sampled_from(classes), unique=True)):
+        times = sorted(set(draw(st.lists(seconds, min_size=1, max_size=4))))
+        samples[device_class] = [
+            ledger.Sample(
+                at=at * SECOND,
+                total=draw(st.integers(0, 12)),
+                unhealthy=draw(st.integers(0, 4)),
+                stranded=draw(st.integers(0, 4)),
+                reserved=tuple(
+                    (team, draw(st.integers(0, 3)))
+                    for team in draw(st.lists(st.sampled_from(["team-a", "team-b"]), unique=True))
+                ),
+            )
+            for at in times
+        ]
+    intervals = []
+    for n in range(draw(st.integers(0, 8))):
+        start = draw(seconds)
+        end = draw(st.one_of(st.none(), st.integers(start, horizon + 10)))
+        intervals.append(
+            ledger.Interval(
+                start=start * SECOND,
+                end=None if end is None else end * SECOND,
+                device_class=draw(st.sampled_from(classes)),
+                line=f"w{n % 4}",
+                devices=draw(st.integers(1, 4)),
+            )
+        )
+    cuts = sorted(set(draw(st.lists(st.integers(1, horizon - 1), max_size=4))))
+    window_start = draw(st.integers(0, 5)) * SECOND
+    bounds = [window_start] + [c * SECOND for c in cuts if c * SECOND > window_start] + [horizon * SECOND]
+    steps = list(zip(bounds, bounds[1:], strict=False))
+    now = draw(st.integers(1, horizon + 5)) * SECOND
+    return steps, now, prices, samples, intervals
+
+
+@settings(max_examples=150, deadline=None)
+@given(scenarios())
+def test_it_splits_every_step_exactly_like_the_second_by_second_oracle(scenario):
+    steps, now, prices, samples, intervals = scenario
+    ledgers = ledger.build_ledger(steps, now, prices, samples, intervals)
+    expected, expected_lines = brute_force(steps, now, prices, samples, intervals)
+    for step, want, want_lines in zip(ledgers, expected, expected_lines, strict=True):
+        got = defaultdict(int)
+        lines = defaultdict(int)
+        for (line, _), amount in step.allocated.items():
+            got["allocated"] += amount.raw
+            lines[line] += amount.raw
+        for (category, _, _), amount in step.capacity.items():
+            got[category] += amount.raw
+        assert {k: v for k, v in got.items() if v} == {k: v for k, v in want.items() if v}
+        assert {k: v for k, v in lines.items() if v} == {k: v for k, v in want_lines.items() if v}
+
+
+@settings(max_examples=150, deadline=None)
+@given(scenarios())
+def test_it_rounds_each_step_so_the_lines_sum_to_the_total_to_the_cent(scenario):
+    steps, now, prices, samples, intervals = scenario
+    for step in ledger.build_ledger(steps, now, prices, samples, intervals):
+        leaves = {("allocated", line, dc): amount.raw for (line, dc), amount in step.allocated.items()}
+        leaves |= {key: amount.raw for key, amount in step.capacity.items()}
+        exact_total = Decimal(step.total().raw) / ledger.RAW_PER_CENT
+        total, cents = ledger.round_lines(leaves, ledger.RAW_PER_CENT)
+        assert sum(cents.values()) == total
+        assert abs(total - exact_total) <= Decimal("0.5")
+        for leaf, raw in leaves.items():
+            assert abs(cents[leaf] - Decimal(raw) / ledger.RAW_PER_CENT) < 1 + Decimal("0.5")
+        # The split: allocated + idle + stranded + unhealthy + reserved-unused is the capacity total.
+        by_category = defaultdict(int)
+        for leaf, value in cents.items():
+            by_category[leaf[0]] += value
+        assert sum(by_category[name] for name in ledger.CATEGORIES) == total
+
+
+@given(st.integers(0, 10**9), st.lists(st.integers(0, 10**12), min_size=1, max_size=12))
+def test_it_apportions_by_largest_remainder(total, weights):
+    weights = {index: weight for index, weight in enumerate(weights)}
+    if not sum(weights.values()):
+        total = 0
+    shares = ledger.apportion(total, weights)
+    assert sum(shares.values()) == total
+    weight_sum = sum(weights.values()) or 1
+    for key, weight in weights.items():
+        assert abs(shares[key] - Decimal(total * weight) / weight_sum) < 1
+
+
+def test_it_bills_a_held_device_at_the_old_price_before_a_change_and_the_new_after():
+    prices = {"h100": [(0, 40_000), (2 * HOUR, 60_000)]}  # 4.00/h, then 6.00/h from hour 2
+    held = [ledger.Interval(start=HOUR, end=3 * HOUR, device_class="h100", line="job")]
+    [step] = ledger.build_ledger([(0, 4 * HOUR)], 10 * HOUR, prices, {}, held)
+    total, cents = ledger.round_lines({"job": step.allocated[("job", "h100")].raw}, ledger.RAW_PER_CENT)
+    assert total == 400 + 600
+
+
+def test_it_clamps_sampled_categories_to_the_free_devices():
+    sample = ledger.Sample(at=0, total=4, unhealthy=2, stranded=2, reserved=(("team-b", 2), ("team-a", 2)))
+    parts = dict(ledger.split_capacity(1, sample))
+    assert parts == {
+        ("unhealthy", None): 2,
+        ("reserved_unused", "team-a"): 1,
+        ("reserved_unused", "team-b"): 0,
+        ("stranded", None): 0,
+        ("idle", None): 0,
+    }
+
+
+def test_it_bills_nothing_after_now_and_only_held_devices_before_the_first_sample():
+    prices = {"h100": [(0, 10_000)]}
+    samples = {"h100": [ledger.Sample(at=2 * HOUR, total=8)]}
+    held = [ledger.Interval(start=0, end=None, device_class="h100", line="job")]
+    steps = [(0, 2 * HOUR), (2 * HOUR, 4 * HOUR), (4 * HOUR, 6 * HOUR)]
+    first, second, third = ledger.build_ledger(steps, 3 * HOUR, prices, samples, held)
+    assert first.total().device_us == 2 * HOUR
+    assert second.total().device_us == 8 * HOUR  # 8 devices for the hour up to now
+    assert second.capacity[("idle", "h100", None)].device_us == 7 * HOUR
+    assert third.total().device_us == 0
