@@ -1,0 +1,403 @@
+"""Free-device bookkeeping for one cycle, and the per-request views placement looks through.
+
+Most devices are "plain": healthy, untainted, on a schedulable node, reserved for nobody. Their free
+counts are aggregated per device class, per node and per topology domain, and nodes are bucketed by free
+count, so the common request (a few devices anywhere) is answered without touching every node.
+The rest (unhealthy, tainted, cordoned, reserved) are few; a view adds the ones a request may use.
+Counterfactual questions ("would it fit if ... were healthy?") are views with more extras.
+"""
+
+from __future__ import annotations
+
+import re
+from bisect import bisect_left, insort
+
+from broker.scheduler.selectors import ClassMatcher
+from broker.scheduler.snapshot import NO_SCHEDULE_EFFECTS, Snapshot, Toleration
+
+ROOT = ()  # the whole cluster, as a domain key
+NODE_LEVEL = "node"  # the implicit finest topology level
+
+PLAIN, RESERVED, TAINTED, BLOCKED = range(4)
+
+# Ranks order the devices of one node: a team uses its own reservation first, and borrows other teams'
+# reserved devices last (those are the ones it will be preempted from).
+RANK_OWN_RESERVED, RANK_PLAIN, RANK_TOLERATED, RANK_BORROWED = range(4)
+
+
+def natural_key(text: str) -> tuple:
+    """n2 < n10, so device and node order reads as people expect."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text))
+
+
+class Slot:
+    """One device's state during a cycle."""
+
+    __slots__ = ("order", "id", "node", "classes", "attributes", "category", "owner", "taints", "holder")
+
+    def __init__(self, order, device_id, node, classes, attributes, category, taints):
+        self.order = order
+        self.id = device_id
+        self.node = node
+        self.classes = classes
+        self.attributes = attributes
+        self.category = category
+        self.owner: str | None = None
+        self.taints = taints
+        self.holder: str | None = None
+
+
+class NodeBuckets:
+    """Node indices grouped by free count, each group sorted, for fullest-first scans."""
+
+    def __init__(self, counts: list[int]):
+        self.members: dict[int, list[int]] = {}
+        for node, count in enumerate(counts):
+            if count > 0:
+                self.members.setdefault(count, []).append(node)
+        self.values = sorted(self.members)
+
+    def move(self, node: int, old: int, new: int) -> None:
+        if old > 0:
+            group = self.members[old]
+            del group[bisect_left(group, node)]
+            if not group:
+                del self.members[old]
+                self.values.remove(old)
+        if new > 0:
+            group = self.members.get(new)
+            if group is None:
+                self.members[new] = [node]
+                insort(self.values, new)
+            else:
+                insort(group, node)
+
+    def nodes_with_at_least(self, minimum: int):
+        for value in self.values[bisect_left(self.values, minimum) :]:
+            yield from self.members[value]
+
+    def pods_that_fit(self, per_pod: int) -> int:
+        return sum(len(self.members[value]) * (value // per_pod) for value in self.values if value >= per_pod)
+
+
+class CapacityState:
+    """Devices, topology and free counts of one snapshot; mutated as the cycle admits work.
+
+    empty=True builds the cluster as built: every device healthy, free and unreserved (for
+    InvalidRequest, "can this ever run here?").
+    """
+
+    def __init__(self, snapshot: Snapshot, matcher: ClassMatcher, class_names: tuple[str, ...], empty=False):
+        levels = tuple(snapshot.levels)
+        self.levels = levels if NODE_LEVEL in levels else levels + (NODE_LEVEL,)
+        self.class_names = class_names
+        self.class_index = {name: index for index, name in enumerate(class_names)}
+        self._index_nodes(snapshot)
+        self.slots: list[Slot] = []
+        self.slot_by_id: dict[str, Slot] = {}
+        self._index_devices(snapshot, matcher, empty)
+        if not empty:
+            self._hold_running(snapshot)
+            self._reserve(snapshot)
+        self._aggregate()
+
+    # --- building ---
+
+    def _index_nodes(self, snapshot: Snapshot) -> None:
+        known = {node.name: node for node in snapshot.nodes}
+        names = set(known) | {device.node for device in snapshot.devices}
+        self.node_names = sorted(names, key=natural_key)
+        self.node_index = {name: index for index, name in enumerate(self.node_names)}
+        self.node_schedulable = [
+            known[name].schedulable if name in known else True for name in self.node_names
+        ]
+        # Domains are keyed by their path from the coarsest level, so equal rack names under different
+        # blocks stay different racks.
+        self.node_domains: list[list[tuple]] = []
+        for level_index in range(len(self.levels)):
+            keys = []
+            for name in self.node_names:
+                domains = known[name].domains if name in known else {}
+                keys.append(
+                    tuple(
+                        str(domains.get(level, name if level == NODE_LEVEL else "-"))
+                        for level in self.levels[: level_index + 1]
+                    )
+                )
+            self.node_domains.append(keys)
+        self.domain_nodes: list[dict[tuple, list[int]]] = []
+        for keys in self.node_domains:
+            members: dict[tuple, list[int]] = {}
+            for node, key in enumerate(keys):
+                members.setdefault(key, []).append(node)
+            self.domain_nodes.append(members)
+
+    def _index_devices(self, snapshot: Snapshot, matcher: ClassMatcher, empty: bool) -> None:
+        class_sets: dict[frozenset, tuple[int, ...]] = {}
+        devices = sorted(
+            snapshot.devices, key=lambda device: (self.node_index[device.node], natural_key(device.id))
+        )
+        for order, device in enumerate(devices):
+            names = matcher.classes_of(device)
+            indices = class_sets.get(names)
+            if indices is None:
+                indices = tuple(sorted(self.class_index[name] for name in names if name in self.class_index))
+                class_sets[names] = indices
+            node = self.node_index[device.node]
+            blocking = tuple(taint for taint in device.taints if taint.effect in NO_SCHEDULE_EFFECTS)
+            if empty:
+                category = PLAIN
+            elif not device.healthy or not self.node_schedulable[node]:
+                category = BLOCKED
+            elif blocking:
+                category = TAINTED
+            else:
+                category = PLAIN
+            slot = Slot(order, device.id, node, indices, device.attributes, category, blocking)
+            self.slots.append(slot)
+            self.slot_by_id[device.id] = slot
+
+    def _hold_running(self, snapshot: Snapshot) -> None:
+        for workload in snapshot.running:
+            for pod in workload.pods:
+                for device_id in pod.device_ids:
+                    slot = self.slot_by_id.get(device_id)
+                    if slot is not None:
+                        slot.holder = workload.id
+
+    def _reserve(self, snapshot: Snapshot) -> None:
+        team_of_queue = {queue.name: queue.team for queue in snapshot.queues}
+        team_of_holder = {workload.id: team_of_queue.get(workload.queue) for workload in snapshot.running}
+        preemptible = {workload.id for workload in snapshot.running if workload.preemptible}
+        active = [r for r in snapshot.reservations if r.start <= snapshot.now < r.end]
+        for reservation in sorted(active, key=lambda r: r.name):
+            class_index = self.class_index.get(reservation.device_class)
+            if class_index is None:
+                continue
+            in_domain = [
+                slot
+                for slot in self.slots
+                if slot.owner is None
+                and class_index in slot.classes
+                and slot.category != BLOCKED
+                and self._in_domain(slot.node, reservation.domain)
+            ]
+
+            # The owner's own running work counts first, then free devices, then devices other teams
+            # hold with preemptible work (the owner may reclaim those).
+            tiers = [
+                (_reservation_tier(slot, reservation.team, team_of_holder, preemptible), slot)
+                for slot in in_domain
+            ]
+            tiers.sort(key=lambda entry: (entry[0], entry[1].order))
+            for _, slot in [entry for entry in tiers if entry[0] < 3][: reservation.count]:
+                slot.owner = reservation.team
+                if slot.category == PLAIN:
+                    slot.category = RESERVED
+
+    def _in_domain(self, node: int, domain: dict | None) -> bool:
+        if not domain:
+            return True
+        for level_index, level in enumerate(self.levels):
+            if level in domain and self.node_domains[level_index][node][-1] != str(domain[level]):
+                return False
+        return True
+
+    def _aggregate(self) -> None:
+        node_count = len(self.node_names)
+        self.node_free = [[0] * node_count for _ in self.class_names]
+        self.free_plain: list[list[Slot]] = [[] for _ in range(node_count)]
+        self.extras: list[Slot] = []
+        for slot in self.slots:
+            if slot.holder is not None:
+                continue
+            if slot.category == PLAIN:
+                self.free_plain[slot.node].append(slot)
+                for class_index in slot.classes:
+                    self.node_free[class_index][slot.node] += 1
+            else:
+                self.extras.append(slot)
+        self.domain_free: list[list[dict[tuple, int]]] = []
+        for class_index in range(len(self.class_names)):
+            per_level = []
+            counts = self.node_free[class_index]
+            for level_index in range(len(self.levels)):
+                totals = dict.fromkeys(self.domain_nodes[level_index], 0)
+                keys = self.node_domains[level_index]
+                for node, count in enumerate(counts):
+                    if count:
+                        totals[keys[node]] += count
+                per_level.append(totals)
+            self.domain_free.append(per_level)
+        self.total_free = [sum(counts) for counts in self.node_free]
+        self.buckets = [NodeBuckets(counts) for counts in self.node_free]
+
+    # --- changes during the cycle ---
+
+    def hold(self, slots, holder: str) -> None:
+        """Give `slots` to `holder`; plain ones leave the aggregates."""
+        changed: dict[int, list[Slot]] = {}
+        for slot in slots:
+            slot.holder = holder
+            if slot.category == PLAIN:
+                changed.setdefault(slot.node, []).append(slot)
+        for node, taken in changed.items():
+            free = self.free_plain[node]
+            taken_ids = {id(slot) for slot in taken}
+            self.free_plain[node] = [slot for slot in free if id(slot) not in taken_ids]
+            for class_index in range(len(self.class_names)):
+                removed = sum(1 for slot in taken if class_index in slot.classes)
+                if removed:
+                    self._shift(class_index, node, -removed)
+
+    def _shift(self, class_index: int, node: int, delta: int) -> None:
+        counts = self.node_free[class_index]
+        old = counts[node]
+        counts[node] = old + delta
+        self.total_free[class_index] += delta
+        per_level = self.domain_free[class_index]
+        for level_index, keys in enumerate(self.node_domains):
+            per_level[level_index][keys[node]] += delta
+        self.buckets[class_index].move(node, old, old + delta)
+
+    # --- questions ---
+
+    def level_index(self, level: str | None) -> int | None:
+        if level is None:
+            return None
+        return self.levels.index(level) if level in self.levels else None
+
+    def domain_of(self, node: int, level_index: int) -> tuple:
+        return self.node_domains[level_index][node]
+
+    def nodes_of(self, scope: tuple) -> list[int]:
+        if scope == ROOT:
+            return list(range(len(self.node_names)))
+        return self.domain_nodes[len(scope) - 1][scope]
+
+
+def _reservation_tier(slot: Slot, team: str, team_of_holder: dict, preemptible: set) -> int:
+    if slot.holder is None:
+        return 1
+    if team_of_holder.get(slot.holder) == team:
+        return 0
+    return 2 if slot.holder in preemptible else 3
+
+
+class Access:
+    """Who is asking: decides which non-plain devices a request may use and in what preference."""
+
+    __slots__ = ("team", "preemptible", "tolerations", "healed", "unreserved", "key")
+
+    def __init__(self, team, preemptible=False, tolerations=(), healed=False, unreserved=False):
+        self.team = team
+        self.preemptible = bool(preemptible)
+        self.tolerations = tuple(tolerations)
+        self.healed = healed
+        self.unreserved = unreserved
+        self.key = (team, self.preemptible, self.tolerations, healed, unreserved)
+
+    def rank(self, slot: Slot) -> int | None:
+        """Preference rank of a non-plain free device, or None when this request may not use it."""
+        if slot.category == BLOCKED and not self.healed:
+            return None
+        tolerated_rank = RANK_PLAIN
+        if slot.taints and not self.healed:
+            if not all(_tolerates(self.tolerations, taint) for taint in slot.taints):
+                return None
+            tolerated_rank = RANK_TOLERATED
+        if slot.owner is None or self.unreserved:
+            return tolerated_rank
+        if slot.owner == self.team:
+            return RANK_OWN_RESERVED
+        return RANK_BORROWED if self.preemptible else None
+
+    def uses_extras(self, state: CapacityState, reserved_teams: frozenset) -> bool:
+        """Whether any non-plain device could matter; if not, the fast aggregated path answers alone."""
+        if not state.extras:
+            return False
+        return (
+            self.healed
+            or self.unreserved
+            or self.preemptible
+            or bool(self.tolerations)
+            or self.team in reserved_teams
+        )
+
+
+def _tolerates(tolerations: tuple[Toleration, ...], taint) -> bool:
+    return any(
+        toleration.key == taint.key
+        and (toleration.value is None or toleration.value == taint.value)
+        and (toleration.effect is None or toleration.effect == taint.effect)
+        for toleration in tolerations
+    )
+
+
+class View:
+    """Free devices of one class as one request sees them.
+
+    extra: additional free slots (with rank) beyond the plain ones: reserved/tainted devices the request
+    may use, devices of would-be preemption victims, or counterfactually healed devices.
+    excluded: nodes the request may not use (capacity held for the head of the line).
+    """
+
+    def __init__(self, state: CapacityState, class_index: int, extra=(), excluded=frozenset()):
+        self.state = state
+        self.class_index = class_index
+        self.excluded = excluded
+        self.extra_by_node: dict[int, list[tuple[int, Slot]]] = {}
+        for rank, slot in extra:
+            if class_index in slot.classes and slot.node not in excluded:
+                self.extra_by_node.setdefault(slot.node, []).append((rank, slot))
+        self.plain = not self.extra_by_node and not excluded
+        self._domain_cache: dict[int, dict[tuple, int]] = {}
+
+    def node_count(self, node: int) -> int:
+        if node in self.excluded:
+            return 0
+        extra = self.extra_by_node.get(node)
+        return self.state.node_free[self.class_index][node] + (len(extra) if extra else 0)
+
+    def total(self) -> int:
+        total = self.state.total_free[self.class_index] + sum(
+            len(slots) for slots in self.extra_by_node.values()
+        )
+        for node in self.excluded:
+            total -= self.state.node_free[self.class_index][node]
+        return total
+
+    def domain_counts(self, level_index: int) -> dict[tuple, int]:
+        counts = self._domain_cache.get(level_index)
+        if counts is None:
+            counts = self.state.domain_free[self.class_index][level_index]
+            if not self.plain:
+                counts = dict(counts)
+                keys = self.state.node_domains[level_index]
+                for node in self.excluded:
+                    counts[keys[node]] -= self.state.node_free[self.class_index][node]
+                for node, slots in self.extra_by_node.items():
+                    counts[keys[node]] += len(slots)
+            self._domain_cache[level_index] = counts
+        return counts
+
+    def domain_count(self, scope: tuple) -> int:
+        if scope == ROOT:
+            return self.total()
+        return self.domain_counts(len(scope) - 1)[scope]
+
+    def node_slots(self, node: int) -> list[Slot]:
+        """Free usable slots on `node`, in the order they should be taken."""
+        if node in self.excluded:
+            return []
+        class_index = self.class_index
+        ranked = [
+            (RANK_PLAIN, slot.order, slot)
+            for slot in self.state.free_plain[node]
+            if class_index in slot.classes
+        ]
+        extra = self.extra_by_node.get(node)
+        if extra:
+            ranked.extend((rank, slot.order, slot) for rank, slot in extra)
+            ranked.sort(key=lambda entry: (entry[0], entry[1]))
+        return [entry[2] for entry in ranked]

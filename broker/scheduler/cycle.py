@@ -1,0 +1,285 @@
+"""One scheduling cycle: `decide(snapshot) -> CycleResult`, pure and deterministic.
+
+The steps are numbered in the comments of `Cycle.run`, as Kueue's scheduler.go numbers its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from broker.scheduler import backfill, explanation, preemption
+from broker.scheduler.capacity import NODE_LEVEL, Access, CapacityState, View
+from broker.scheduler.ordering import FairShareOrder, ShareBook
+from broker.scheduler.placement import GangPlan, place_gang
+from broker.scheduler.quota import QuotaTree
+from broker.scheduler.requests import Request, approval_problem, entitlement_problem, resolve
+from broker.scheduler.selectors import ClassMatcher
+from broker.scheduler.snapshot import (
+    Admission,
+    CycleResult,
+    PendingDecision,
+    PodPlacement,
+    Preemption,
+    Snapshot,
+)
+
+
+def decide(snapshot: Snapshot) -> CycleResult:
+    """Admissions, preemptions and an explanation for every pending workload not admitted."""
+    return Cycle(snapshot).run()
+
+
+@dataclass
+class Outcome:
+    """What the cycle did with one request that was not admitted (explanations read it)."""
+
+    request: Request
+    victims: tuple = ()
+    waiting_for_evictions: tuple = ()
+    protected: bool = False
+
+
+@dataclass
+class CycleLog:
+    cluster_order: list = field(default_factory=list)
+    admitted: dict = field(default_factory=dict)
+    admitted_plans: dict = field(default_factory=dict)
+    outcomes: dict = field(default_factory=dict)
+    invalid: dict = field(default_factory=dict)
+    preemptions: list = field(default_factory=list)
+
+
+class Cycle:
+    """State shared by the steps of one cycle (and by explanation, preemption and backfill)."""
+
+    def __init__(self, snapshot: Snapshot):
+        self.snapshot = snapshot
+        self.config = snapshot.config
+        self.matcher = ClassMatcher(snapshot.device_classes)
+        self.class_names = tuple(sorted(device_class.name for device_class in snapshot.device_classes))
+        self.lookups = {
+            "queues": {queue.name: queue for queue in snapshot.queues},
+            "resource_classes": {rc.name: rc for rc in snapshot.resource_classes},
+            "device_classes": {dc.name: dc for dc in snapshot.device_classes},
+        }
+        self.running = {workload.id: workload for workload in snapshot.running}
+        self.log = CycleLog()
+        self.protection: backfill.Protection | None = None
+        self._failed: set = set()
+        self._extras_cache: dict = {}
+        self._empty_state: CapacityState | None = None
+
+    # --- the cycle ---
+
+    def run(self) -> CycleResult:
+        # 1. Index the snapshot: classes per distinct device description, free counts per node and
+        #    domain, devices held by running work, reservations materialised on concrete devices.
+        self.state = CapacityState(self.snapshot, self.matcher, self.class_names)
+        self.reserved_teams = frozenset(slot.owner for slot in self.state.slots if slot.owner is not None)
+        self.has_taints = any(slot.taints for slot in self.state.slots)
+        # 2. Charge running workloads (evicting ones too: they still hold devices) to quota and fair share.
+        self.quota = QuotaTree(self.snapshot.queues, self.snapshot.cohorts)
+        self.book = ShareBook(self.snapshot.queues, self._class_capacity())
+        for workload in sorted(self.snapshot.running, key=lambda workload: workload.id):
+            self._charge(workload.queue, workload.device_class, workload.device_count)
+        # 3. Resolve pending workloads against the policy; the impossible ones are InvalidRequest now.
+        by_queue: dict[str, list] = {}
+        self.requests: dict[str, Request] = {}
+        for workload in sorted(self.snapshot.pending, key=lambda workload: workload.id):
+            resolved = resolve(workload, self.snapshot, self.lookups)
+            if isinstance(resolved, str):
+                self.log.invalid[workload.id] = resolved
+                continue
+            self.requests[workload.id] = resolved
+            by_queue.setdefault(workload.queue, []).append(workload)
+        # 4. Order: fair share between queues (recomputed after each admission), then priority, then age.
+        for workload in FairShareOrder(by_queue, self.book):
+            request = self.requests[workload.id]
+            self.log.cluster_order.append(request.id)
+            # 5. Gates, quota and a placement of the whole gang, first device class that works.
+            if not self._admit(request):
+                # 6. No room: look for the cheapest victims, else keep a place for the head of the line.
+                self._after_failure(request)
+        # 7. Explain every workload not admitted, against the state at the end of the cycle.
+        pending = explanation.explain_all(self)
+        # 8. Assemble the result in a stable order.
+        return CycleResult(
+            admissions=tuple(self.log.admitted[key] for key in sorted(self.log.admitted)),
+            preemptions=tuple(sorted(self.log.preemptions, key=lambda p: (p.victim_id, p.preemptor_id))),
+            pending=tuple(sorted(pending, key=lambda decision: decision.workload_id)),
+        )
+
+    def _charge(self, queue: str, device_class: str, amount: int) -> None:
+        self.quota.add_usage(queue, device_class, amount)
+        self.book.add(queue, device_class, amount)
+
+    def _class_capacity(self) -> dict[str, int]:
+        capacity = dict.fromkeys(self.class_names, 0)
+        for slot in self.state.slots:
+            for class_index in slot.classes:
+                capacity[self.class_names[class_index]] += 1
+        return capacity
+
+    # --- step 5 ---
+
+    def gate_problem(self, request: Request) -> str | None:
+        return entitlement_problem(request) or approval_problem(request)
+
+    def _admit(self, request: Request) -> bool:
+        if self.gate_problem(request):
+            self.log.outcomes[request.id] = Outcome(request)
+            return False
+        excluded = self.excluded_for(request)
+        for class_name in request.classes:
+            check = self.quota.check(request.queue.name, class_name, request.needed)
+            if not check.fits:
+                continue
+            plan = self.find_plan(request, class_name, excluded=excluded)
+            if plan is None:
+                continue
+            plan = _trim_to_quota(plan, request, check.available)
+            self._commit(request, class_name, plan)
+            return True
+        self.log.outcomes[request.id] = Outcome(request)
+        return False
+
+    def _commit(self, request: Request, class_name: str, plan: GangPlan) -> None:
+        self.state.hold(list(plan.slots()), request.id)
+        devices = sum(len(pod.slots) for pod in plan.pods)
+        self._charge(request.queue.name, class_name, devices)
+        node_names = self.state.node_names
+        pods = tuple(
+            PodPlacement(pod.pod_set, pod.index, node_names[pod.node], tuple(slot.id for slot in pod.slots))
+            for pod in sorted(plan.pods, key=lambda pod: (pod.pod_set, pod.index))
+        )
+        self.log.admitted[request.id] = Admission(request.id, class_name, pods, self.common_domain(plan))
+        self.log.admitted_plans[request.id] = plan
+
+    def common_domain(self, plan: GangPlan) -> dict:
+        """Levels (coarse to fine, node excluded) on which all pods share one domain."""
+        domain = {}
+        for level_index, level in enumerate(self.state.levels):
+            if level == NODE_LEVEL:
+                break
+            keys = {self.state.domain_of(pod.node, level_index) for pod in plan.pods}
+            if len(keys) != 1:
+                break
+            domain[level] = next(iter(keys))[-1]
+        return domain
+
+    # --- step 6 ---
+
+    def _after_failure(self, request: Request) -> None:
+        if self.gate_problem(request) or not self.quota_passing_classes(request):
+            return
+        if self.config.enable_preemption:
+            found = preemption.find_victims(self, request)
+            if found is not None:
+                self._record_preemption(request, found)
+                return
+        if self.config.enable_backfill_protection and self.protection is None:
+            self.protection = backfill.plan_protection(self, request)
+            if self.protection is not None:
+                self.log.outcomes[request.id].protected = True
+
+    def _record_preemption(self, request: Request, found) -> None:
+        outcome = self.log.outcomes[request.id]
+        outcome.victims = found.victims
+        outcome.waiting_for_evictions = found.evicting
+        for victim in found.victims:
+            self.log.preemptions.append(
+                Preemption(victim.workload.id, request.id, victim.rule, victim.message(request))
+            )
+
+    # --- shared questions ---
+
+    def quota_passing_classes(self, request: Request) -> tuple[str, ...]:
+        return tuple(
+            class_name
+            for class_name in request.classes
+            if self.quota.check(request.queue.name, class_name, request.needed).fits
+        )
+
+    def excluded_for(self, request: Request) -> frozenset:
+        if self.protection is None or self.protection.workload_id == request.id:
+            return frozenset()
+        return self.protection.excluded_for(request, self.snapshot.now)
+
+    def access_key(self, access: Access) -> tuple:
+        """The parts of `access` that can change the answer on this cluster (more sharing of memos)."""
+        reserved = bool(self.reserved_teams)
+        return (
+            access.team if access.team in self.reserved_teams else None,
+            access.preemptible and reserved,
+            access.tolerations if self.has_taints else (),
+            access.healed,
+            access.unreserved and reserved,
+        )
+
+    def extras_for(self, access: Access) -> list:
+        key = self.access_key(access)
+        candidates = self._extras_cache.get(key)
+        if candidates is None:
+            candidates = []
+            for slot in self.state.extras:
+                rank = access.rank(slot)
+                if rank is not None:
+                    candidates.append((rank, slot))
+            self._extras_cache[key] = candidates
+        return [(rank, slot) for rank, slot in candidates if slot.holder is None]
+
+    def view(self, class_name: str, access: Access, excluded=frozenset(), more=()) -> View:
+        extra = self.extras_for(access) if access.uses_extras(self.state, self.reserved_teams) else []
+        return View(self.state, self.state.class_index[class_name], extra + list(more), excluded)
+
+    def find_plan(
+        self, request: Request, class_name: str, access: Access | None = None, excluded=frozenset()
+    ):
+        """Placement of `request` with one class on the current free state; failures are memoised
+        because free capacity only shrinks during a cycle."""
+        access = access or request.access()
+        key = (
+            class_name,
+            request.demands,
+            request.required,
+            request.preferred,
+            self.access_key(access),
+            excluded,
+        )
+        if key in self._failed:
+            return None
+        levels = self.state.levels
+        plan = place_gang(
+            self.view(class_name, access, excluded),
+            request.demands,
+            levels.index(request.required) if request.required else None,
+            levels.index(request.preferred) if request.preferred else None,
+        )
+        if plan is None:
+            self._failed.add(key)
+        return plan
+
+    def empty_state(self) -> CapacityState:
+        if self._empty_state is None:
+            self._empty_state = CapacityState(self.snapshot, self.matcher, self.class_names, empty=True)
+        return self._empty_state
+
+    def pending_decision_for_invalid(self, workload_id: str) -> PendingDecision:
+        return explanation.invalid_decision(workload_id, self.log.invalid[workload_id])
+
+
+def _trim_to_quota(plan: GangPlan, request: Request, available: int | None) -> GangPlan:
+    """Drop optional pods (beyond min_count) until the plan fits the quota still available."""
+    if available is None:
+        return plan
+    minimum = {demand.name: demand.min_count for demand in request.demands}
+    pods = list(plan.pods)
+    total = sum(len(pod.slots) for pod in pods)
+    while total > available:
+        optional = [pod for pod in pods if pod.index >= minimum[pod.pod_set]]
+        if not optional:
+            break
+        last = max(optional, key=lambda pod: (pod.index, pod.pod_set))
+        pods.remove(last)
+        total -= len(last.slots)
+    return GangPlan(plan.class_index, plan.scope, tuple(pods))

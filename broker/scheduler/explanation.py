@@ -1,0 +1,456 @@
+"""Why a workload is pending: reason codes in DESIGN.md §5 order, the numbers behind them, its position,
+an estimated start and suggestions that were verified to work.
+
+Every code is decided by re-running placement on a changed copy of the end-of-cycle free state
+(a counterfactual), never by guessing from totals:
+- InvalidRequest: it does not fit on the cluster as built (everything healthy, free, unreserved);
+- QuotaExceeded: no device class passes the queue's quota (nominal + borrowable);
+- DeviceUnhealthy / Reserved: it does not fit now, but would with unhealthy / tainted / cordoned devices
+  healed, or with other teams' reservations lifted;
+- InsufficientCapacity: it does not fit now and fewer matching devices than it needs are free at all;
+- TopologyFragmented: it does not fit now although enough matching devices are free in total;
+- Priority: it fits now, but only on capacity held for the head of the line;
+- PreemptionPending: victims are being evicted for it (primary whenever it applies: it is the news).
+The counterfactuals depend only on the request's shape and who asks, so they are computed once per
+distinct shape, not once per workload.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from broker.scheduler import estimate
+from broker.scheduler.capacity import BLOCKED, NODE_LEVEL, TAINTED, CapacityState, View
+from broker.scheduler.placement import place_gang
+from broker.scheduler.requests import Request, approval_problem, entitlement_problem
+from broker.scheduler.snapshot import REASON_CODES, PendingDecision, PodSet, Snapshot, Suggestion
+
+CAPACITY_CODES = ("DeviceUnhealthy", "Reserved", "InsufficientCapacity", "TopologyFragmented", "Priority")
+
+
+def invalid_decision(workload_id: str, message: str) -> PendingDecision:
+    return PendingDecision(
+        workload_id=workload_id,
+        reason="InvalidRequest",
+        message=message,
+        details={"invalid": message},
+    )
+
+
+def explain_all(cycle) -> list[PendingDecision]:
+    decisions = [cycle.pending_decision_for_invalid(workload_id) for workload_id in sorted(cycle.log.invalid)]
+    waiting = [
+        workload_id for workload_id in cycle.log.cluster_order if workload_id not in cycle.log.admitted
+    ]
+    in_queue: dict[str, int] = {}
+    estimates = estimate.estimated_starts(cycle, waiting) if cycle.config.explain else {}
+    assessor = Assessor(cycle)
+    for position, workload_id in enumerate(waiting, start=1):
+        outcome = cycle.log.outcomes[workload_id]
+        queue = outcome.request.queue.name
+        in_queue[queue] = in_queue.get(queue, 0) + 1
+        decision = assessor.decide(outcome)
+        start, start_note = estimates.get(workload_id, (None, "no estimate computed"))
+        details = dict(decision.details)
+        details["estimate"] = start_note
+        decisions.append(
+            replace(
+                decision,
+                details=details,
+                position_in_queue=in_queue[queue],
+                position_in_cluster=position,
+                estimated_start=start,
+            )
+        )
+    return decisions
+
+
+class Assessor:
+    """Reason codes, messages, details and suggestions on the end-of-cycle state."""
+
+    def __init__(self, cycle):
+        self.cycle = cycle
+        self.state: CapacityState = cycle.state
+        self._capacity_cache: dict = {}
+        self._invalid_cache: dict = {}
+
+    # --- codes ---
+
+    def decide(self, outcome) -> PendingDecision:
+        request: Request = outcome.request
+        codes: dict[str, str] = {}
+        details: dict = {"needed": self._needed(request)}
+        invalid = self._invalid_message(request)
+        if invalid:
+            codes["InvalidRequest"] = invalid
+        not_entitled = entitlement_problem(request)
+        if not_entitled:
+            codes["NotEntitled"] = not_entitled
+        awaiting = approval_problem(request)
+        if awaiting:
+            codes["AwaitingApproval"] = awaiting
+        checks = [
+            self.cycle.quota.check(request.queue.name, name, request.needed) for name in request.classes
+        ]
+        details["quota"] = checks[0].details()
+        passing = tuple(check.device_class for check in checks if check.fits)
+        if not passing:
+            codes["QuotaExceeded"] = checks[0].message()
+        capacity = self.capacity(request, passing or request.classes)
+        details.update(capacity["details"])
+        codes.update(capacity["codes"])
+        if outcome.victims or outcome.waiting_for_evictions:
+            codes["PreemptionPending"] = _preemption_message(outcome)
+            details["victims"] = [victim.workload.id for victim in outcome.victims]
+            details["evicting"] = list(outcome.waiting_for_evictions)
+        ordered = [code for code in REASON_CODES if code in codes]
+        if "PreemptionPending" in codes:
+            ordered.remove("PreemptionPending")
+            ordered.insert(0, "PreemptionPending")
+        if not ordered:
+            # Cannot happen if capacity only shrinks during a cycle; say so rather than invent a cause.
+            ordered = ["Priority"]
+            codes["Priority"] = "fits now; it will be admitted in the next cycle"
+        primary = ordered[0]
+        suggestions = ()
+        if self.cycle.config.suggestions and primary in ("QuotaExceeded",) + CAPACITY_CODES:
+            suggestions = self.suggestions(request, codes)
+        return PendingDecision(
+            workload_id=request.id,
+            reason=primary,
+            secondary=tuple(ordered[1:]),
+            message=codes[primary],
+            details=details,
+            suggestions=suggestions,
+        )
+
+    def _invalid_message(self, request: Request) -> str | None:
+        key = (request.classes, request.demands, request.required, request.preferred)
+        if key not in self._invalid_cache:
+            self._invalid_cache[key] = self._compute_invalid(request)
+        return self._invalid_cache[key]
+
+    def _compute_invalid(self, request: Request) -> str | None:
+        empty = self.cycle.empty_state()
+        levels = empty.levels
+        required = levels.index(request.required) if request.required else None
+        problems = []
+        for class_name in request.classes:
+            view = View(empty, empty.class_index[class_name])
+            if place_gang(view, request.demands, required, None) is not None:
+                return None
+            problems.append(_why_never(view, request, class_name))
+        return "; ".join(problems)
+
+    def capacity(self, request: Request, classes: tuple[str, ...]) -> dict:
+        excluded = self.cycle.excluded_for(request)
+        key = (
+            classes,
+            request.demands,
+            request.required,
+            request.preferred,
+            self.cycle.access_key(request.access()),
+            excluded,
+        )
+        cached = self._capacity_cache.get(key)
+        if cached is None:
+            cached = self._compute_capacity(request, classes, excluded)
+            self._capacity_cache[key] = cached
+        return cached
+
+    def _fits_any(self, request, classes, access, excluded=frozenset()) -> bool:
+        return any(self._fits(request, name, access, excluded) for name in classes)
+
+    def _fits(self, request, class_name, access, excluded=frozenset()) -> bool:
+        return self.cycle.find_plan(request, class_name, access=access, excluded=excluded) is not None
+
+    def _compute_capacity(self, request: Request, classes, excluded) -> dict:
+        codes: dict[str, str] = {}
+        access = request.access()
+        numbers = [self._numbers(request, name) for name in classes]
+        focus = next((n for n in numbers if n["free"] >= request.needed), numbers[0])
+        details = {
+            "device_class": focus["device_class"],
+            "free": focus["free"],
+            "largest_free_domain": focus["largest_free_domain"],
+            "unhealthy": focus["unhealthy"],
+            "reserved": focus["reserved"],
+        }
+        needs = _needs_text(request, focus["device_class"])
+        fits_unheld = self._fits_any(request, classes, access)
+        if not fits_unheld:
+            if self._fits_any(request, classes, request.access(healed=True)):
+                codes["DeviceUnhealthy"] = (
+                    f"{needs}; {focus['free']} {focus['device_class']} free; it would fit if the "
+                    f"{focus['unhealthy']} unhealthy, tainted or cordoned ones were healthy"
+                )
+            if self._fits_any(request, classes, request.access(unreserved=True)):
+                codes["Reserved"] = (
+                    f"{needs}; {focus['free']} {focus['device_class']} free for team {request.team}; "
+                    f"it would fit without the {focus['reserved']} free devices reserved for other teams"
+                    f" ({_owners_text(focus['reserved_by'])})"
+                )
+            if all(n["free"] < request.needed for n in numbers):
+                codes["InsufficientCapacity"] = (
+                    f"{needs}; only {focus['free']} {focus['device_class']} free in the cluster"
+                )
+            else:
+                codes["TopologyFragmented"] = _fragmented_text(needs, focus)
+        elif excluded and not self._fits_any(request, classes, access, excluded):
+            protection = self.cycle.protection
+            codes["Priority"] = f"{needs}; it fits now, but {protection.describe(self.state)}"
+            details["held_for"] = protection.workload_id
+        return {"codes": codes, "details": details}
+
+    def _numbers(self, request: Request, class_name: str) -> dict:
+        access = request.access()
+        view = self.cycle.view(class_name, access)
+        class_index = view.class_index
+        unhealthy = 0
+        reserved_by: dict[str, int] = {}
+        for slot in self.state.extras:
+            if slot.holder is not None or class_index not in slot.classes or access.rank(slot) is not None:
+                continue
+            if slot.category in (BLOCKED, TAINTED):
+                unhealthy += 1
+            elif slot.owner is not None:
+                reserved_by[slot.owner] = reserved_by.get(slot.owner, 0) + 1
+        level = request.required or NODE_LEVEL
+        return {
+            "device_class": class_name,
+            "free": view.total(),
+            "largest_free_domain": _largest_domain(view, self.state.levels.index(level), level),
+            "unhealthy": unhealthy,
+            "reserved": sum(reserved_by.values()),
+            "reserved_by": reserved_by,
+        }
+
+    def _needed(self, request: Request) -> dict:
+        return {
+            "devices": request.needed,
+            "pods": [
+                {"pod_set": demand.name, "pods": demand.min_count, "devices_per_pod": demand.per_pod}
+                for demand in request.demands
+            ],
+            "device_classes": list(request.classes),
+            "topology_required": request.required,
+        }
+
+    # --- suggestions ---
+
+    def starts_now(self, request: Request) -> bool:
+        """Would this (changed) request be admitted on the end-of-cycle state? Exact for shape changes:
+        at its turn in a re-run it sees at least this much free capacity and quota."""
+        excluded = self.cycle.excluded_for(request)
+        for class_name in request.classes:
+            if not self.cycle.quota.check(request.queue.name, class_name, request.needed).fits:
+                continue
+            if self._fits(request, class_name, request.access(), excluded):
+                return True
+        return False
+
+    def suggestions(self, request: Request, codes: dict) -> tuple[Suggestion, ...]:
+        found = []
+        for make in (self._relax_topology, self._fallback_class, self._shrink_gang, self._increase_quota):
+            suggestion = make(request, codes)
+            if suggestion is not None:
+                found.append(suggestion)
+        return tuple(found)
+
+    def _relax_topology(self, request: Request, codes) -> Suggestion | None:
+        if request.required is None:
+            return None
+        levels = self.state.levels
+        for index in range(levels.index(request.required) - 1, -2, -1):
+            coarser = levels[index] if index >= 0 else None
+            preferred = request.preferred or request.required
+            if self.starts_now(request.with_topology(coarser, preferred)):
+                where = f"one {coarser}" if coarser else "the whole cluster"
+                return Suggestion(
+                    "RelaxTopology",
+                    f"require one {coarser} instead of one {request.required} (prefer one {preferred}): "
+                    f"starts now in {where}"
+                    if coarser
+                    else f"drop the one-{request.required} requirement (prefer one {preferred}): starts now",
+                    {"topology_required": coarser or "", "topology_preferred": preferred},
+                )
+        return None
+
+    def _fallback_class(self, request: Request, codes) -> Suggestion | None:
+        offered = request.resource_class.device_classes if request.resource_class else self.cycle.class_names
+        prices = {dc.name: dc.price_per_hour for dc in self.cycle.snapshot.device_classes}
+        others = sorted(
+            (name for name in offered if name not in request.classes), key=lambda n: (prices[n], n)
+        )
+        for name in others:
+            if self.starts_now(request.with_classes((name,))):
+                return Suggestion(
+                    "FallbackClass",
+                    f"use device class {name} (${prices[name]:g}/device-hour): starts now",
+                    {"device_classes": [name]},
+                )
+        return None
+
+    def _shrink_gang(self, request: Request, codes) -> Suggestion | None:
+        if len(request.demands) != 1 or request.demands[0].min_count <= 1:
+            return None
+        demand = request.demands[0]
+
+        def starts(size: int) -> bool:
+            return self.starts_now(request.with_demands((replace(demand, count=size, min_count=size),)))
+
+        low, high = 0, demand.min_count - 1
+        while low < high:
+            middle = (low + high + 1) // 2
+            if starts(middle):
+                low = middle
+            else:
+                high = middle - 1
+        if low < 1:
+            return None
+        return Suggestion(
+            "ShrinkGang",
+            f"run {low} pods instead of {demand.min_count} ({low * demand.per_pod} devices): starts now",
+            {"pod_sets": {demand.name: {"count": low, "min_count": low}}},
+        )
+
+    def _increase_quota(self, request: Request, codes) -> Suggestion | None:
+        if "QuotaExceeded" not in codes:
+            return None
+        snapshot = self.cycle.snapshot
+        if len(snapshot.pending) > snapshot.config.rerun_verification_limit:
+            return None
+        quota = self.cycle.quota
+        for class_name in request.classes:
+            check = quota.check(request.queue.name, class_name, request.needed)
+            if check.nominal is None:
+                continue
+            excluded = self.cycle.excluded_for(request)
+            if not self._fits(request, class_name, request.access(), excluded):
+                continue
+            increase = max(check.more_needed, request.needed - (check.maximum or 0))
+            suggestion = Suggestion(
+                "IncreaseQuota",
+                f"raise queue {request.queue.name}'s {class_name} quota from {check.nominal} to "
+                f"{check.nominal + increase}: starts now",
+                {
+                    "queue": request.queue.name,
+                    "device_class": class_name,
+                    "nominal": check.nominal + increase,
+                },
+            )
+            # A quota change moves the queue in the fair-share order, so only a full re-run can tell.
+            if _admitted_after(snapshot, request.id, suggestion):
+                return suggestion
+        return None
+
+
+def _admitted_after(snapshot: Snapshot, workload_id: str, suggestion: Suggestion) -> bool:
+    from broker.scheduler.cycle import decide
+
+    changed = apply_suggestion(snapshot, workload_id, suggestion)
+    changed = replace(changed, config=replace(changed.config, suggestions=False, explain=False))
+    return any(admission.workload_id == workload_id for admission in decide(changed).admissions)
+
+
+def apply_suggestion(snapshot: Snapshot, workload_id: str, suggestion: Suggestion) -> Snapshot:
+    """The snapshot with the suggested change made (to verify it, or to show what it would do)."""
+    change = suggestion.change
+    if suggestion.kind == "IncreaseQuota":
+        queues = tuple(
+            replace(queue, quota={**(queue.quota or {}), change["device_class"]: change["nominal"]})
+            if queue.name == change["queue"]
+            else queue
+            for queue in snapshot.queues
+        )
+        return replace(snapshot, queues=queues)
+    pending = tuple(
+        _changed_workload(workload, change) if workload.id == workload_id else workload
+        for workload in snapshot.pending
+    )
+    return replace(snapshot, pending=pending)
+
+
+def _changed_workload(workload, change: dict):
+    updates = {}
+    if "topology_required" in change:
+        updates["topology_required"] = change["topology_required"]
+    if "topology_preferred" in change:
+        updates["topology_preferred"] = change["topology_preferred"]
+    pod_sets = list(workload.pod_sets)
+    if "device_classes" in change:
+        pod_sets = [replace(pod_set, device_classes=tuple(change["device_classes"])) for pod_set in pod_sets]
+    for name, counts in change.get("pod_sets", {}).items():
+        pod_sets = [_resized(pod_set, counts) if pod_set.name == name else pod_set for pod_set in pod_sets]
+    updates["pod_sets"] = tuple(pod_sets)
+    return replace(workload, **updates)
+
+
+def _resized(pod_set: PodSet, counts: dict) -> PodSet:
+    return replace(pod_set, count=counts.get("count", pod_set.count), min_count=counts.get("min_count"))
+
+
+# --- text ---
+
+
+def _needs_text(request: Request, class_name: str) -> str:
+    parts = [f"{demand.min_count} pods × {demand.per_pod} {class_name}" for demand in request.demands]
+    text = "needs " + " + ".join(parts)
+    if len(request.demands) > 1 or request.demands[0].min_count > 1:
+        text += f" ({request.needed} in all)"
+    if request.required:
+        text += f" in one {request.required}"
+    return text
+
+
+def _fragmented_text(needs: str, focus: dict) -> str:
+    largest = focus["largest_free_domain"]
+    where = f"any {largest['level']}" if largest["level"] != NODE_LEVEL else "any node"
+    name = f" ({largest['name']})" if largest["name"] else ""
+    return (
+        f"{needs}; {focus['free']} {focus['device_class']} free in the cluster, "
+        f"at most {largest['free']} free in {where}{name}"
+    )
+
+
+def _owners_text(reserved_by: dict) -> str:
+    return ", ".join(f"{team}: {count}" for team, count in sorted(reserved_by.items())) or "none"
+
+
+def _preemption_message(outcome) -> str:
+    if outcome.victims:
+        names = ", ".join(victim.workload.id for victim in outcome.victims)
+        return f"waiting for {len(outcome.victims)} preempted workload(s) to be evicted: {names}"
+    names = ", ".join(outcome.waiting_for_evictions)
+    return f"waiting for evictions already under way: {names}"
+
+
+def _largest_domain(view: View, level_index: int, level: str) -> dict:
+    counts = view.domain_counts(level_index)
+    if not counts:
+        return {"level": level, "name": None, "free": 0}
+    key = min(counts, key=lambda key: (-counts[key], key))
+    return {"level": level, "name": key[-1], "free": counts[key]}
+
+
+def _why_never(view: View, request: Request, class_name: str) -> str:
+    state = view.state
+    total = view.total()
+    if total == 0:
+        return f"no device in the cluster matches device class {class_name}"
+    largest_pod = max(demand.per_pod for demand in request.demands)
+    biggest_node = max(view.node_count(node) for node in range(len(state.node_names)))
+    if largest_pod > biggest_node:
+        return f"needs {largest_pod} {class_name} per pod; the largest node has {biggest_node}"
+    if request.needed > total:
+        return f"needs {request.needed} {class_name}; the whole cluster has {total}"
+    if request.required:
+        level_index = state.levels.index(request.required)
+        largest = _largest_domain(view, level_index, request.required)
+        return (
+            f"needs {request.needed} {class_name} in one {request.required}; the largest "
+            f"{request.required} ({largest['name']}) has {largest['free']}"
+        )
+    if any(demand.match_attribute for demand in request.demands):
+        return f"no node has enough {class_name} sharing the matched attribute"
+    return f"{_needs_text(request, class_name)}: no arrangement of the cluster's nodes holds it"

@@ -1,0 +1,200 @@
+"""Gang placement over the topology: all pods of a gang or none.
+
+- required level: every pod inside one domain of that level; among domains that hold the gang, the
+  tightest one (least matching capacity left after placing) so large domains stay whole; ties by name.
+- preferred level: the tightest single domain of that level if one holds the gang, else one of the next
+  coarser level, ..., else the whole scope (spread).
+- inside the chosen domain nodes are filled fullest-first (fewest free devices first), which packs small
+  pods onto already busy nodes.
+- several pod sets: the one with the largest pods is placed first (it is the hardest to fit); the
+  min_count pods of every set are placed before any optional extra pod. This greedy order is exact for
+  one pod set and a sound heuristic for several.
+Placement only plans: nothing in the capacity state changes until the cycle commits the plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from broker.scheduler.capacity import ROOT, Slot, View
+
+
+@dataclass(frozen=True)
+class PodDemand:
+    """One pod set as placement sees it: `min_count` pods must fit, up to `count` are placed."""
+
+    name: str
+    count: int
+    min_count: int
+    per_pod: int
+    match_attribute: str | None = None
+
+
+@dataclass(frozen=True)
+class PlannedPod:
+    pod_set: str
+    index: int
+    node: int
+    slots: tuple[Slot, ...]
+
+
+@dataclass(frozen=True)
+class GangPlan:
+    class_index: int
+    scope: tuple
+    pods: tuple[PlannedPod, ...]
+
+    def slots(self):
+        for pod in self.pods:
+            yield from pod.slots
+
+
+def minimum_devices(demands: tuple[PodDemand, ...]) -> int:
+    return sum(demand.min_count * demand.per_pod for demand in demands)
+
+
+def place_gang(
+    view: View, demands: tuple[PodDemand, ...], required: int | None, preferred: int | None
+) -> GangPlan | None:
+    """A plan for the whole gang on `view`, or None. Levels are indices into the topology levels."""
+    needed = minimum_devices(demands)
+    if view.total() < needed:
+        return None
+    for scope in candidate_scopes(view, required, needed):
+        pods = _place_within(view, scope, demands, preferred, needed)
+        if pods is not None:
+            return GangPlan(view.class_index, scope, pods)
+    return None
+
+
+def candidate_scopes(view: View, required: int | None, needed: int) -> list[tuple]:
+    """Domains of the required level with room for `needed` devices, tightest first."""
+    if required is None:
+        return [ROOT]
+    return domains_with_room(view, required, needed, ROOT)
+
+
+def domains_with_room(view: View, level_index: int, needed: int, within: tuple) -> list[tuple]:
+    depth = len(within)
+    counts = view.domain_counts(level_index)
+    fitting = [
+        (count, key)
+        for key, count in counts.items()
+        if count >= needed and (not depth or key[:depth] == within)
+    ]
+    fitting.sort()
+    return [key for _, key in fitting]
+
+
+def _place_within(view, scope, demands, preferred, needed):
+    if preferred is not None and preferred >= len(scope):
+        for level_index in range(preferred, len(scope) - 1, -1):
+            for domain in domains_with_room(view, level_index, needed, scope):
+                pods = pack(view, domain, demands)
+                if pods is not None:
+                    return pods
+    return pack(view, scope, demands)
+
+
+def pack(view: View, scope: tuple, demands: tuple[PodDemand, ...]) -> tuple[PlannedPod, ...] | None:
+    """Place the gang inside one scope fullest-first; None when its min_count pods do not all fit."""
+    if len(demands) == 1 and not demands[0].match_attribute and scope == ROOT and view.plain:
+        demand = demands[0]
+        if view.state.buckets[view.class_index].pods_that_fit(demand.per_pod) < demand.min_count:
+            return None
+    ordered = sorted(demands, key=lambda demand: (-demand.per_pod, demand.name))
+    packer = _Packer(view, scope)
+    for demand in ordered:
+        if not packer.place(demand, demand.min_count):
+            return None
+    for demand in ordered:
+        if demand.count > demand.min_count:
+            packer.place(demand, demand.count - demand.min_count, required=False)
+    return tuple(packer.pods)
+
+
+class _Packer:
+    def __init__(self, view: View, scope: tuple):
+        self.view = view
+        self.scope = scope
+        self.taken: set[int] = set()
+        self.used: dict[int, int] = {}
+        self.next_index: dict[str, int] = {}
+        self.pods: list[PlannedPod] = []
+
+    def place(self, demand: PodDemand, pods_wanted: int, required: bool = True) -> bool:
+        if pods_wanted <= 0:
+            return True
+        placed = 0
+        for node in self._nodes_fullest_first(demand.per_pod):
+            slots = [slot for slot in self.view.node_slots(node) if id(slot) not in self.taken]
+            while placed < pods_wanted:
+                chosen = _choose_devices(slots, demand)
+                if chosen is None:
+                    break
+                self._record(demand, node, chosen)
+                chosen_ids = {id(slot) for slot in chosen}
+                slots = [slot for slot in slots if id(slot) not in chosen_ids]
+                placed += 1
+            if placed >= pods_wanted:
+                return True
+        return not required
+
+    def _record(self, demand, node, chosen):
+        index = self.next_index.get(demand.name, 0)
+        self.next_index[demand.name] = index + 1
+        self.pods.append(PlannedPod(demand.name, index, node, tuple(chosen)))
+        self.taken.update(id(slot) for slot in chosen)
+        self.used[node] = self.used.get(node, 0) + len(chosen)
+
+    def _nodes_fullest_first(self, per_pod: int):
+        view = self.view
+        state = view.state
+        if self.scope == ROOT and view.plain and not self.used:
+            # Node free counts are already bucketed and sorted: stream instead of sorting every node.
+            yield from state.buckets[view.class_index].nodes_with_at_least(per_pod)
+            return
+        if self.scope == ROOT:
+            widest_extra = max((len(extra) for extra in view.extra_by_node.values()), default=0)
+            candidates = set(
+                state.buckets[view.class_index].nodes_with_at_least(max(1, per_pod - widest_extra))
+            )
+            candidates.update(view.extra_by_node)
+        else:
+            candidates = state.nodes_of(self.scope)
+        counted = []
+        for node in candidates:
+            count = view.node_count(node) - self.used.get(node, 0)
+            if count >= per_pod:
+                counted.append((count, node))
+        counted.sort()
+        for _, node in counted:
+            yield node
+
+
+def _choose_devices(slots: list[Slot], demand: PodDemand) -> list[Slot] | None:
+    per_pod = demand.per_pod
+    if len(slots) < per_pod:
+        return None
+    if not demand.match_attribute:
+        return slots[:per_pod]
+    groups: dict[str, list[Slot]] = {}
+    for slot in slots:
+        if demand.match_attribute in slot.attributes:
+            groups.setdefault(str(slot.attributes[demand.match_attribute]), []).append(slot)
+    # The smallest group that holds the pod, like fullest-first for nodes.
+    fitting = sorted((len(group), value) for value, group in groups.items() if len(group) >= per_pod)
+    if not fitting:
+        return None
+    return groups[fitting[0][1]][:per_pod]
+
+
+def pods_fitting_in_scope(view: View, scope: tuple, per_pod: int) -> int:
+    """How many pods of `per_pod` devices fit in a scope (one pod set, no matchAttribute)."""
+    state = view.state
+    if scope == ROOT and view.plain:
+        return state.buckets[view.class_index].pods_that_fit(per_pod)
+    nodes = view.extra_by_node.keys() | set(state.buckets[view.class_index].nodes_with_at_least(1))
+    if scope != ROOT:
+        nodes = state.nodes_of(scope)
+    return sum(view.node_count(node) // per_pod for node in nodes)

@@ -1,0 +1,235 @@
+"""Nominal quota, cohorts and borrowing with Kueue's semantics (pkg/cache resource_node.go).
+
+Every queue with a quota dict and every cohort is a node of a tree per device class:
+- subtree quota of a node = its nominal + what each child puts into it (child subtree quota minus the
+  part the child keeps for itself, its "guaranteed" quota = subtree quota - lending_limit);
+- usage seen by a cohort = the children's usage above their guaranteed quota;
+- available(queue) = its unused guaranteed quota + what its parent can give, capped by borrowing_limit;
+- potential(queue) = the same with no usage anywhere: the most it can ever get.
+Queues with `quota=None` are unlimited and take no part in the tree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from broker.scheduler.snapshot import Cohort, Queue
+
+
+@dataclass(frozen=True)
+class QuotaCheck:
+    """The quota numbers for one request, as Kueue reports them."""
+
+    queue: str
+    device_class: str
+    used: int
+    nominal: int | None
+    borrowable: int
+    available: int | None
+    maximum: int | None
+    requested: int
+
+    @property
+    def fits(self) -> bool:
+        return self.available is None or self.requested <= self.available
+
+    @property
+    def ever_fits(self) -> bool:
+        return self.maximum is None or self.requested <= self.maximum
+
+    @property
+    def more_needed(self) -> int:
+        return 0 if self.available is None else max(0, self.requested - self.available)
+
+    def message(self) -> str:
+        if self.nominal is None:
+            return f"queue {self.queue} has unlimited {self.device_class} quota"
+        head = (
+            f"queue {self.queue} uses {self.used} of {self.nominal} {self.device_class} "
+            f"(+{self.borrowable} borrowable); needs {self.requested}"
+        )
+        if not self.ever_fits:
+            return f"{head}: more than the most it can ever get, {self.maximum}"
+        if not self.fits:
+            return f"{head}: {self.more_needed} more needed"
+        return f"{head}: fits"
+
+    def details(self) -> dict:
+        return {
+            "queue": self.queue,
+            "device_class": self.device_class,
+            "used": self.used,
+            "nominal": self.nominal,
+            "borrowable": self.borrowable,
+            "available": self.available,
+            "maximum": self.maximum,
+            "requested": self.requested,
+            "more_needed": self.more_needed,
+        }
+
+
+class _QuotaNode:
+    __slots__ = ("name", "parent", "children", "nominal", "borrowing_limit", "lending_limit", "usage")
+
+    def __init__(self, name, nominal, borrowing_limit, lending_limit):
+        self.name = name
+        self.parent: _QuotaNode | None = None
+        self.children: list[_QuotaNode] = []
+        self.nominal: dict = nominal
+        self.borrowing_limit: dict | None = borrowing_limit
+        self.lending_limit: dict | None = lending_limit
+        self.usage: dict = {}
+
+
+class QuotaTree:
+    """Quota state for one cycle; usage changes as workloads are admitted."""
+
+    def __init__(self, queues: tuple[Queue, ...], cohorts: tuple[Cohort, ...]):
+        self._queues = {queue.name: queue for queue in queues}
+        self._cohort_nodes = {
+            cohort.name: _QuotaNode(
+                "cohort:" + cohort.name,
+                dict(cohort.quota or {}),
+                cohort.borrowing_limit,
+                cohort.lending_limit,
+            )
+            for cohort in cohorts
+        }
+        for cohort in cohorts:
+            if cohort.parent:
+                self._attach(self._cohort_nodes[cohort.name], self._cohort_node(cohort.parent))
+        self._queue_nodes: dict[str, _QuotaNode] = {}
+        for queue in sorted(queues, key=lambda queue: queue.name):
+            if queue.quota is None:
+                continue
+            node = _QuotaNode(queue.name, dict(queue.quota), queue.borrowing_limit, queue.lending_limit)
+            self._queue_nodes[queue.name] = node
+            if queue.cohort:
+                self._attach(node, self._cohort_node(queue.cohort))
+        self._subtree_cache: dict = {}
+
+    def _cohort_node(self, name: str) -> _QuotaNode:
+        # A cohort named only by its members exists implicitly with no quota of its own, as in Kueue.
+        if name not in self._cohort_nodes:
+            self._cohort_nodes[name] = _QuotaNode("cohort:" + name, {}, None, None)
+        return self._cohort_nodes[name]
+
+    @staticmethod
+    def _attach(child: _QuotaNode, parent: _QuotaNode) -> None:
+        ancestor = parent
+        while ancestor is not None:
+            if ancestor is child:
+                return  # a cycle in cohort parents: keep the child a root rather than loop forever
+            ancestor = ancestor.parent
+        child.parent = parent
+        parent.children.append(child)
+
+    # --- usage ---
+
+    def is_limited(self, queue: str) -> bool:
+        return queue in self._queue_nodes
+
+    def add_usage(self, queue: str, device_class: str, amount: int) -> None:
+        node = self._queue_nodes.get(queue)
+        if node is not None:
+            node.usage[device_class] = node.usage.get(device_class, 0) + amount
+
+    def usage(self, queue: str, device_class: str) -> int:
+        node = self._queue_nodes.get(queue)
+        return 0 if node is None else node.usage.get(device_class, 0)
+
+    def nominal(self, queue: str, device_class: str) -> int | None:
+        node = self._queue_nodes.get(queue)
+        return None if node is None else node.nominal.get(device_class, 0)
+
+    def usage_by_class(self, queue: str) -> dict:
+        node = self._queue_nodes.get(queue)
+        return {} if node is None else dict(node.usage)
+
+    # --- Kueue's arithmetic, per device class ---
+
+    def _subtree_quota(self, node: _QuotaNode, device_class: str) -> int:
+        key = (id(node), device_class)
+        cached = self._subtree_cache.get(key)
+        if cached is None:
+            cached = node.nominal.get(device_class, 0) + sum(
+                self._subtree_quota(child, device_class) - self._guaranteed(child, device_class)
+                for child in node.children
+            )
+            self._subtree_cache[key] = cached
+        return cached
+
+    def _guaranteed(self, node: _QuotaNode, device_class: str) -> int:
+        limit = (node.lending_limit or {}).get(device_class)
+        if limit is None:
+            return 0
+        return max(0, self._subtree_quota(node, device_class) - limit)
+
+    def _usage(self, node: _QuotaNode, device_class: str) -> int:
+        if not node.children:
+            return node.usage.get(device_class, 0)
+        return sum(
+            max(0, self._usage(child, device_class) - self._guaranteed(child, device_class))
+            for child in node.children
+        )
+
+    def _available(self, node: _QuotaNode, device_class: str) -> int:
+        if node.parent is None:
+            return self._subtree_quota(node, device_class) - self._usage(node, device_class)
+        guaranteed = self._guaranteed(node, device_class)
+        usage = self._usage(node, device_class)
+        local = max(0, guaranteed - usage)
+        from_parent = self._available(node.parent, device_class)
+        limit = (node.borrowing_limit or {}).get(device_class)
+        if limit is not None:
+            stored_in_parent = self._subtree_quota(node, device_class) - guaranteed
+            used_in_parent = max(0, usage - guaranteed)
+            from_parent = min(from_parent, stored_in_parent - used_in_parent + limit)
+        return local + from_parent
+
+    def _potential(self, node: _QuotaNode, device_class: str) -> int:
+        if node.parent is None:
+            return self._subtree_quota(node, device_class)
+        potential = self._guaranteed(node, device_class) + self._potential(node.parent, device_class)
+        limit = (node.borrowing_limit or {}).get(device_class)
+        if limit is not None:
+            potential = min(potential, self._subtree_quota(node, device_class) + limit)
+        return potential
+
+    # --- questions the cycle asks ---
+
+    def check(
+        self, queue: str, device_class: str, requested: int, released: dict | None = None
+    ) -> QuotaCheck:
+        """Quota numbers for `requested` devices; `released` (queue -> devices of this class) is usage
+        that would be given back first, e.g. by preemption victims."""
+        node = self._queue_nodes.get(queue)
+        if node is None:
+            return QuotaCheck(queue, device_class, 0, None, 0, None, None, requested)
+        if released:
+            for name, amount in released.items():
+                self.add_usage(name, device_class, -amount)
+        try:
+            used = node.usage.get(device_class, 0)
+            nominal = node.nominal.get(device_class, 0)
+            available = max(0, self._available(node, device_class))
+            maximum = self._potential(node, device_class)
+        finally:
+            if released:
+                for name, amount in released.items():
+                    self.add_usage(name, device_class, amount)
+        borrowable = max(0, available - max(0, nominal - used))
+        return QuotaCheck(queue, device_class, used, nominal, borrowable, available, maximum, requested)
+
+    def is_borrowing(self, queue: str, device_class: str) -> bool:
+        node = self._queue_nodes.get(queue)
+        return node is not None and node.usage.get(device_class, 0) > node.nominal.get(device_class, 0)
+
+    def cohort_root(self, queue: str) -> str | None:
+        """Name of the root of the queue's cohort tree (queues under one root may borrow from each other)."""
+        node = self._queue_nodes.get(queue)
+        if node is None or node.parent is None:
+            return None
+        while node.parent is not None:
+            node = node.parent
+        return node.name

@@ -1,0 +1,164 @@
+"""A pending workload resolved against the policy: its queue, team, device classes, topology and gang.
+
+Defaults from the resource class are filled in here once, and anything that can never be valid
+(unknown names, impossible counts) is turned into one readable InvalidRequest message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from broker.scheduler.capacity import NODE_LEVEL, Access
+from broker.scheduler.placement import PodDemand, minimum_devices
+from broker.scheduler.snapshot import PendingWorkload, Queue, ResourceClass, Snapshot
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the cycle needs to know about one pending workload."""
+
+    workload: PendingWorkload
+    queue: Queue
+    team: str
+    resource_class: ResourceClass | None
+    classes: tuple[str, ...]
+    demands: tuple[PodDemand, ...]
+    required: str | None
+    preferred: str | None
+    preemptible: bool
+    tolerations: tuple
+
+    @property
+    def id(self) -> str:
+        return self.workload.id
+
+    @property
+    def needed(self) -> int:
+        return minimum_devices(self.demands)
+
+    def access(self, healed=False, unreserved=False) -> Access:
+        return Access(self.team, self.preemptible, self.tolerations, healed=healed, unreserved=unreserved)
+
+    def with_demands(self, demands) -> Request:
+        return _replace(self, demands=tuple(demands))
+
+    def with_classes(self, classes) -> Request:
+        return _replace(self, classes=tuple(classes))
+
+    def with_topology(self, required, preferred) -> Request:
+        return _replace(self, required=required, preferred=preferred)
+
+
+def _replace(request: Request, **changes) -> Request:
+    values = {name: getattr(request, name) for name in Request.__dataclass_fields__}
+    values.update(changes)
+    return Request(**values)
+
+
+def all_levels(snapshot: Snapshot) -> tuple[str, ...]:
+    """Topology levels coarse to fine with the node as the finest."""
+    levels = tuple(snapshot.levels)
+    return levels if NODE_LEVEL in levels else levels + (NODE_LEVEL,)
+
+
+def resolve(workload: PendingWorkload, snapshot: Snapshot, lookups: dict) -> Request | str:
+    """A Request, or the InvalidRequest message saying what can never be met."""
+    queue = lookups["queues"].get(workload.queue)
+    if queue is None:
+        return f"unknown queue '{workload.queue}'"
+    resource_class = None
+    if workload.resource_class is not None:
+        resource_class = lookups["resource_classes"].get(workload.resource_class)
+        if resource_class is None:
+            return f"unknown resource class '{workload.resource_class}'"
+    problem = _pod_set_problem(workload)
+    if problem:
+        return problem
+    declared = [pod_set.device_classes for pod_set in workload.pod_sets if pod_set.device_classes]
+    if any(classes != declared[0] for classes in declared):
+        return "all pod sets must claim the same device classes"
+    offered = tuple(resource_class.device_classes) if resource_class else ()
+    classes = tuple(declared[0]) if declared else offered
+    if not classes:
+        return "names no device class and no resource class that offers one"
+    for name in classes:
+        if name not in lookups["device_classes"]:
+            return f"unknown device class '{name}'"
+        if resource_class is not None and offered and name not in offered:
+            return f"device class '{name}' is not offered by resource class '{resource_class.name}'"
+    required = _own_or_default(workload.topology_required, resource_class, "topology_required")
+    preferred = _own_or_default(workload.topology_preferred, resource_class, "topology_preferred")
+    levels = all_levels(snapshot)
+    for level in (required, preferred):
+        if level is not None and level not in levels:
+            return f"unknown topology level '{level}' (levels: {', '.join(levels)})"
+    demands = tuple(
+        PodDemand(
+            pod_set.name, pod_set.count, pod_set.gang_size, pod_set.devices_per_pod, pod_set.match_attribute
+        )
+        for pod_set in workload.pod_sets
+    )
+    if resource_class is not None and resource_class.max_devices is not None:
+        total = minimum_devices(demands)
+        if total > resource_class.max_devices:
+            return (
+                f"requests {total} devices; resource class '{resource_class.name}' allows at most "
+                f"{resource_class.max_devices}"
+            )
+    preemptible = workload.preemptible
+    if preemptible is None:
+        preemptible = resource_class.preemptible if resource_class else False
+    tolerations = tuple(sorted({t for pod_set in workload.pod_sets for t in pod_set.tolerations}, key=repr))
+    return Request(
+        workload=workload,
+        queue=queue,
+        team=workload.team or queue.team,
+        resource_class=resource_class,
+        classes=classes,
+        demands=demands,
+        required=required,
+        preferred=preferred,
+        preemptible=bool(preemptible),
+        tolerations=tolerations,
+    )
+
+
+def _own_or_default(value: str | None, resource_class: ResourceClass | None, field_name: str) -> str | None:
+    # None means "as the resource class says"; "" means explicitly no constraint.
+    if value is None:
+        value = getattr(resource_class, field_name) if resource_class else None
+    return value or None
+
+
+def _pod_set_problem(workload: PendingWorkload) -> str | None:
+    if not workload.pod_sets:
+        return "has no pods"
+    names = [pod_set.name for pod_set in workload.pod_sets]
+    if len(set(names)) != len(names):
+        return "pod set names must be unique"
+    for pod_set in workload.pod_sets:
+        if pod_set.count < 1:
+            return f"pod set '{pod_set.name}' needs at least 1 pod (count {pod_set.count})"
+        if not 1 <= pod_set.gang_size <= pod_set.count:
+            bounds = f"between 1 and {pod_set.count}"
+            return f"pod set '{pod_set.name}': min_count {pod_set.gang_size} must be {bounds}"
+        if pod_set.devices_per_pod < 1:
+            return f"pod set '{pod_set.name}' needs at least 1 device per pod"
+    return None
+
+
+def entitlement_problem(request: Request) -> str | None:
+    resource_class = request.resource_class
+    if resource_class is None or resource_class.teams is None or request.team in resource_class.teams:
+        return None
+    allowed = ", ".join(resource_class.teams) or "nobody"
+    return f"team {request.team} may not use resource class {resource_class.name} (allowed: {allowed})"
+
+
+def approval_problem(request: Request) -> str | None:
+    resource_class = request.resource_class
+    if resource_class is None or not resource_class.approval_required or request.workload.approved is True:
+        return None
+    if request.workload.approved is False:
+        return f"the request for resource class {resource_class.name} was rejected"
+    return f"resource class {resource_class.name} needs approval; none given yet"

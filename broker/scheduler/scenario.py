@@ -1,0 +1,697 @@
+"""What-if scenario files: a small YAML cluster -> Snapshot, and a CycleResult -> the `whatif --json` dict.
+
+The format (issue 3) is also the format of the scenario tests. Devices of a node are named
+"<node>/0" .. "<node>/<n-1>" with driver gpu.example.com. Any malformed input raises ScenarioError with
+one readable line that says where, e.g. "pending[2].queue: unknown queue 'foo'".
+"""
+
+from __future__ import annotations
+
+import yaml
+
+from broker.scheduler.selectors import ClassMatcher, validate_selector
+from broker.scheduler.snapshot import (
+    DISRUPTION_MODES,
+    DRIVER,
+    RECLAIM_POLICIES,
+    WITHIN_QUEUE_POLICIES,
+    Cohort,
+    CycleResult,
+    Device,
+    DeviceClass,
+    Node,
+    PendingWorkload,
+    PodSet,
+    Queue,
+    Reservation,
+    ResourceClass,
+    RunningPod,
+    RunningWorkload,
+    SchedulerConfig,
+    Snapshot,
+    Taint,
+    Toleration,
+)
+
+TOP_KEYS = {
+    "topology", "now", "config", "device_classes", "nodes", "queues", "cohorts", "resource_classes",
+    "reservations", "running", "pending", "expect", "description",
+}  # fmt: skip
+
+
+class ScenarioError(ValueError):
+    """A scenario file that cannot be read; the message is one line naming the place."""
+
+
+def load_scenario(text: str) -> Snapshot:
+    """Parse scenario YAML into a Snapshot."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(error, "problem", None) or "not valid YAML"
+        raise ScenarioError(f"invalid YAML{where}: {problem}") from None
+    if not isinstance(data, dict):
+        raise ScenarioError("a scenario must be a YAML mapping with topology, nodes, queues, pending, ...")
+    return _Reader(data).snapshot()
+
+
+def scenario_expectations(text: str) -> dict:
+    """The optional `expect:` block of a scenario file (used by the table-driven tests)."""
+    data = yaml.safe_load(text) or {}
+    return data.get("expect") or {}
+
+
+class _Reader:
+    def __init__(self, data: dict):
+        self.data = data
+
+    def snapshot(self) -> Snapshot:
+        _keys("", self.data, TOP_KEYS)
+        levels = tuple(_list(self.data.get("topology", []), "topology", str))
+        if len(set(levels)) != len(levels):
+            raise ScenarioError("topology: levels must be unique")
+        device_classes = self.device_classes()
+        nodes, devices = self.nodes(levels)
+        cohorts = self.cohorts()
+        queues = self.queues({cohort.name for cohort in cohorts})
+        class_names = {device_class.name for device_class in device_classes}
+        resource_classes = self.resource_classes(class_names)
+        lookups = {
+            "queues": {queue.name: queue for queue in queues},
+            "classes": class_names,
+            "resource_classes": {rc.name: rc for rc in resource_classes},
+            "nodes": {node.name: node for node in nodes},
+            "devices": {device.id: device for device in devices},
+        }
+        now = _number(self.data.get("now", 0), "now")
+        running = self.running(lookups, ClassMatcher(device_classes), now)
+        return Snapshot(
+            levels=levels,
+            nodes=nodes,
+            devices=devices,
+            device_classes=device_classes,
+            cohorts=cohorts,
+            queues=queues,
+            resource_classes=resource_classes,
+            reservations=self.reservations(lookups),
+            running=running,
+            pending=self.pending(lookups),
+            now=now,
+            config=self.config(),
+        )
+
+    def config(self) -> SchedulerConfig:
+        raw = _mapping(self.data.get("config") or {}, "config")
+        fields = SchedulerConfig.__dataclass_fields__
+        for key in raw:
+            if key not in fields:
+                raise ScenarioError(f"config: unknown key '{key}' (known: {', '.join(sorted(fields))})")
+        return SchedulerConfig(**raw)
+
+    def device_classes(self) -> tuple[DeviceClass, ...]:
+        raw = _mapping(self.data.get("device_classes") or {}, "device_classes")
+        classes = []
+        for name, spec in raw.items():
+            where = f"device_classes.{name}"
+            spec = _mapping(spec or {}, where)
+            _keys(where, spec, {"match", "selector", "price_per_hour"})
+            selector = spec.get("selector")
+            if selector is not None:
+                problem = validate_selector(str(selector))
+                if problem:
+                    raise ScenarioError(f"{where}.selector: {problem}")
+            match = spec.get("match")
+            if match is not None:
+                match = _mapping(match, where + ".match")
+            classes.append(
+                DeviceClass(
+                    name=str(name),
+                    selector=str(selector) if selector is not None else None,
+                    match=dict(match) if match is not None else None,
+                    price_per_hour=_number(spec.get("price_per_hour", 0.0), where + ".price_per_hour"),
+                )
+            )
+        return tuple(classes)
+
+    def nodes(self, levels) -> tuple[tuple[Node, ...], tuple[Device, ...]]:
+        nodes, devices = [], []
+        seen = set()
+        allowed = {"name", "devices", "attributes", "unhealthy", "cordoned", "taints", "labels", "capacity"}
+        for index, spec in enumerate(_list(self.data.get("nodes") or [], "nodes")):
+            where = f"nodes[{index}]"
+            spec = _mapping(spec, where)
+            _keys(where, spec, allowed | set(levels))
+            name = _required_str(spec, "name", where)
+            if name in seen:
+                raise ScenarioError(f"{where}.name: duplicate node '{name}'")
+            seen.add(name)
+            missing = [level for level in levels if level not in spec]
+            if missing:
+                raise ScenarioError(
+                    f"{where}: node '{name}' has no {missing[0]} (topology: {', '.join(levels)})"
+                )
+            count = _int(spec.get("devices", 0), where + ".devices")
+            unhealthy = set(_list(spec.get("unhealthy") or [], where + ".unhealthy", int))
+            for bad in sorted(unhealthy):
+                if not 0 <= bad < count:
+                    raise ScenarioError(f"{where}.unhealthy: no device {bad} on a node with {count} devices")
+            taints = self.taints(spec.get("taints") or [], where + ".taints", count)
+            attributes = dict(_mapping(spec.get("attributes") or {}, where + ".attributes"))
+            capacity = dict(_mapping(spec.get("capacity") or {}, where + ".capacity"))
+            nodes.append(
+                Node(
+                    name=name,
+                    domains={level: str(spec[level]) for level in levels},
+                    schedulable=not bool(spec.get("cordoned", False)),
+                    labels=dict(_mapping(spec.get("labels") or {}, where + ".labels")),
+                )
+            )
+            for device_index in range(count):
+                devices.append(
+                    Device(
+                        id=f"{name}/{device_index}",
+                        node=name,
+                        driver=DRIVER,
+                        attributes=attributes,
+                        capacity=capacity,
+                        healthy=device_index not in unhealthy,
+                        taints=tuple(
+                            taint for taint, indices in taints if indices is None or device_index in indices
+                        ),
+                    )
+                )
+        return tuple(nodes), tuple(devices)
+
+    def taints(self, raw, where, count):
+        taints = []
+        for index, spec in enumerate(_list(raw, where)):
+            here = f"{where}[{index}]"
+            spec = _mapping(spec, here)
+            _keys(here, spec, {"key", "value", "effect", "devices"})
+            effect = str(spec.get("effect", "NoSchedule"))
+            if effect not in ("NoSchedule", "NoExecute", "PreferNoSchedule"):
+                raise ScenarioError(f"{here}.effect: must be NoSchedule, NoExecute or PreferNoSchedule")
+            indices = spec.get("devices")
+            if indices is not None:
+                indices = set(_list(indices, here + ".devices", int))
+            value = spec.get("value")
+            taints.append(
+                (
+                    Taint(_required_str(spec, "key", here), None if value is None else str(value), effect),
+                    indices,
+                )
+            )
+        return taints
+
+    def cohorts(self) -> tuple[Cohort, ...]:
+        cohorts = []
+        for index, spec in enumerate(_list(self.data.get("cohorts") or [], "cohorts")):
+            where = f"cohorts[{index}]"
+            spec = _mapping(spec, where)
+            _keys(where, spec, {"name", "parent", "quota", "borrowing_limit", "lending_limit"})
+            cohorts.append(
+                Cohort(
+                    name=_required_str(spec, "name", where),
+                    parent=_optional_str(spec.get("parent")),
+                    quota=_counts(spec.get("quota") or {}, where + ".quota"),
+                    borrowing_limit=_optional_counts(spec.get("borrowing_limit"), where + ".borrowing_limit"),
+                    lending_limit=_optional_counts(spec.get("lending_limit"), where + ".lending_limit"),
+                )
+            )
+        return tuple(cohorts)
+
+    def queues(self, cohort_names) -> tuple[Queue, ...]:
+        queues = []
+        names = set()
+        allowed = {
+            "name",
+            "team",
+            "cohort",
+            "quota",
+            "borrowing_limit",
+            "lending_limit",
+            "weight",
+            "preemption",
+        }
+        for index, spec in enumerate(_list(self.data.get("queues") or [], "queues")):
+            where = f"queues[{index}]"
+            spec = _mapping(spec, where)
+            _keys(where, spec, allowed)
+            name = _required_str(spec, "name", where)
+            if name in names:
+                raise ScenarioError(f"{where}.name: duplicate queue '{name}'")
+            names.add(name)
+            preemption = _mapping(spec.get("preemption") or {}, where + ".preemption")
+            _keys(where + ".preemption", preemption, {"within_queue", "reclaim_within_cohort"})
+            within = str(preemption.get("within_queue", "Never"))
+            reclaim = str(preemption.get("reclaim_within_cohort", "Never"))
+            if within not in WITHIN_QUEUE_POLICIES:
+                raise ScenarioError(
+                    f"{where}.preemption.within_queue: must be one of {', '.join(WITHIN_QUEUE_POLICIES)}"
+                )
+            if reclaim not in RECLAIM_POLICIES:
+                raise ScenarioError(
+                    f"{where}.preemption.reclaim_within_cohort: must be one of {', '.join(RECLAIM_POLICIES)}"
+                )
+            queues.append(
+                Queue(
+                    name=name,
+                    team=str(spec.get("team", name)),
+                    cohort=_optional_str(spec.get("cohort")),
+                    quota=_optional_counts(spec.get("quota"), where + ".quota"),
+                    borrowing_limit=_optional_counts(spec.get("borrowing_limit"), where + ".borrowing_limit"),
+                    lending_limit=_optional_counts(spec.get("lending_limit"), where + ".lending_limit"),
+                    weight=_number(spec.get("weight", 1.0), where + ".weight"),
+                    within_queue=within,
+                    reclaim_within_cohort=reclaim,
+                )
+            )
+        return tuple(queues)
+
+    def resource_classes(self, class_names) -> tuple[ResourceClass, ...]:
+        classes = []
+        allowed = {
+            "name", "device_classes", "topology", "teams", "approval", "approval_required",
+            "default_priority", "priority", "preemptible", "max_devices",
+        }  # fmt: skip
+        for index, spec in enumerate(_list(self.data.get("resource_classes") or [], "resource_classes")):
+            where = f"resource_classes[{index}]"
+            spec = _mapping(spec, where)
+            _keys(where, spec, allowed)
+            device_classes = tuple(
+                _class_list(spec.get("device_classes"), where + ".device_classes", class_names)
+            )
+            required, preferred = _topology(spec.get("topology"), where + ".topology")
+            teams = spec.get("teams")
+            classes.append(
+                ResourceClass(
+                    name=_required_str(spec, "name", where),
+                    device_classes=device_classes,
+                    topology_required=required,
+                    topology_preferred=preferred,
+                    teams=None if teams is None else tuple(_list(teams, where + ".teams", str)),
+                    approval_required=bool(spec.get("approval", spec.get("approval_required", False))),
+                    default_priority=_int(
+                        spec.get("default_priority", spec.get("priority", 0)), where + ".priority"
+                    ),
+                    preemptible=bool(spec.get("preemptible", False)),
+                    max_devices=None if spec.get("max_devices") is None else _int(spec["max_devices"], where),
+                )
+            )
+        return tuple(classes)
+
+    def reservations(self, lookups) -> tuple[Reservation, ...]:
+        reservations = []
+        allowed = {"name", "queue", "team", "device_class", "count", "domain", "start", "end"}
+        for index, spec in enumerate(_list(self.data.get("reservations") or [], "reservations")):
+            where = f"reservations[{index}]"
+            spec = _mapping(spec, where)
+            _keys(where, spec, allowed)
+            queue = _optional_str(spec.get("queue"))
+            if queue is not None and queue not in lookups["queues"]:
+                raise ScenarioError(f"{where}.queue: unknown queue '{queue}'")
+            team = _optional_str(spec.get("team")) or (lookups["queues"][queue].team if queue else None)
+            if team is None:
+                raise ScenarioError(f"{where}: needs a queue or a team")
+            device_class = _required_str(spec, "device_class", where)
+            if device_class not in lookups["classes"]:
+                raise ScenarioError(f"{where}.device_class: unknown device class '{device_class}'")
+            domain = spec.get("domain")
+            reservations.append(
+                Reservation(
+                    name=str(spec.get("name", f"reservation-{index}")),
+                    team=team,
+                    queue=queue,
+                    device_class=device_class,
+                    count=_int(spec.get("count", 0), where + ".count"),
+                    domain=None
+                    if domain is None
+                    else {k: str(v) for k, v in _mapping(domain, where).items()},
+                    start=_number(spec.get("start", float("-inf")), where + ".start"),
+                    end=_number(spec.get("end", float("inf")), where + ".end"),
+                )
+            )
+        return tuple(reservations)
+
+    def running(self, lookups, matcher: ClassMatcher, now) -> tuple[RunningWorkload, ...]:
+        running = []
+        used: set[str] = set()
+        allowed = {
+            "name", "queue", "priority", "disruption", "device_class", "pods", "started", "expected_end",
+            "duration", "evicting", "preemptible",
+        }  # fmt: skip
+        for index, spec in enumerate(_list(self.data.get("running") or [], "running")):
+            where = f"running[{index}]"
+            spec = _mapping(spec, where)
+            _keys(where, spec, allowed)
+            name = _required_str(spec, "name", where)
+            queue = _required_str(spec, "queue", where)
+            if queue not in lookups["queues"]:
+                raise ScenarioError(f"{where}.queue: unknown queue '{queue}'")
+            pods = self.running_pods(spec.get("pods") or [], where + ".pods", lookups, used)
+            device_class = _optional_str(spec.get("device_class"))
+            if device_class is None:
+                device_class = _inferred_class(pods, lookups, matcher, where)
+            elif device_class not in lookups["classes"]:
+                raise ScenarioError(f"{where}.device_class: unknown device class '{device_class}'")
+            disruption = str(spec.get("disruption", "PodGroup"))
+            if disruption not in DISRUPTION_MODES:
+                raise ScenarioError(f"{where}.disruption: must be Pod or PodGroup")
+            started = _number(spec.get("started", 0.0), where + ".started")
+            expected_end = spec.get("expected_end")
+            if expected_end is None and spec.get("duration") is not None:
+                expected_end = started + _number(spec["duration"], where + ".duration")
+            running.append(
+                RunningWorkload(
+                    id=name,
+                    queue=queue,
+                    pods=pods,
+                    device_class=device_class,
+                    priority=_int(spec.get("priority", 0), where + ".priority"),
+                    disruption=disruption,
+                    preemptible=bool(spec.get("preemptible", True)),
+                    started=started,
+                    expected_end=None
+                    if expected_end is None
+                    else _number(expected_end, where + ".expected_end"),
+                    evicting=bool(spec.get("evicting", False)),
+                )
+            )
+        return tuple(running)
+
+    def running_pods(self, raw, where, lookups, used: set[str]) -> tuple[RunningPod, ...]:
+        pods = []
+        for index, spec in enumerate(_list(raw, where)):
+            here = f"{where}[{index}]"
+            spec = _mapping(spec, here)
+            _keys(here, spec, {"node", "devices", "pod_set"})
+            node = _required_str(spec, "node", here)
+            if node not in lookups["nodes"]:
+                raise ScenarioError(f"{here}.node: unknown node '{node}'")
+            on_node = sorted(
+                (device_id for device_id, device in lookups["devices"].items() if device.node == node),
+                key=lambda device_id: int(device_id.rsplit("/", 1)[1]),
+            )
+            devices = spec.get("devices", 1)
+            if isinstance(devices, list):
+                ids = [f"{node}/{_int(i, here + '.devices')}" for i in devices]
+                unknown = [device_id for device_id in ids if device_id not in lookups["devices"]]
+                if unknown:
+                    raise ScenarioError(f"{here}.devices: no device {unknown[0]}")
+            else:
+                count = _int(devices, here + ".devices")
+                ids = [device_id for device_id in on_node if device_id not in used][:count]
+                if len(ids) < count:
+                    raise ScenarioError(
+                        f"{here}.devices: node {node} has only {len(ids)} devices left, not {count}"
+                    )
+            taken = [device_id for device_id in ids if device_id in used]
+            if taken:
+                raise ScenarioError(f"{here}.devices: {taken[0]} is already held by another running pod")
+            used.update(ids)
+            pods.append(RunningPod(str(spec.get("pod_set", "main")), index, node, tuple(ids)))
+        return tuple(pods)
+
+    def pending(self, lookups) -> tuple[PendingWorkload, ...]:
+        pending = []
+        names = set()
+        allowed = {
+            "name", "queue", "team", "resource_class", "device_class", "device_classes", "topology", "pods",
+            "min_count", "devices_per_pod", "match_attribute", "priority", "disruption", "submitted",
+            "approved", "duration", "preemptible", "tolerations", "pod_sets",
+        }  # fmt: skip
+        for index, spec in enumerate(_list(self.data.get("pending") or [], "pending")):
+            where = f"pending[{index}]"
+            spec = _mapping(spec, where)
+            _keys(where, spec, allowed)
+            name = _required_str(spec, "name", where)
+            if name in names:
+                raise ScenarioError(f"{where}.name: duplicate workload '{name}'")
+            names.add(name)
+            queue = _required_str(spec, "queue", where)
+            if queue not in lookups["queues"]:
+                raise ScenarioError(f"{where}.queue: unknown queue '{queue}'")
+            resource_class = _optional_str(spec.get("resource_class"))
+            if resource_class is not None and resource_class not in lookups["resource_classes"]:
+                raise ScenarioError(f"{where}.resource_class: unknown resource class '{resource_class}'")
+            default_priority = (
+                lookups["resource_classes"][resource_class].default_priority if resource_class else 0
+            )
+            required, preferred = _topology(spec.get("topology"), where + ".topology")
+            disruption = str(spec.get("disruption", "PodGroup"))
+            if disruption not in DISRUPTION_MODES:
+                raise ScenarioError(f"{where}.disruption: must be Pod or PodGroup")
+            approved = spec.get("approved")
+            pending.append(
+                PendingWorkload(
+                    id=name,
+                    queue=queue,
+                    pod_sets=self.pod_sets(spec, where, lookups),
+                    resource_class=resource_class,
+                    team=_optional_str(spec.get("team")),
+                    topology_required=required,
+                    topology_preferred=preferred,
+                    priority=_int(spec.get("priority", default_priority), where + ".priority"),
+                    disruption=disruption,
+                    submitted=_number(spec.get("submitted", 0.0), where + ".submitted"),
+                    approved=None if approved is None else bool(approved),
+                    expected_duration=None
+                    if spec.get("duration") is None
+                    else _number(spec["duration"], where + ".duration"),
+                    preemptible=None if spec.get("preemptible") is None else bool(spec["preemptible"]),
+                )
+            )
+        return tuple(pending)
+
+    def pod_sets(self, spec, where, lookups) -> tuple[PodSet, ...]:
+        if spec.get("pod_sets") is None:
+            return (self.pod_set(spec, where, lookups, "main"),)
+        pod_sets = []
+        for index, raw in enumerate(_list(spec["pod_sets"], where + ".pod_sets")):
+            here = f"{where}.pod_sets[{index}]"
+            raw = _mapping(raw, here)
+            _keys(
+                here,
+                raw,
+                {"name", "pods", "min_count", "devices_per_pod", "device_class", "device_classes",
+                 "match_attribute", "tolerations"},
+            )  # fmt: skip
+            merged = {
+                key: spec[key] for key in ("device_class", "device_classes", "tolerations") if key in spec
+            }
+            merged.update(raw)
+            pod_sets.append(self.pod_set(merged, here, lookups, str(raw.get("name", f"set{index}"))))
+        return tuple(pod_sets)
+
+    def pod_set(self, spec, where, lookups, name) -> PodSet:
+        pods = _int(spec.get("pods", 1), where + ".pods")
+        min_count = spec.get("min_count")
+        classes = spec.get("device_classes", spec.get("device_class"))
+        return PodSet(
+            name=name,
+            count=pods,
+            min_count=None if min_count is None else _int(min_count, where + ".min_count"),
+            devices_per_pod=_int(spec.get("devices_per_pod", 1), where + ".devices_per_pod"),
+            device_classes=tuple(_class_list(classes, where + ".device_class", lookups["classes"]))
+            if classes is not None
+            else (),
+            match_attribute=_optional_str(spec.get("match_attribute")),
+            tolerations=self.tolerations(spec.get("tolerations") or [], where + ".tolerations"),
+        )
+
+    def tolerations(self, raw, where) -> tuple[Toleration, ...]:
+        tolerations = []
+        for index, spec in enumerate(_list(raw, where)):
+            here = f"{where}[{index}]"
+            spec = _mapping(spec, here)
+            _keys(here, spec, {"key", "value", "effect"})
+            tolerations.append(
+                Toleration(
+                    _required_str(spec, "key", here),
+                    _optional_str(spec.get("value")),
+                    _optional_str(spec.get("effect")),
+                )
+            )
+        return tuple(tolerations)
+
+
+# --- small readers that say where things went wrong ---
+
+
+def _keys(where: str, spec: dict, allowed: set) -> None:
+    for key in spec:
+        if key not in allowed:
+            prefix = f"{where}: " if where else ""
+            raise ScenarioError(f"{prefix}unknown key '{key}' (allowed: {', '.join(sorted(allowed))})")
+
+
+def _mapping(value, where) -> dict:
+    if not isinstance(value, dict):
+        raise ScenarioError(f"{where}: expected a mapping, got {type(value).__name__}")
+    return value
+
+
+def _list(value, where, item_type=None) -> list:
+    if not isinstance(value, list):
+        raise ScenarioError(f"{where}: expected a list, got {type(value).__name__}")
+    if item_type is not None:
+        for index, item in enumerate(value):
+            if item_type is int:
+                _int(item, f"{where}[{index}]")
+            elif not isinstance(item, item_type):
+                raise ScenarioError(
+                    f"{where}[{index}]: expected {item_type.__name__}, got {type(item).__name__}"
+                )
+    return value
+
+
+def _int(value, where) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ScenarioError(f"{where}: expected a whole number, got {value!r}")
+    return value
+
+
+def _number(value, where) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ScenarioError(f"{where}: expected a number, got {value!r}")
+    return float(value)
+
+
+def _required_str(spec, key, where) -> str:
+    if spec.get(key) is None:
+        raise ScenarioError(f"{where}: missing '{key}'")
+    return str(spec[key])
+
+
+def _optional_str(value) -> str | None:
+    return None if value is None else str(value)
+
+
+def _counts(value, where) -> dict:
+    counts = _mapping(value, where)
+    return {str(name): _int(count, f"{where}.{name}") for name, count in counts.items()}
+
+
+def _optional_counts(value, where) -> dict | None:
+    return None if value is None else _counts(value, where)
+
+
+def _class_list(value, where, class_names) -> list[str]:
+    if value is None:
+        return []
+    names = [value] if isinstance(value, str) else _list(value, where, str)
+    for name in names:
+        if name not in class_names:
+            raise ScenarioError(f"{where}: unknown device class '{name}'")
+    return [str(name) for name in names]
+
+
+def _topology(value, where) -> tuple[str | None, str | None]:
+    if value is None:
+        return None, None
+    spec = _mapping(value, where)
+    _keys(where, spec, {"required", "preferred"})
+    return _optional_str(spec.get("required")), _optional_str(spec.get("preferred"))
+
+
+def _inferred_class(pods, lookups, matcher: ClassMatcher, where) -> str:
+    for pod in pods:
+        for device_id in pod.device_ids:
+            names = sorted(matcher.classes_of(lookups["devices"][device_id]))
+            if names:
+                return names[0]
+    raise ScenarioError(f"{where}: no device_class given and its devices match none")
+
+
+# --- result -> JSON ---
+
+
+def result_to_json(snapshot: Snapshot, result: CycleResult) -> dict:
+    """The exact `whatif --json` shape: {"workloads": [...], "preempted": [...]}."""
+    admissions = {admission.workload_id: admission for admission in result.admissions}
+    decisions = {decision.workload_id: decision for decision in result.pending}
+    workloads = []
+    for workload in snapshot.pending:
+        if workload.id in admissions:
+            workloads.append(_admitted_json(workload, admissions[workload.id]))
+        elif workload.id in decisions:
+            workloads.append(_pending_json(decisions[workload.id]))
+    preempted = sorted({preemption.victim_id for preemption in result.preemptions})
+    by_victim = {}
+    for preemption in result.preemptions:
+        by_victim.setdefault(preemption.victim_id, preemption)
+    for victim_id in preempted:
+        workloads.append(_preempted_json(by_victim[victim_id]))
+    return {"workloads": workloads, "preempted": preempted}
+
+
+def _admitted_json(workload: PendingWorkload, admission) -> dict:
+    order = {pod_set.name: position for position, pod_set in enumerate(workload.pod_sets)}
+    pods = sorted(admission.pods, key=lambda pod: (order.get(pod.pod_set, len(order)), pod.index))
+    placement = [
+        {"pod": index, "pod_set": pod.pod_set, "node": pod.node, "devices": list(pod.device_ids)}
+        for index, pod in enumerate(pods)
+    ]
+    where = ", ".join(f"{level} {name}" for level, name in admission.domain.items()) or "the cluster"
+    devices = sum(len(pod.device_ids) for pod in pods)
+    return {
+        "name": workload.id,
+        "status": "admitted",
+        "reason": None,
+        "message": f"admitted: {len(pods)} pods, {devices} {admission.device_class} in {where}",
+        "placement": placement,
+        "domain": dict(admission.domain),
+        "secondary": [],
+        "details": {"device_class": admission.device_class, "devices": devices},
+        "position": None,
+        "estimated_start": None,
+        "suggestions": [],
+    }
+
+
+def _pending_json(decision) -> dict:
+    return {
+        "name": decision.workload_id,
+        "status": "pending",
+        "reason": decision.reason,
+        "message": decision.message,
+        "placement": [],
+        "domain": {},
+        "secondary": list(decision.secondary),
+        "details": _plain(decision.details),
+        "position": {"queue": decision.position_in_queue, "cluster": decision.position_in_cluster},
+        "estimated_start": decision.estimated_start,
+        "suggestions": [
+            {"kind": s.kind, "description": s.description, "change": _plain(s.change)}
+            for s in decision.suggestions
+        ],
+    }
+
+
+def _preempted_json(preemption) -> dict:
+    return {
+        "name": preemption.victim_id,
+        "status": "preempted",
+        "reason": None,
+        "message": preemption.message,
+        "placement": [],
+        "domain": {},
+        "secondary": [],
+        "details": {"rule": preemption.rule, "preemptor": preemption.preemptor_id},
+        "position": None,
+        "estimated_start": None,
+        "suggestions": [],
+    }
+
+
+def _plain(value):
+    if isinstance(value, dict):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        items = sorted(value) if isinstance(value, set | frozenset) else value
+        return [_plain(item) for item in items]
+    if isinstance(value, float) and value in (float("inf"), float("-inf")):
+        return None
+    return value

@@ -1,0 +1,416 @@
+"""The plain data the decision core reads (one consistent snapshot) and the decisions it returns.
+
+Everything here is a frozen dataclass of built-in values so the ORM side can build it without knowing
+anything about scheduling, and tests can write it by hand. Dict fields are treated as read-only.
+Times are plain floats (seconds on any monotonic scale shared by all fields, e.g. Unix time); the core
+never reads a clock, `Snapshot.now` is the only "now" it knows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DRIVER = "gpu.example.com"
+
+NO_SCHEDULE_EFFECTS = ("NoSchedule", "NoExecute")
+
+WITHIN_QUEUE_POLICIES = ("Never", "LowerPriority", "LowerOrNewerEqualPriority")
+RECLAIM_POLICIES = ("Never", "LowerPriority", "Any")
+DISRUPTION_MODES = ("Pod", "PodGroup")
+
+# Pending reason codes in DESIGN.md §5 order: the first that applies is the primary reason.
+REASON_CODES = (
+    "InvalidRequest",
+    "NotEntitled",
+    "AwaitingApproval",
+    "QuotaExceeded",
+    "DeviceUnhealthy",
+    "Reserved",
+    "InsufficientCapacity",
+    "TopologyFragmented",
+    "Priority",
+    "PreemptionPending",
+)
+
+
+# --- inventory ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Taint:
+    """A device taint (DRA DeviceTaint). Only NoSchedule / NoExecute keep new work off the device."""
+
+    key: str
+    value: str | None = None
+    effect: str = "NoSchedule"
+
+
+@dataclass(frozen=True)
+class Toleration:
+    """A pod toleration. `value=None` tolerates any value of `key` (operator Exists);
+    `effect=None` tolerates every effect."""
+
+    key: str
+    value: str | None = None
+    effect: str | None = None
+
+
+@dataclass(frozen=True)
+class Node:
+    """A machine.
+
+    name: unique node name.
+    domains: topology level -> domain name for every level of `Snapshot.levels` (e.g. {"rack": "r1"}).
+    schedulable: False when cordoned / drained; its devices take no new work.
+    labels: free-form node labels (informational for the core).
+    """
+
+    name: str
+    domains: dict = field(default_factory=dict)
+    schedulable: bool = True
+    labels: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Device:
+    """One accelerator as a DRA ResourceSlice describes it.
+
+    id: globally unique, conventionally "<node>/<index>", e.g. "n1/0".
+    node: name of the node holding it.
+    driver: DRA driver name; CEL sees attributes as device.attributes[driver][name].
+    attributes: plain attribute names -> str | int | float | bool (model, memory, ...).
+    capacity: plain capacity names -> number (CEL: device.capacity[driver][name]).
+    healthy: False for Unhealthy or Unknown health; such devices take no new work.
+    taints: device taints; NoSchedule/NoExecute ones need a matching toleration.
+    """
+
+    id: str
+    node: str
+    driver: str = DRIVER
+    attributes: dict = field(default_factory=dict)
+    capacity: dict = field(default_factory=dict)
+    healthy: bool = True
+    taints: tuple[Taint, ...] = ()
+
+
+@dataclass(frozen=True)
+class DeviceClass:
+    """A named set of devices.
+
+    selector: a DRA CEL expression over `device` (None = no CEL condition).
+    match: attribute -> value equality shorthand (None = no condition). Both given: both must hold.
+    price_per_hour: price of one device-hour (informational for the core).
+    """
+
+    name: str
+    selector: str | None = None
+    match: dict | None = None
+    price_per_hour: float = 0.0
+
+
+# --- policy ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cohort:
+    """A Kueue cohort: queues (and child cohorts) that lend each other unused quota.
+
+    parent: name of the parent cohort for hierarchical cohorts (None = root).
+    quota: device class -> extra nominal quota owned by the cohort itself.
+    borrowing_limit / lending_limit: device class -> limit towards the parent (None = unlimited).
+    """
+
+    name: str
+    parent: str | None = None
+    quota: dict = field(default_factory=dict)
+    borrowing_limit: dict | None = None
+    lending_limit: dict | None = None
+
+
+@dataclass(frozen=True)
+class Queue:
+    """A team's queue with Kueue ClusterQueue semantics.
+
+    team: owning team (entitlement and reservations are per team).
+    cohort: cohort name (None = stands alone, may not borrow).
+    quota: device class -> nominal quota in devices; None = unlimited (no quota checks at all).
+      A class missing from a quota dict has nominal 0 (it may still borrow).
+    borrowing_limit: device class -> most it may borrow above nominal (None / missing = unlimited).
+    lending_limit: device class -> most of its unused nominal others may borrow (None / missing = all).
+    weight: fair-share weight (a higher weight gets a larger share).
+    within_queue: preemption policy inside the queue: Never | LowerPriority | LowerOrNewerEqualPriority.
+    reclaim_within_cohort: preempting borrowers of other queues in the cohort: Never | LowerPriority | Any.
+    """
+
+    name: str
+    team: str
+    cohort: str | None = None
+    quota: dict | None = None
+    borrowing_limit: dict | None = None
+    lending_limit: dict | None = None
+    weight: float = 1.0
+    within_queue: str = "Never"
+    reclaim_within_cohort: str = "Never"
+
+
+@dataclass(frozen=True)
+class ResourceClass:
+    """The menu item a team submits against.
+
+    device_classes: device classes in fallback order (DRA firstAvailable).
+    topology_required / topology_preferred: default topology level names (None = no constraint).
+    teams: teams allowed to use it (None = everyone).
+    approval_required: workloads need `approved=True` before they are considered.
+    default_priority / preemptible: defaults for workloads of this class.
+    max_devices: most devices one workload of this class may request (None = no limit).
+    """
+
+    name: str
+    device_classes: tuple[str, ...] = ()
+    topology_required: str | None = None
+    topology_preferred: str | None = None
+    teams: tuple[str, ...] | None = None
+    approval_required: bool = False
+    default_priority: int = 0
+    preemptible: bool = False
+    max_devices: int | None = None
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """`count` devices of `device_class` held for `team` while start <= now < end.
+
+    queue: optional queue the reservation was made through (the team is what matters).
+    domain: level -> domain name pinning the reserved devices (None = anywhere in the cluster).
+    Devices the team already uses there count towards the reservation; the rest of the count is taken
+    from free devices in device-id order. Other teams may use reserved devices only with preemptible
+    work, which the owner may then preempt.
+    """
+
+    name: str
+    team: str
+    device_class: str
+    count: int
+    queue: str | None = None
+    domain: dict | None = None
+    start: float = float("-inf")
+    end: float = float("inf")
+
+
+# --- work ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PodSet:
+    """A group of identical pods of one workload.
+
+    count: pods wanted; min_count: pods that must start together (gang); up to `count` start if they fit.
+    devices_per_pod: devices each pod claims.
+    device_classes: classes in fallback order (DRA firstAvailable); empty = the resource class's list.
+    match_attribute: attribute name all devices of one pod must share (DRA matchAttribute) or None.
+    tolerations: tolerations for device taints.
+    """
+
+    name: str = "main"
+    count: int = 1
+    min_count: int | None = None
+    devices_per_pod: int = 1
+    device_classes: tuple[str, ...] = ()
+    match_attribute: str | None = None
+    tolerations: tuple[Toleration, ...] = ()
+
+    @property
+    def gang_size(self) -> int:
+        return self.count if self.min_count is None else self.min_count
+
+
+@dataclass(frozen=True)
+class PendingWorkload:
+    """A workload waiting for admission.
+
+    queue: queue name; team: submitting team (None = the queue's team).
+    resource_class: resource class name or None (then pod sets must name device classes).
+    topology_required / topology_preferred: level names overriding the resource class's defaults
+      (None = the resource class's default, "" = explicitly no constraint).
+    priority: higher runs first. disruption: "Pod" | "PodGroup" (how it may later be preempted).
+    submitted: submission time. approved: None = not decided, False = rejected, True = approved.
+    expected_duration: seconds it is expected to run (None = unknown).
+    preemptible: None = the resource class's default (False without one).
+    """
+
+    id: str
+    queue: str
+    pod_sets: tuple[PodSet, ...]
+    resource_class: str | None = None
+    team: str | None = None
+    topology_required: str | None = None
+    topology_preferred: str | None = None
+    priority: int = 0
+    disruption: str = "PodGroup"
+    submitted: float = 0.0
+    approved: bool | None = None
+    expected_duration: float | None = None
+    preemptible: bool | None = None
+
+
+@dataclass(frozen=True)
+class RunningPod:
+    """One placed pod of a running workload: the devices it holds on `node`."""
+
+    pod_set: str
+    index: int
+    node: str
+    device_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RunningWorkload:
+    """An admitted workload holding devices.
+
+    device_class: the class it was admitted with (its quota usage is counted there).
+    started: admission time; expected_end: when it should finish (None = unknown).
+    evicting: already chosen as a victim and shutting down; it still holds its devices.
+    """
+
+    id: str
+    queue: str
+    pods: tuple[RunningPod, ...]
+    device_class: str
+    priority: int = 0
+    disruption: str = "PodGroup"
+    preemptible: bool = True
+    started: float = 0.0
+    expected_end: float | None = None
+    evicting: bool = False
+
+    @property
+    def device_count(self) -> int:
+        return sum(len(pod.device_ids) for pod in self.pods)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Knobs of one cycle.
+
+    enable_backfill_protection: keep a place for the head of the line (Slurm-style backfill).
+    backfill_wait_seconds: without known durations, how long the head waits before its planned domain
+      is kept free.
+    enable_preemption: look for victims at all.
+    explain: compute explanations, estimated starts and suggestions (False = codes only, for speed).
+    suggestions: compute verified suggestions.
+    rerun_verification_limit: quota suggestions change the fair-share order, so they are verified by a
+      full re-run of the cycle; only done when there are at most this many pending workloads.
+    preemption_search_limit: combinations tried in the exact victim search before falling back to greedy.
+    estimate_horizon_events: release events simulated for estimated starts.
+    """
+
+    enable_backfill_protection: bool = True
+    backfill_wait_seconds: float = 3600.0
+    enable_preemption: bool = True
+    explain: bool = True
+    suggestions: bool = True
+    rerun_verification_limit: int = 200
+    preemption_search_limit: int = 4096
+    estimate_horizon_events: int = 256
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One consistent view of the cluster for one cycle.
+
+    levels: topology levels coarse -> fine, e.g. ("zone", "block", "rack"); the node is the implicit
+      finest level.
+    now: the cycle's time (data, never read from a clock).
+    """
+
+    levels: tuple[str, ...] = ()
+    nodes: tuple[Node, ...] = ()
+    devices: tuple[Device, ...] = ()
+    device_classes: tuple[DeviceClass, ...] = ()
+    cohorts: tuple[Cohort, ...] = ()
+    queues: tuple[Queue, ...] = ()
+    resource_classes: tuple[ResourceClass, ...] = ()
+    reservations: tuple[Reservation, ...] = ()
+    running: tuple[RunningWorkload, ...] = ()
+    pending: tuple[PendingWorkload, ...] = ()
+    now: float = 0.0
+    config: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+
+# --- decisions -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PodPlacement:
+    """Where one pod of an admitted workload goes: its node and the exact devices it claims."""
+
+    pod_set: str
+    index: int
+    node: str
+    device_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A workload admitted this cycle. domain: level -> domain shared by all its pods."""
+
+    workload_id: str
+    device_class: str
+    pods: tuple[PodPlacement, ...]
+    domain: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """A running workload to evict (whole) so `preemptor_id` can start in a later cycle.
+
+    rule: the policy that allowed it: "WithinQueue" | "ReclaimWithinCohort" | "ReservationReclaim".
+    """
+
+    victim_id: str
+    preemptor_id: str
+    rule: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    """A change that was verified to make the workload start on this snapshot.
+
+    kind: "RelaxTopology" | "FallbackClass" | "ShrinkGang" | "IncreaseQuota".
+    change: machine-readable change (see explanation.apply_suggestion).
+    """
+
+    kind: str
+    description: str
+    change: dict
+
+
+@dataclass(frozen=True)
+class PendingDecision:
+    """Why a workload was not admitted.
+
+    reason: primary code (first of REASON_CODES that applies); secondary: the others that apply.
+    details: the numbers behind the message (needed, free, largest_free_domain, quota, ...).
+    position_in_queue / position_in_cluster: 1-based among still-pending workloads (None if unknown queue).
+    estimated_start: time it is expected to start, None when it cannot be computed (message says why).
+    """
+
+    workload_id: str
+    reason: str
+    secondary: tuple[str, ...] = ()
+    message: str = ""
+    details: dict = field(default_factory=dict)
+    position_in_queue: int | None = None
+    position_in_cluster: int | None = None
+    estimated_start: float | None = None
+    suggestions: tuple[Suggestion, ...] = ()
+
+
+@dataclass(frozen=True)
+class CycleResult:
+    """Every pending input workload appears exactly once, in `admissions` or in `pending`."""
+
+    admissions: tuple[Admission, ...] = ()
+    preemptions: tuple[Preemption, ...] = ()
+    pending: tuple[PendingDecision, ...] = ()
