@@ -1,0 +1,53 @@
+"""Exactly one scheduling cycle per cluster at a time.
+
+On PostgreSQL the guard is `pg_try_advisory_xact_lock`, taken as the first statement of the cycle's
+REPEATABLE READ transaction: it holds across processes and machines, and it goes away with the
+transaction, so a worker killed mid-cycle cannot leave it held. On SQLite (the embedded default, one
+process) a process-wide lock keeps cycle threads apart, and SQLite's own write lock (the settings open
+transactions IMMEDIATE) keeps any other writer out while the cycle runs.
+"""
+
+import hashlib
+import threading
+from contextlib import contextmanager
+
+from django.conf import settings
+from django.db import connection, transaction
+
+_process_lock = threading.Lock()
+
+
+def lock_key(cluster):
+    """A stable signed 64-bit key per cluster (advisory locks take a bigint)."""
+    digest = hashlib.blake2b(f"capacity-broker:cycle:{cluster}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def is_postgresql():
+    return connection.vendor == "postgresql"
+
+
+@contextmanager
+def cycle_transaction(cluster=None):
+    """Opens the cycle's transaction; yields True when this caller holds the cluster's cycle lock,
+    False when another cycle is running (the caller should then do nothing)."""
+    cluster = cluster or settings.CLUSTER_NAME
+    if is_postgresql():
+        outermost = not connection.in_atomic_block
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                if outermost:
+                    # Must come before any other statement: every read of the cycle sees one instant.
+                    cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [lock_key(cluster)])
+                acquired = cursor.fetchone()[0]
+            yield acquired
+        return
+    if not _process_lock.acquire(blocking=False):
+        yield False
+        return
+    try:
+        with transaction.atomic():
+            yield True
+    finally:
+        _process_lock.release()

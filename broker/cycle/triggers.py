@@ -1,0 +1,79 @@
+"""`request_cycle(reason)`: ask for a scheduling cycle soon, coalescing bursts of requests.
+
+Submits, cancels, completions and inventory changes each ask. In celery mode the first request of a
+burst sets a Redis key (SET NX, expiring after CYCLE_DEBOUNCE_SECONDS) and queues one run_cycle task
+that starts when the window closes, so a hundred submissions in half a second cost one cycle. In the
+embedded default the request wakes the in-process runner. The periodic cycle (beat or the runner's
+timer) still runs when a request is lost, e.g. while Redis is restarting.
+"""
+
+import logging
+import threading
+import time
+
+from django.conf import settings
+from django.db import transaction
+
+log = logging.getLogger(__name__)
+
+_wake = threading.Event()
+_local_window = {"until": 0.0}
+_local_lock = threading.Lock()
+_redis = {}
+
+
+def debounce_key():
+    return f"capacity-broker:{settings.CLUSTER_NAME}:cycle-requested"
+
+
+def redis_client():
+    client = _redis.get(settings.REDIS_URL)
+    if client is None:
+        import redis
+
+        client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2, socket_timeout=2)
+        _redis[settings.REDIS_URL] = client
+    return client
+
+
+def first_in_window():
+    """True for the first request of a debounce window, False for the ones it absorbs."""
+    seconds = settings.CYCLE_DEBOUNCE_SECONDS
+    if settings.REDIS_URL:
+        return bool(redis_client().set(debounce_key(), "1", nx=True, px=max(1, int(seconds * 1000))))
+    with _local_lock:
+        now = time.monotonic()
+        if now < _local_window["until"]:
+            return False
+        _local_window["until"] = now + seconds
+        return True
+
+
+def request_cycle(reason=""):
+    """Returns True when this request scheduled (or woke) a cycle, False when an earlier one covers it."""
+    if settings.CYCLE_MODE != "celery":
+        _wake.set()
+        return True
+    try:
+        if not first_in_window():
+            return False
+        from broker.cycle.tasks import run_cycle
+
+        run_cycle.apply_async(kwargs={"reason": reason}, countdown=settings.CYCLE_DEBOUNCE_SECONDS)
+    except Exception:
+        # The caller's change is already committed; the periodic cycle will pick it up.
+        log.warning("could not request a scheduling cycle (%s)", reason, exc_info=True)
+        return False
+    return True
+
+
+def request_cycle_after_commit(reason=""):
+    """Request a cycle once the current transaction commits (never for a rolled-back change)."""
+    transaction.on_commit(lambda: request_cycle(reason))
+
+
+def wait_for_request(timeout):
+    """For the in-process runner: True when a cycle was requested within `timeout` seconds."""
+    requested = _wake.wait(timeout)
+    _wake.clear()
+    return requested
