@@ -1,0 +1,178 @@
+"""The cost of pending: requested devices x price x time waiting, by workload, team and reason code.
+
+An opportunity cost, shown beside the bill and never added to it. A workload waits while its state is
+Submitted, AwaitingApproval, Pending or Preempted (WorkloadTransition history, from its submission). The
+reason for each moment is the latest ExplanationChange made since that stretch of waiting began; before
+the first explanation of a stretch it is AwaitingApproval in that state, else NotYetExplained. The price is
+that of the first device class in each pod set's fallback list (what it asked for first), at that moment.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from django.db.models import Q
+from django.utils import timezone
+
+from broker.costs import ledger
+from broker.costs.prices import price_timelines
+from broker.costs.report import entry, round_leaves
+from broker.costs.windows import from_us, steps_of, to_us
+from broker.policy.models import DeviceClass, ResourceClassDeviceClass
+from broker.workloads.models import ExplanationChange, PodSet, Workload, WorkloadTransition
+from broker.workloads.states import WAITING_STATES, State
+
+PENDING_AGGREGATES = ("workload", "team", "queue", "reason", "device_class")
+NOT_YET_EXPLAINED = "NotYetExplained"
+
+
+def waiting_stretches(submitted_at, transitions):
+    """[(start, end or None, state at start)] from the submission and [(at, to_state)] ascending; each
+    stretch is split where the state changes between two waiting states."""
+    stretches = []
+    state, since = State.SUBMITTED, submitted_at
+    for at, to_state in transitions:
+        if state in WAITING_STATES:
+            stretches.append((since, at, state))
+        state, since = to_state, at
+    if state in WAITING_STATES:
+        stretches.append((since, None, state))
+    return stretches
+
+
+def reasons_over(stretches, changes):
+    """[(start, end or None, reason)]: the waiting time cut by reason. A change counts from its time within
+    the same run of waiting (consecutive stretches); a new run starts unexplained."""
+    out = []
+    run_start = None
+    previous_end = object()
+    for start, end, state in stretches:
+        if start != previous_end:
+            run_start = start
+        previous_end = end
+        fallback = "AwaitingApproval" if state == State.AWAITING_APPROVAL else NOT_YET_EXPLAINED
+        current = [(at, reason) for at, reason in changes if run_start <= at <= start]
+        reason = current[-1][1] if current else fallback
+        cursor = start
+        for at, new_reason in changes:
+            if at <= start or (end is not None and at >= end):
+                continue
+            if new_reason != reason:
+                out.append((cursor, at, reason))
+                cursor, reason = at, new_reason
+        out.append((cursor, end, reason))
+    return [(a, b, reason) for a, b, reason in out if b is None or b > a]
+
+
+def first_class_requests(workload_ids):
+    """{workload id: [(device class id, devices requested)]}: each pod set at its first-choice class."""
+    by_name = dict(DeviceClass.objects.values_list("name", "pk"))
+    first_of_rc = {}
+    for rc_id, class_id in ResourceClassDeviceClass.objects.order_by("-rank").values_list(
+        "resource_class_id", "device_class_id"
+    ):
+        first_of_rc[rc_id] = class_id  # descending rank: the last one written is rank 0
+    out = defaultdict(list)
+    rows = PodSet.objects.filter(workload_id__in=workload_ids).values_list(
+        "workload_id", "workload__resource_class_id", "device_classes", "replicas", "devices_per_pod"
+    )
+    for workload_id, rc_id, names, replicas, per_pod in rows:
+        class_id = by_name.get(names[0]) if names else first_of_rc.get(rc_id)
+        if class_id is not None:
+            out[workload_id].append((class_id, replicas * per_pod))
+    return out
+
+
+def pending_intervals(start, end, now, team_ids=None):
+    """Ledger intervals of waiting, line = (workload id, reason), one per pod set's first-choice class."""
+    workloads = Workload.objects.filter(submitted_at__lt=min(end, now)).filter(
+        Q(finished_at__isnull=True) | Q(finished_at__gt=start) | Q(state__in=WAITING_STATES)
+    )
+    if team_ids is not None:
+        workloads = workloads.filter(team_id__in=team_ids)
+    meta = {row["pk"]: row for row in workloads.values("pk", "name", "submitted_at", "team__name", "queue__name")}
+    transitions, changes = defaultdict(list), defaultdict(list)
+    for workload_id, at, to_state in (
+        WorkloadTransition.objects.filter(workload_id__in=meta)
+        .values_list("workload_id", "at", "to_state")
+        .order_by("at", "id")
+    ):
+        transitions[workload_id].append((at, to_state))
+    for workload_id, at, reason in (
+        ExplanationChange.objects.filter(workload_id__in=meta)
+        .values_list("workload_id", "at", "reason")
+        .order_by("at", "id")
+    ):
+        changes[workload_id].append((at, reason))
+    requests = first_class_requests(list(meta))
+    intervals = []
+    for workload_id, row in meta.items():
+        stretches = waiting_stretches(row["submitted_at"], transitions[workload_id])
+        for a, b, reason in reasons_over(stretches, changes[workload_id]):
+            for class_id, devices in requests.get(workload_id, []):
+                intervals.append(
+                    ledger.Interval(to_us(a), None if b is None else to_us(b), class_id, (workload_id, reason), devices)
+                )
+    return intervals, meta
+
+
+def pending_report(start, end, aggregate=("team",), step="day", now=None, team_ids=None):
+    """Per step, aggregate -> {device_hours (requested devices x hours waiting), cost}, and totals."""
+    now = now or timezone.now()
+    steps = [(to_us(a), to_us(b)) for a, b in steps_of(start, end, step)]
+    prices = {pk: [(to_us(at), units) for at, units in rows] for pk, rows in price_timelines().items()}
+    intervals, meta = pending_intervals(start, end, now, team_ids)
+    class_names = dict(DeviceClass.objects.values_list("pk", "name"))
+    ledgers = ledger.build_ledger(steps, to_us(now), prices, {}, intervals)
+    steps_out, totals, total_sum = [], defaultdict(lambda: [0, 0]), [0, 0]
+    for step_ledger in ledgers:
+        leaves = defaultdict(ledger.Amount)
+        for ((workload_id, reason), class_id), amount in step_ledger.allocated.items():
+            key = _key(meta[workload_id], reason, class_names[class_id], aggregate)
+            leaves[key].device_us += amount.device_us
+            leaves[key].raw += amount.raw
+        rounded, (units_total, cents_total) = round_leaves(dict(sorted(leaves.items())))
+        for key, (units, cents) in rounded.items():
+            totals[key][0] += units
+            totals[key][1] += cents
+        total_sum[0] += units_total
+        total_sum[1] += cents_total
+        steps_out.append(
+            {
+                "start": from_us(step_ledger.start),
+                "end": from_us(step_ledger.end),
+                "pending": {key: entry(*value) for key, value in rounded.items()},
+                "total": entry(units_total, cents_total),
+            }
+        )
+    report = {
+        "window": {"start": start, "end": end},
+        "aggregate": ",".join(aggregate),
+        "step": step,
+        "steps": steps_out,
+        "totals": {
+            "pending": {key: entry(*value) for key, value in sorted(totals.items())},
+            "total": entry(*total_sum),
+        },
+    }
+    if "workload" in aggregate:
+        report["workloads"] = {
+            f"{row['team__name']}/{row['name']}": {"name": row["name"], "team": row["team__name"]}
+            for row in meta.values()
+        }
+    return report
+
+
+def _key(row, reason, class_name, aggregate):
+    parts = []
+    for dim in aggregate:
+        parts.append(
+            {
+                "workload": f"{row['team__name']}/{row['name']}",
+                "team": row["team__name"],
+                "queue": row["queue__name"],
+                "reason": reason,
+                "device_class": class_name,
+            }[dim]
+        )
+    return "/".join(parts)
