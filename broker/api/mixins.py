@@ -12,6 +12,7 @@ from rest_framework.response import Response
 from broker.api.pagination import BrokerPagination
 from broker.api.serializers import drf_errors
 from broker.audit.models import record
+from broker.cycle.triggers import request_cycle_after_commit
 from broker.inventory.models import ClusterState
 from broker.workloads.services import ActionRefused, InvalidSubmission
 
@@ -46,7 +47,7 @@ class DomainErrorsMixin:
 class AuditedWritesMixin(DomainErrorsMixin):
     """Every create, update and delete is one transaction that writes the row, an audit event with
     before/after, and bumps the cluster generation so a cycle running on the old inventory or policy
-    refuses to commit."""
+    refuses to commit; a fresh cycle is asked for after the commit."""
 
     # Set on viewsets whose updates are hand-made changes to capacity (quotas, health).
     manual_intervention = False
@@ -60,6 +61,7 @@ class AuditedWritesMixin(DomainErrorsMixin):
 
     def bump_generation(self):
         ClusterState.bump(settings.CLUSTER_NAME)
+        request_cycle_after_commit(f"{self.queryset.model._meta.verbose_name} changed through the API")
 
     def perform_create(self, serializer):
         with transaction.atomic():

@@ -1,13 +1,14 @@
 """An operator's hands on the inventory: cordon a node, mark a device's health.
 
 Each is a manual intervention: audited, counted, and it bumps the cluster generation so a cycle that
-read the old inventory refuses to commit.
+read the old inventory refuses to commit; a fresh cycle is asked for once the change commits.
 """
 
 from django.conf import settings
 from django.db import transaction
 
 from broker.audit.models import record
+from broker.cycle.triggers import request_cycle_after_commit
 from broker.inventory.models import ClusterState, Device, Health, Node
 
 
@@ -29,6 +30,7 @@ def set_cordoned(node, actor, cordoned, reason=""):
             manual_intervention=True,
         )
         ClusterState.bump(settings.CLUSTER_NAME)
+        request_cycle_after_commit(f"node {node.name} {'cordoned' if cordoned else 'uncordoned'}")
     return node
 
 
@@ -51,4 +53,5 @@ def set_health(device, actor, health, reason=""):
             manual_intervention=True,
         )
         ClusterState.bump(settings.CLUSTER_NAME)
+        request_cycle_after_commit(f"device {device.qualified_name} marked {health}")
     return device

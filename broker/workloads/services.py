@@ -12,6 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from broker.audit.models import record
+from broker.cycle.triggers import request_cycle_after_commit
 from broker.inventory.models import TopologyLevel
 from broker.policy import roles
 from broker.policy.models import DeviceClass, Queue, ResourceClass
@@ -60,17 +61,6 @@ class Submission:
     @property
     def total_devices(self):
         return sum(pod_set.devices for pod_set in self.pod_sets)
-
-
-def request_cycle_after_commit(reason):
-    def trigger():
-        try:
-            from broker.cycle.triggers import request_cycle
-        except ImportError:  # TODO(cycle): drop once broker.cycle.triggers lands; the periodic cycle covers it
-            return
-        request_cycle(reason)
-
-    transaction.on_commit(trigger)
 
 
 def default_queue(user):
