@@ -1,1 +1,7 @@
-websocket_urlpatterns = []
+from django.urls import path
+
+from dashboard.consumers import LiveConsumer
+
+websocket_urlpatterns = [
+    path("ws/live/", LiveConsumer.as_asgi()),
+]

@@ -1,0 +1,143 @@
+"""Deltas for the live socket, built from the database (the truth), filtered per user.
+
+The cycle glue sends `{"type": "cycle.committed", "cycle": id, "admitted": [...], "preempted": [...],
+"changed": [...]}` to the "cycle" group after every commit; operator actions here send
+`{"type": "inventory.changed", "racks": [...]}` to the "inventory" group. Each consumer turns either into
+one delta for its user: full rows for workloads the user may read, bare counts for the rest.
+"""
+
+from __future__ import annotations
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.contrib.auth import get_user_model
+from django.db import transaction
+
+from broker.workloads.models import Allocation
+from broker.workloads.states import WAITING_STATES
+from dashboard import queries
+from dashboard.inventory_state import inventory_state
+
+CYCLE_GROUP = "cycle"
+INVENTORY_GROUP = "inventory"
+GROUPS = (CYCLE_GROUP, INVENTORY_GROUP)
+MAX_ROWS = 500
+
+# Work shared by every socket in this process for one event: computed once, not once per user.
+_shared = {}
+
+
+def inventory_changed(domain_ids):
+    """Tell every socket that some racks changed by hand (after the transaction commits)."""
+    racks = sorted({int(d) for d in domain_ids if d is not None})
+
+    def send():
+        layer = get_channel_layer()
+        if layer is not None:
+            async_to_sync(layer.group_send)(INVENTORY_GROUP, {"type": "inventory.changed", "racks": racks})
+
+    transaction.on_commit(send)
+
+
+def fresh_user(user):
+    """Roles and teams may change while a socket is open; read them again for every event."""
+    return get_user_model().objects.get(pk=user.pk)
+
+
+def _ids(values):
+    out = []
+    for value in values or ():
+        try:
+            out.append(int(value))
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def shared_state(key):
+    """Device counters and the user-independent part of the overview, once per event per process."""
+    found = _shared.get(key)
+    if found is None:
+        state = inventory_state()
+        found = {"capacity": queries.capacity_by_class(state), "state": state}
+        _shared.clear()
+        _shared[key] = found
+    return found
+
+
+def workload_rows(user, ids):
+    """Full rows for the workloads among `ids` the user may read, in id order."""
+    visible = queries.annotate_devices(
+        queries.visible_workloads(user).filter(pk__in=ids[:MAX_ROWS]).select_related("team", "queue", "resource_class")
+    ).order_by("id")
+    explanations = {w.pk: getattr(w, "explanation", None) for w in visible.select_related("explanation")}
+    rows = []
+    for workload in visible:
+        row = queries.workload_row(workload, explanation=explanations.get(workload.pk) or False)
+        if workload.state not in WAITING_STATES:
+            row["where"] = ""
+        rows.append(row)
+    if rows:
+        where = queries.placement_summary([row["id"] for row in rows if row["state"] not in WAITING_STATES])
+        for row in rows:
+            if row["state"] not in WAITING_STATES:
+                row["where"] = where.get(row["id"], "")
+    return rows
+
+
+def touched_racks(workload_ids):
+    return set(
+        Allocation.objects.filter(workload_id__in=workload_ids)
+        .order_by()
+        .values_list("device__node__domain_id", flat=True)
+        .distinct()
+    )
+
+
+def counts_hidden(user, ids):
+    if not ids:
+        return 0
+    visible = queries.visible_workloads(user).filter(pk__in=ids).count()
+    return len(ids) - visible
+
+
+def cycle_delta(user, event):
+    """One user's view of a committed cycle."""
+    user = fresh_user(user)
+    admitted, preempted, changed = _ids(event.get("admitted")), _ids(event.get("preempted")), _ids(event.get("changed"))
+    moved = list(dict.fromkeys([*admitted, *preempted, *changed]))
+    shared = shared_state(("cycle", event.get("cycle")))
+    return {
+        "type": "delta",
+        "cycle": event.get("cycle"),
+        "workloads": workload_rows(user, moved),
+        "admitted": sorted(
+            queries.visible_workloads(user).filter(pk__in=admitted[:MAX_ROWS]).values_list("id", flat=True)
+        ),
+        "hidden": {
+            "admitted": counts_hidden(user, admitted),
+            "preempted": counts_hidden(user, preempted),
+            "changed": counts_hidden(user, changed),
+        },
+        "counters": queries.counters(user, shared["state"]),
+        "pending_by_reason": queries.pending_by_reason(user),
+        "capacity": shared["capacity"],
+        "racks": queries.rack_cells(touched_racks([*admitted, *preempted])),
+    }
+
+
+def inventory_delta(user, event):
+    user = fresh_user(user)
+    racks = _ids(event.get("racks"))
+    shared = shared_state(("inventory", tuple(racks), id(event)))
+    return {
+        "type": "delta",
+        "cycle": None,
+        "workloads": [],
+        "admitted": [],
+        "hidden": {"admitted": 0, "preempted": 0, "changed": 0},
+        "counters": queries.counters(user, shared["state"]),
+        "pending_by_reason": queries.pending_by_reason(user),
+        "capacity": shared["capacity"],
+        "racks": queries.rack_cells(set(racks)),
+    }

@@ -1,0 +1,254 @@
+"""Device states for the dashboard, aggregated in the database.
+
+Every device is in exactly one state, first match wins:
+  busy       an active allocation holds it;
+  unhealthy  not Healthy, tainted, or on a cordoned node: it takes no new work;
+  reserved   free, but an active reservation of another team's holds it (device-id order, as the
+             scheduler takes them);
+  stranded   free, healthy, unreserved, but no pending workload can use it: its node has fewer free
+             devices of the class than the smallest per-pod request of any pending workload of that class;
+  free       the rest.
+
+One grouped query over devices (by node and device description) carries the whole cluster; everything
+else (per class, per rack, per node) is summed from those few thousand rows. Device classes are CEL
+selectors, so they are evaluated once per distinct device description, never per device.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from django.db.models import Count, Exists, Min, OuterRef, Q
+from django.utils import timezone
+
+from broker.inventory.models import Device, Domain, Health, Node
+from broker.policy.models import DeviceClass, Reservation, ResourceClassDeviceClass
+from broker.scheduler import snapshot as snap
+from broker.scheduler.selectors import ClassMatcher
+from broker.workloads.models import Allocation, PodSet
+from broker.workloads.states import State
+
+STATES = ("busy", "unhealthy", "reserved", "stranded", "free")
+DEMAND_STATES = (State.PENDING, State.PREEMPTED, State.SUBMITTED)
+
+
+def unavailable_q(prefix=""):
+    """Devices that take no new work whatever happens in the queue."""
+    return (
+        ~Q(**{f"{prefix}health": Health.HEALTHY})
+        | ~Q(**{f"{prefix}taints": []})
+        | Q(**{f"{prefix}node__cordoned": True})
+    )
+
+
+def active_allocation_exists():
+    return Exists(Allocation.objects.filter(device=OuterRef("pk"), released_at__isnull=True))
+
+
+def description_key(driver, attributes, capacity):
+    return json.dumps([driver, attributes or {}, capacity or {}], sort_keys=True)
+
+
+class Classifier:
+    """Which device classes each distinct device description belongs to."""
+
+    def __init__(self):
+        classes = list(DeviceClass.objects.all())
+        self.classes = classes
+        self.prices = {dc.name: float(dc.price_per_hour) for dc in classes}
+        self._matcher = ClassMatcher(
+            tuple(
+                snap.DeviceClass(name=dc.name, selector=dc.selector, price_per_hour=float(dc.price_per_hour))
+                for dc in classes
+            )
+        )
+        self._cache = {}
+
+    def classes_of(self, driver, attributes, capacity):
+        key = description_key(driver, attributes, capacity)
+        found = self._cache.get(key)
+        if found is None:
+            device = snap.Device(id="?", node="?", driver=driver, attributes=attributes or {}, capacity=capacity or {})
+            found = self._matcher.classes_of(device)
+            self._cache[key] = found
+        return found
+
+    def descriptions_q(self, class_name, prefix=""):
+        """A filter for devices of `class_name`: an OR over the matching distinct descriptions."""
+        query = Q(pk__in=[])
+        rows = Device.objects.order_by().values_list("driver", "attributes", "capacity").distinct()
+        for driver, attributes, capacity in rows:
+            if class_name in self.classes_of(driver, attributes, capacity):
+                query |= Q(
+                    **{f"{prefix}driver": driver, f"{prefix}attributes": attributes, f"{prefix}capacity": capacity}
+                )
+        return query
+
+
+@dataclass
+class Group:
+    """Devices of one node sharing one description."""
+
+    node_id: int
+    key: str
+    classes: frozenset
+    counts: dict = field(default_factory=lambda: dict.fromkeys(STATES, 0))
+
+
+@dataclass
+class InventoryState:
+    groups: list
+    node_domain: dict  # node id -> finest domain id (None when the node has no topology)
+    reserved_ids: set
+    stranded_nodes: dict  # node id -> set of classes stranded there
+    min_request: dict  # device class -> smallest pending per-pod request
+    classifier: Classifier
+
+    def by_class(self):
+        out = {dc.name: dict.fromkeys(STATES, 0) for dc in self.classifier.classes}
+        for group in self.groups:
+            for name in group.classes:
+                for state in STATES:
+                    out[name][state] += group.counts[state]
+        return out
+
+    def by_domain(self):
+        out = defaultdict(lambda: dict.fromkeys(STATES, 0))
+        for group in self.groups:
+            cell = out[self.node_domain.get(group.node_id)]
+            for state in STATES:
+                cell[state] += group.counts[state]
+        return dict(out)
+
+    def by_node(self, node_ids):
+        out = {node_id: dict.fromkeys(STATES, 0) for node_id in node_ids}
+        for group in self.groups:
+            if group.node_id in out:
+                for state in STATES:
+                    out[group.node_id][state] += group.counts[state]
+        return out
+
+    def device_is_stranded(self, node_id, classes):
+        return bool(self.stranded_nodes.get(node_id, set()) & set(classes))
+
+
+def pending_min_request():
+    """{device class: smallest devices_per_pod among pending pod sets that may use it}."""
+    ordered = defaultdict(list)
+    for rc_id, name in ResourceClassDeviceClass.objects.order_by("rank").values_list(
+        "resource_class_id", "device_class__name"
+    ):
+        ordered[rc_id].append(name)
+    rows = (
+        PodSet.objects.filter(workload__state__in=DEMAND_STATES)
+        .order_by()
+        .values("device_classes", "workload__resource_class_id")
+        .annotate(smallest=Min("devices_per_pod"))
+    )
+    out = {}
+    for row in rows:
+        names = row["device_classes"] or ordered.get(row["workload__resource_class_id"], [])
+        for name in names:
+            out[name] = min(out.get(name, row["smallest"]), row["smallest"])
+    return out
+
+
+def finest_domains_under(domain_id):
+    """Ids of the domains at or below `domain_id` (the tree is small: thousands of rows at most)."""
+    children = defaultdict(list)
+    for pk, parent in Domain.objects.order_by().values_list("id", "parent_id"):
+        children[parent].append(pk)
+    out, stack = set(), [domain_id]
+    while stack:
+        current = stack.pop()
+        out.add(current)
+        stack.extend(children.get(current, ()))
+    return out
+
+
+def reserved_device_ids(classifier, now=None):
+    """Free devices held by active reservations, taken in device-id order as the scheduler does."""
+    now = now or timezone.now()
+    taken = set()
+    for reservation in Reservation.objects.filter(start__lte=now, end__gt=now).select_related("device_class"):
+        class_q = classifier.descriptions_q(reservation.device_class.name)
+        scope = Q()
+        if reservation.domain_id:
+            scope = Q(node__domain_id__in=finest_domains_under(reservation.domain_id))
+        used = Allocation.objects.filter(
+            released_at__isnull=True,
+            workload__team_id=reservation.team_id,
+            device_class_id=reservation.device_class_id,
+            device__in=Device.objects.filter(scope),
+        ).count()
+        remaining = reservation.count - used
+        if remaining <= 0:
+            continue
+        ids = (
+            Device.objects.order_by("id")
+            .filter(scope & class_q)
+            .exclude(unavailable_q())
+            .exclude(pk__in=taken)
+            .annotate(busy=active_allocation_exists())
+            .filter(busy=False)
+            .values_list("id", flat=True)[:remaining]
+        )
+        taken.update(ids)
+    return taken
+
+
+def inventory_state(node_ids=None):
+    """The state counts of every (node, description) group, optionally only for some nodes."""
+    classifier = Classifier()
+    reserved = reserved_device_ids(classifier)
+    devices = Device.objects.order_by()
+    nodes = Node.objects.order_by()
+    if node_ids is not None:
+        devices = devices.filter(node_id__in=node_ids)
+        nodes = nodes.filter(id__in=node_ids)
+    rows = (
+        devices.annotate(busy=active_allocation_exists())
+        .values("node_id", "driver", "attributes", "capacity")
+        .annotate(
+            total=Count("id"),
+            busy_n=Count("id", filter=Q(busy=True)),
+            unavailable_n=Count("id", filter=Q(busy=False) & unavailable_q()),
+        )
+    )
+    reserved_by_group = defaultdict(int)
+    if reserved:
+        for row in (
+            Device.objects.order_by()
+            .filter(id__in=reserved)
+            .values("node_id", "driver", "attributes", "capacity")
+            .annotate(n=Count("id"))
+        ):
+            key = (row["node_id"], description_key(row["driver"], row["attributes"], row["capacity"]))
+            reserved_by_group[key] = row["n"]
+    min_request = pending_min_request()
+    groups = []
+    free_per_node_class = defaultdict(int)
+    for row in rows:
+        key = description_key(row["driver"], row["attributes"], row["capacity"])
+        group = Group(row["node_id"], key, classifier.classes_of(row["driver"], row["attributes"], row["capacity"]))
+        reserved_n = reserved_by_group.get((row["node_id"], key), 0)
+        group.counts["busy"] = row["busy_n"]
+        group.counts["unhealthy"] = row["unavailable_n"]
+        group.counts["reserved"] = reserved_n
+        group.counts["free"] = row["total"] - row["busy_n"] - row["unavailable_n"] - reserved_n
+        for name in group.classes:
+            free_per_node_class[(row["node_id"], name)] += group.counts["free"]
+        groups.append(group)
+    stranded_nodes = defaultdict(set)
+    for (node_id, name), free in free_per_node_class.items():
+        if name in min_request and 0 < free < min_request[name]:
+            stranded_nodes[node_id].add(name)
+    for group in groups:
+        wanted = group.classes & set(min_request)
+        if wanted and wanted <= stranded_nodes.get(group.node_id, set()):
+            group.counts["stranded"] = group.counts["free"]
+            group.counts["free"] = 0
+    node_domain = dict(nodes.values_list("id", "domain_id"))
+    return InventoryState(groups, node_domain, reserved, dict(stranded_nodes), min_request, classifier)

@@ -1,0 +1,652 @@
+"""What the dashboard pages and their JSON endpoints show, computed with aggregate queries.
+
+Functions take the requesting user where visibility matters: operators and approvers read every team's
+workloads; everybody else reads their own teams' workloads and sees the rest only as counts.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import timedelta
+
+from django.db.models import Count, DurationField, ExpressionWrapper, F, Max, Min, Q, Sum, Value
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from broker.inventory.models import Device, Domain, Health, Node, TopologyLevel
+from broker.policy.models import Queue, ResourceClass, Team
+from broker.policy.roles import sees_all_workloads, team_ids
+from broker.workloads.models import (
+    Allocation,
+    Explanation,
+    ExplanationChange,
+    PodSet,
+    SchedulingCycle,
+    Workload,
+    WorkloadTransition,
+)
+from broker.workloads.states import HOLDING_STATES, WAITING_STATES, State
+from dashboard.inventory_state import STATES, inventory_state
+
+REASON_CODES = (
+    "InvalidRequest",
+    "NotEntitled",
+    "AwaitingApproval",
+    "QuotaExceeded",
+    "DeviceUnhealthy",
+    "Reserved",
+    "InsufficientCapacity",
+    "TopologyFragmented",
+    "Priority",
+    "PreemptionPending",
+)
+QUEUE_PAGE_SIZE = 100
+
+
+# --- visibility ------------------------------------------------------------------------------------------
+
+
+def visible_workloads(user):
+    workloads = Workload.objects.all()
+    if sees_all_workloads(user):
+        return workloads
+    return workloads.filter(team_id__in=team_ids(user))
+
+
+def can_see(user, team_id):
+    return sees_all_workloads(user) or team_id in team_ids(user)
+
+
+# --- overview --------------------------------------------------------------------------------------------
+
+
+def capacity_by_class(state=None):
+    state = state or inventory_state()
+    rows = []
+    for name, counts in sorted(state.by_class().items()):
+        total = sum(counts.values())
+        price = state.classifier.prices.get(name, 0.0)
+        rows.append(
+            {
+                "device_class": name,
+                "price_per_hour": price,
+                "total": total,
+                **counts,
+                "idle_cost_per_hour": round((counts["free"] + counts["stranded"] + counts["reserved"]) * price, 2),
+                "min_pending_request": state.min_request.get(name),
+            }
+        )
+    return rows
+
+
+def pending_by_reason(user):
+    """Pending workloads per reason code: every team's as counts, plus the user's own teams'."""
+    waiting = Workload.objects.filter(state__in=WAITING_STATES)
+    rows = waiting.order_by().values("explanation__reason").annotate(n=Count("id"))
+    mine = dict(
+        waiting.filter(team_id__in=team_ids(user))
+        .order_by()
+        .values("explanation__reason")
+        .annotate(n=Count("id"))
+        .values_list("explanation__reason", "n")
+    )
+    counts = {row["explanation__reason"] or "NotYetExplained": row["n"] for row in rows}
+    mine = {(reason or "NotYetExplained"): n for reason, n in mine.items()}
+    order = [*REASON_CODES, "NotYetExplained"]
+    ordered = sorted(counts, key=lambda code: order.index(code) if code in order else len(order))
+    return [{"reason": code, "count": counts[code], "mine": mine.get(code, 0)} for code in ordered]
+
+
+def cycle_series(limit=200):
+    cycles = list(
+        SchedulingCycle.objects.filter(outcome=SchedulingCycle.Outcome.COMMITTED).values(
+            "id",
+            "started_at",
+            "admitted_count",
+            "preempted_count",
+            "pending_count",
+            "load_ms",
+            "decide_ms",
+            "commit_ms",
+        )[:limit]
+    )
+    cycles.reverse()
+    return {
+        "at": [c["started_at"].isoformat() for c in cycles],
+        "admitted": [c["admitted_count"] for c in cycles],
+        "preempted": [c["preempted_count"] for c in cycles],
+        "pending": [c["pending_count"] for c in cycles],
+        "duration_ms": [round(c["load_ms"] + c["decide_ms"] + c["commit_ms"], 1) for c in cycles],
+    }
+
+
+def cycle_health():
+    since = timezone.now() - timedelta(hours=1)
+    outcomes = dict(
+        SchedulingCycle.objects.filter(started_at__gte=since)
+        .order_by()
+        .values("outcome")
+        .annotate(n=Count("id"))
+        .values_list("outcome", "n")
+    )
+    return {"last_hour": outcomes}
+
+
+def workload_row(workload, explanation=None, visible=True):
+    """One workload as the queue table and the live deltas carry it."""
+    row = {
+        "id": workload.pk,
+        "team": workload.team.name,
+        "state": workload.state,
+        "visible": visible,
+    }
+    if not visible:
+        return row
+    explanation = explanation if explanation is not None else getattr(workload, "explanation", None)
+    row.update(
+        {
+            "name": workload.name,
+            "queue": workload.queue.name,
+            "resource_class": workload.resource_class.name if workload.resource_class_id else "",
+            "priority": workload.priority,
+            "devices": workload_devices(workload),
+            "submitted_at": workload.submitted_at.isoformat(),
+            "admitted_at": workload.admitted_at.isoformat() if workload.admitted_at else None,
+            "reason": explanation.reason if explanation and workload.state in WAITING_STATES else "",
+            "message": explanation.message if explanation and workload.state in WAITING_STATES else "",
+            "position_in_queue": explanation.position_in_queue if explanation else None,
+            "position_in_cluster": explanation.position_in_cluster if explanation else None,
+            "estimated_start": (
+                explanation.estimated_start.isoformat() if explanation and explanation.estimated_start else None
+            ),
+            "url": f"/workloads/{workload.pk}/",
+        }
+    )
+    return row
+
+
+def workload_devices(workload):
+    cached = getattr(workload, "device_total", None)
+    if cached is not None:
+        return cached
+    return sum(p.replicas * p.devices_per_pod for p in workload.pod_sets.all())
+
+
+def last_cycle_changes(user, cycle=None):
+    """What the last committed cycle admitted, preempted and re-explained."""
+    cycle = cycle or SchedulingCycle.objects.filter(outcome=SchedulingCycle.Outcome.COMMITTED).first()
+    if cycle is None:
+        return None
+    admitted_ids = set(Allocation.objects.filter(cycle=cycle).values_list("workload_id", flat=True).distinct())
+    window_end = cycle.finished_at or timezone.now()
+    preempted_ids = set(
+        WorkloadTransition.objects.filter(
+            to_state=State.PREEMPTED, at__gte=cycle.started_at, at__lte=window_end + timedelta(seconds=1)
+        ).values_list("workload_id", flat=True)
+    )
+    changed_ids = set(ExplanationChange.objects.filter(cycle=cycle).values_list("workload_id", flat=True))
+    return {
+        "cycle": cycle,
+        "admitted": split_visible(user, admitted_ids),
+        "preempted": split_visible(user, preempted_ids),
+        "changed": split_visible(user, changed_ids),
+    }
+
+
+def split_visible(user, ids, limit=20):
+    workloads = Workload.objects.filter(pk__in=ids).select_related("team")
+    shown = [w for w in workloads if can_see(user, w.team_id)]
+    return {"shown": shown[:limit], "more": max(0, len(shown) - limit), "hidden": len(ids) - len(shown)}
+
+
+def overview(user):
+    state = inventory_state()
+    return {
+        "capacity": capacity_by_class(state),
+        "pending": pending_by_reason(user),
+        "series": cycle_series(),
+        "health": cycle_health(),
+        "counters": counters(user, state),
+    }
+
+
+def counters(user, state=None):
+    """The headline numbers; the same keys the live socket patches."""
+    state = state or inventory_state()
+    totals = dict.fromkeys(STATES, 0)
+    for group in state.groups:
+        for key in STATES:
+            totals[key] += group.counts[key]
+    workloads = Workload.objects.order_by().values("state").annotate(n=Count("id"))
+    by_state = {row["state"]: row["n"] for row in workloads}
+    mine = visible_workloads(user).filter(state__in=WAITING_STATES).count()
+    last = SchedulingCycle.objects.filter(outcome=SchedulingCycle.Outcome.COMMITTED).first()
+    return {
+        "devices": sum(totals.values()),
+        **{f"devices_{key}": value for key, value in totals.items()},
+        "pending": sum(by_state.get(s, 0) for s in WAITING_STATES),
+        "pending_mine": mine,
+        "running": sum(by_state.get(s, 0) for s in HOLDING_STATES),
+        "last_cycle": last.pk if last else None,
+        "last_cycle_ms": round(last.duration_ms, 1) if last else None,
+    }
+
+
+# --- queue -----------------------------------------------------------------------------------------------
+
+
+def annotate_devices(workloads):
+    return workloads.annotate(device_total=Sum(F("pod_sets__replicas") * F("pod_sets__devices_per_pod")))
+
+
+def queue_filters(params):
+    return {
+        "team": params.get("team", ""),
+        "resource_class": params.get("resource_class", ""),
+        "reason": params.get("reason", ""),
+    }
+
+
+def apply_filters(workloads, filters):
+    if filters["team"]:
+        workloads = workloads.filter(team__name=filters["team"])
+    if filters["resource_class"]:
+        workloads = workloads.filter(resource_class__name=filters["resource_class"])
+    if filters["reason"]:
+        workloads = workloads.filter(explanation__reason=filters["reason"])
+    return workloads
+
+
+def pending_rows(user, filters, page=1):
+    """Visible waiting workloads, in a stable order: cluster position, then age, then id."""
+    workloads = apply_filters(visible_workloads(user).filter(state__in=WAITING_STATES), filters)
+    total = workloads.count()
+    ordered = annotate_devices(
+        workloads.select_related("team", "queue", "resource_class", "explanation").order_by(
+            F("explanation__position_in_cluster").asc(nulls_last=True), "submitted_at", "id"
+        )
+    )
+    start = (page - 1) * QUEUE_PAGE_SIZE
+    rows = [workload_row(w) for w in ordered[start : start + QUEUE_PAGE_SIZE]]
+    return {"rows": rows, "total": total, "page": page, "pages": max(1, -(-total // QUEUE_PAGE_SIZE))}
+
+
+def hidden_pending(user):
+    """Other teams' waiting work as counts per reason, for users who may not read it."""
+    if sees_all_workloads(user):
+        return None
+    rows = (
+        Workload.objects.filter(state__in=WAITING_STATES)
+        .exclude(team_id__in=team_ids(user))
+        .order_by()
+        .values("explanation__reason")
+        .annotate(n=Count("id"))
+    )
+    by_reason = {(row["explanation__reason"] or "NotYetExplained"): row["n"] for row in rows}
+    return {"total": sum(by_reason.values()), "by_reason": dict(sorted(by_reason.items()))}
+
+
+def running_rows(user, filters, limit=200):
+    workloads = apply_filters(visible_workloads(user).filter(state__in=HOLDING_STATES), filters)
+    total = workloads.count()
+    page = list(
+        annotate_devices(workloads.select_related("team", "queue", "resource_class").order_by("admitted_at", "id"))[
+            :limit
+        ]
+    )
+    where = placement_summary([w.pk for w in page])
+    rows = []
+    for workload in page:
+        row = workload_row(workload, explanation=False)
+        row["where"] = where.get(workload.pk, "")
+        row["since"] = (workload.started_at or workload.admitted_at or workload.state_changed_at).isoformat()
+        rows.append(row)
+    return {"rows": rows, "total": total}
+
+
+def placement_summary(workload_ids):
+    """{workload id: "rack r1: n1 ×4, n2 ×4"} from active allocations, grouped in the database."""
+    rows = (
+        Allocation.objects.filter(workload_id__in=workload_ids, released_at__isnull=True)
+        .order_by()
+        .values("workload_id", "device__node__name", "device__node__domain__name", "device_class__name")
+        .annotate(n=Count("id"))
+        .order_by("workload_id", "device__node__domain__name", "device__node__name")
+    )
+    grouped = defaultdict(lambda: defaultdict(list))
+    for row in rows:
+        domain = row["device__node__domain__name"] or "-"
+        grouped[row["workload_id"]][domain].append(f"{row['device__node__name']} ×{row['n']}")
+    return {
+        wid: "; ".join(f"{domain}: {', '.join(nodes)}" for domain, nodes in domains.items())
+        for wid, domains in grouped.items()
+    }
+
+
+def filter_choices(user):
+    teams = Team.objects.all() if sees_all_workloads(user) else Team.objects.filter(id__in=team_ids(user))
+    return {
+        "teams": list(teams.values_list("name", flat=True)),
+        "resource_classes": list(ResourceClass.objects.values_list("name", flat=True)),
+        "reasons": list(REASON_CODES),
+    }
+
+
+# --- workload detail -------------------------------------------------------------------------------------
+
+
+def cost_so_far(workload, now=None):
+    """Device-hours held times the price of the class each device was allocated under."""
+    now = now or timezone.now()
+    held = ExpressionWrapper(Coalesce("released_at", Value(now)) - F("allocated_at"), output_field=DurationField())
+    rows = (
+        workload.allocations.order_by()
+        .values("device_class__name", "device_class__price_per_hour")
+        .annotate(held=Sum(held), devices=Count("id"))
+    )
+    lines = []
+    for row in rows:
+        hours = (row["held"] or timedelta()).total_seconds() / 3600
+        price = float(row["device_class__price_per_hour"])
+        lines.append(
+            {
+                "device_class": row["device_class__name"],
+                "devices": row["devices"],
+                "device_hours": round(hours, 3),
+                "price_per_hour": price,
+                "cost": round(hours * price, 2),
+            }
+        )
+    return {"lines": lines, "total": round(sum(line["cost"] for line in lines), 2)}
+
+
+def workload_detail(workload):
+    explanation = Explanation.objects.filter(workload=workload).first()
+    allocations = workload.allocations.order_by()
+    active = allocations.filter(released_at__isnull=True)
+    shown = active if active.exists() else allocations
+    racks = list(
+        shown.values("device__node__domain_id", "device__node__domain__name")
+        .annotate(n=Count("id"))
+        .order_by("device__node__domain__name")
+    )
+    nodes = list(
+        shown.values("device__node__name", "device__node__domain__name")
+        .annotate(n=Count("id"), since=Min("allocated_at"), until=Max("released_at"))
+        .order_by("device__node__name")
+    )
+    return {
+        "workload": workload,
+        "pod_sets": list(workload.pod_sets.all()),
+        "transitions": list(workload.transitions.select_related("actor")),
+        "explanation": explanation,
+        "history": list(workload.explanation_history.order_by("-at", "-id")[:50]),
+        "placement_racks": [
+            {"id": r["device__node__domain_id"], "name": r["device__node__domain__name"], "devices": r["n"]}
+            for r in racks
+        ],
+        "placement_nodes": nodes,
+        "placement_active": active.exists(),
+        "cost": cost_so_far(workload),
+        "row": workload_row(annotate_devices(Workload.objects.filter(pk=workload.pk)).get()),
+    }
+
+
+# --- topology heatmap ------------------------------------------------------------------------------------
+
+
+def domain_paths():
+    """{domain id: (name, parent id, level name)} for every domain; the tree is small."""
+    return {
+        pk: (name, parent, level)
+        for pk, name, parent, level in Domain.objects.order_by().values_list("id", "name", "parent_id", "level__name")
+    }
+
+
+def path_of(domain_id, domains):
+    parts = []
+    current = domain_id
+    while current is not None and current in domains:
+        name, parent, _level = domains[current]
+        parts.append(name)
+        current = parent
+    return "/".join(reversed(parts))
+
+
+def heatmap_racks():
+    """One cell per finest-level domain (rack): device state counts and busy devices per team.
+
+    Rows are the racks' parent domains (blocks), columns the racks in name order, so a 100,000-device
+    cluster is a few thousand cells.
+    """
+    state = inventory_state()
+    by_domain = state.by_domain()
+    domains = domain_paths()
+    teams_by_domain = defaultdict(dict)
+    for row in (
+        Allocation.objects.filter(released_at__isnull=True)
+        .order_by()
+        .values("device__node__domain_id", "workload__team__name")
+        .annotate(n=Count("id"))
+    ):
+        teams_by_domain[row["device__node__domain_id"]][row["workload__team__name"]] = row["n"]
+    node_counts = dict(
+        Node.objects.order_by().values("domain_id").annotate(n=Count("id")).values_list("domain_id", "n")
+    )
+    rows = {}
+    cells = []
+    for domain_id, counts in by_domain.items():
+        if domain_id is None:
+            name, parent = "unplaced", None
+        else:
+            name, parent, _level = domains[domain_id]
+        row_label = path_of(parent, domains) if parent else "(no parent)"
+        rows.setdefault(row_label, parent)
+        cells.append(
+            {
+                "id": domain_id,
+                "name": name,
+                "row": row_label,
+                "nodes": node_counts.get(domain_id, 0),
+                "total": sum(counts.values()),
+                "counts": counts,
+                "teams": teams_by_domain.get(domain_id, {}),
+            }
+        )
+    cells.sort(key=lambda cell: (cell["row"], cell["name"]))
+    levels = list(TopologyLevel.objects.values_list("name", flat=True))
+    teams = sorted({team for cell in cells for team in cell["teams"]})
+    return {"level": "rack", "levels": [*levels, "node"], "rows": sorted(rows), "cells": cells, "teams": teams}
+
+
+def device_state(device, busy_team, reserved_ids, stranded):
+    if busy_team is not None:
+        return "busy"
+    if device["health"] != Health.HEALTHY or device["taints"] or device["node__cordoned"]:
+        return "unhealthy"
+    if device["id"] in reserved_ids:
+        return "reserved"
+    if stranded:
+        return "stranded"
+    return "free"
+
+
+def _devices_with_state(user, devices, highlight=None):
+    devices = list(
+        devices.order_by("node__name", "id").values(
+            "id",
+            "name",
+            "node_id",
+            "node__name",
+            "node__cordoned",
+            "health",
+            "taints",
+            "driver",
+            "attributes",
+            "capacity",
+        )
+    )
+    node_ids = {d["node_id"] for d in devices}
+    state = inventory_state(node_ids=node_ids)
+    holders = {
+        row["device_id"]: row
+        for row in Allocation.objects.filter(device_id__in=[d["id"] for d in devices], released_at__isnull=True)
+        .order_by()
+        .values(
+            "device_id", "workload_id", "workload__name", "workload__team_id", "workload__team__name", "allocated_at"
+        )
+    }
+    out = []
+    for device in devices:
+        holder = holders.get(device["id"])
+        classes = state.classifier.classes_of(device["driver"], device["attributes"], device["capacity"])
+        stranded = state.device_is_stranded(device["node_id"], classes)
+        item = {
+            "id": device["id"],
+            "name": device["name"],
+            "node": device["node__name"],
+            "node_id": device["node_id"],
+            "state": device_state(
+                device, holder["workload__team__name"] if holder else None, state.reserved_ids, stranded
+            ),
+            "health": device["health"],
+            "taints": device["taints"],
+            "cordoned": device["node__cordoned"],
+            "classes": sorted(classes),
+            "attributes": device["attributes"],
+            "team": holder["workload__team__name"] if holder else None,
+            "workload": None,
+            "highlight": bool(holder and highlight and holder["workload_id"] == highlight),
+        }
+        if holder and can_see(user, holder["workload__team_id"]):
+            item["workload"] = {
+                "id": holder["workload_id"],
+                "name": holder["workload__name"],
+                "since": holder["allocated_at"].isoformat(),
+                "url": f"/workloads/{holder['workload_id']}/",
+            }
+        out.append(item)
+    return out
+
+
+def heatmap_rack(user, rack_id, highlight=None):
+    """Nodes of one rack as rows and their devices as columns, each device with its state."""
+    domain = Domain.objects.select_related("level").get(pk=rack_id)
+    nodes = list(Node.objects.filter(domain_id=rack_id).order_by("name").values("id", "name", "cordoned"))
+    devices = _devices_with_state(user, Device.objects.filter(node__domain_id=rack_id), highlight=highlight)
+    return {
+        "level": "node",
+        "rack": {"id": domain.pk, "name": domain.name, "path": path_of(domain.pk, domain_paths())},
+        "nodes": nodes,
+        "devices": devices,
+    }
+
+
+def heatmap_node(user, node_id):
+    node = Node.objects.select_related("domain").get(pk=node_id)
+    devices = _devices_with_state(user, Device.objects.filter(node_id=node_id))
+    return {
+        "level": "device",
+        "node": {
+            "id": node.pk,
+            "name": node.name,
+            "cordoned": node.cordoned,
+            "rack": node.domain_id,
+            "path": path_of(node.domain_id, domain_paths()) if node.domain_id else "",
+            "labels": node.labels,
+        },
+        "devices": devices,
+    }
+
+
+def rack_cells(domain_ids):
+    """Heatmap cells of some racks, for live deltas."""
+    if not domain_ids:
+        return []
+    node_ids = list(Node.objects.filter(domain_id__in=domain_ids).values_list("id", flat=True))
+    state = inventory_state(node_ids=node_ids)
+    by_domain = state.by_domain()
+    teams = defaultdict(dict)
+    for row in (
+        Allocation.objects.filter(released_at__isnull=True, device__node__domain_id__in=domain_ids)
+        .order_by()
+        .values("device__node__domain_id", "workload__team__name")
+        .annotate(n=Count("id"))
+    ):
+        teams[row["device__node__domain_id"]][row["workload__team__name"]] = row["n"]
+    return [
+        {"id": domain_id, "counts": counts, "total": sum(counts.values()), "teams": teams.get(domain_id, {})}
+        for domain_id, counts in by_domain.items()
+        if domain_id in domain_ids
+    ]
+
+
+# --- teams and quotas ------------------------------------------------------------------------------------
+
+
+def quota_usage():
+    """Per queue and device class: nominal, in use, borrowed (use above nominal) and pending demand."""
+    used = defaultdict(int)
+    for row in (
+        Allocation.objects.filter(released_at__isnull=True)
+        .order_by()
+        .values("workload__queue_id", "device_class__name")
+        .annotate(n=Count("id"))
+    ):
+        used[(row["workload__queue_id"], row["device_class__name"])] = row["n"]
+    pending = dict(
+        Workload.objects.filter(state__in=WAITING_STATES)
+        .order_by()
+        .values("queue_id")
+        .annotate(n=Sum(F("pod_sets__replicas") * F("pod_sets__devices_per_pod")))
+        .values_list("queue_id", "n")
+    )
+    queues = []
+    for queue in Queue.objects.select_related("team", "cohort"):
+        classes = sorted(set(queue.nominal_quota or {}) | {c for (q, c) in used if q == queue.pk})
+        lines = []
+        for name in classes:
+            nominal = (queue.nominal_quota or {}).get(name) if queue.nominal_quota is not None else None
+            in_use = used.get((queue.pk, name), 0)
+            borrowed = max(0, in_use - nominal) if nominal is not None else 0
+            limit = (queue.borrowing_limit or {}).get(name)
+            lines.append(
+                {
+                    "device_class": name,
+                    "nominal": nominal,
+                    "used": in_use,
+                    "borrowed": borrowed,
+                    "borrowing_limit": limit,
+                    "percent": round(100 * in_use / nominal) if nominal else None,
+                }
+            )
+        queues.append(
+            {"queue": queue, "team": queue.team, "lines": lines, "pending_devices": pending.get(queue.pk) or 0}
+        )
+    return queues
+
+
+def usage_over_time(hours=24, points=48):
+    """Devices held per team at `points` instants over the last `hours`, from allocation intervals."""
+    now = timezone.now()
+    start = now - timedelta(hours=hours)
+    instants = [start + (now - start) * i / (points - 1) for i in range(points)]
+    overlapping = Allocation.objects.filter(Q(released_at__isnull=True) | Q(released_at__gt=start)).filter(
+        allocated_at__lte=now
+    )
+    aggregates = {
+        f"t{i}": Count("id", filter=Q(allocated_at__lte=t) & (Q(released_at__isnull=True) | Q(released_at__gt=t)))
+        for i, t in enumerate(instants)
+    }
+    series = {}
+    for row in overlapping.order_by().values("workload__team__name").annotate(**aggregates):
+        series[row["workload__team__name"]] = [row[f"t{i}"] for i in range(points)]
+    nominal = defaultdict(int)
+    for queue in Queue.objects.select_related("team"):
+        for amount in (queue.nominal_quota or {}).values():
+            nominal[queue.team.name] += amount
+    return {"at": [t.isoformat() for t in instants], "teams": series, "nominal": dict(nominal)}
+
+
+def pod_sets_summary(workload):
+    return list(PodSet.objects.filter(workload=workload).values("name", "replicas", "min_count", "devices_per_pod"))

@@ -1,0 +1,65 @@
+(function () {
+  "use strict";
+  var form = document.getElementById("submit-form");
+  if (!form) return;
+  var box = document.getElementById("whatif");
+  var summary = document.getElementById("size-summary");
+
+  function value(name) { var f = form.elements[name]; return f ? f.value : ""; }
+
+  function selectedClass() { return form.querySelector('input[name="resource_class"]:checked'); }
+
+  function updateSummary() {
+    var replicas = parseInt(value("replicas"), 10) || 0, per = parseInt(value("devices_per_pod"), 10) || 0;
+    var gang = parseInt(value("min_count"), 10) || replicas;
+    var rc = selectedClass(), price = rc ? rc.closest("label").querySelector(".price") : null;
+    var total = replicas * per;
+    var text = total + " devices: " + replicas + " pods × " + per + ", " + gang + " must start together.";
+    if (rc && rc.dataset.max && total > parseInt(rc.dataset.max, 10)) text += " This class allows at most " + rc.dataset.max + " devices.";
+    if (price && price.firstChild) {
+      var perHour = parseFloat(price.firstChild.textContent.replace("$", ""));
+      if (!isNaN(perHour)) text += " About $" + (perHour * total).toFixed(2) + " per hour.";
+    }
+    summary.textContent = text;
+    box.hidden = true;
+  }
+
+  function show(verdict, html) {
+    box.hidden = false;
+    box.dataset.verdict = verdict;
+    box.innerHTML = html;
+  }
+
+  function escape(s) { var d = document.createElement("div"); d.textContent = s == null ? "" : String(s); return d.innerHTML; }
+
+  document.getElementById("whatif-button").addEventListener("click", function () {
+    show("", "Checking against the current snapshot…");
+    var data = new FormData(form);
+    if (!data.get("name")) data.set("name", "what-if");
+    fetch(form.dataset.whatif || "/submit/whatif/", { method: "POST", body: data, credentials: "same-origin" })
+      .then(function (r) { return r.json(); })
+      .then(function (res) {
+        if (!res.ok) {
+          var errors = [];
+          Object.keys(res.errors || {}).forEach(function (k) {
+            [].concat(res.errors[k]).forEach(function (e) { errors.push(k + ": " + (e.message || JSON.stringify(e))); });
+          });
+          show("no", "<strong>Not a valid request.</strong><br>" + errors.map(escape).join("<br>"));
+          return;
+        }
+        if (res.admitted) {
+          show("yes", "<strong>Yes — it would start now</strong>" + (res.where ? " on " + escape(res.where) : "") + ".");
+        } else {
+          var html = "<strong>Not now</strong> — <span class='reason' data-reason='" + escape(res.reason) + "'>" + escape(res.reason) + "</span><br>" + escape(res.message);
+          if (res.position_in_queue) html += "<br>It would be number " + res.position_in_queue + " in your queue.";
+          if (res.estimated_start) html += "<br>Estimated start: " + escape(window.BrokerLive.when(res.estimated_start));
+          if (res.suggestions && res.suggestions.length) html += "<br>What would help: <ul>" + res.suggestions.map(function (s) { return "<li>" + escape(s.description || s) + "</li>"; }).join("") + "</ul>";
+          show("no", html);
+        }
+      })
+      .catch(function (e) { show("no", "The what-if failed: " + escape(e.message)); });
+  });
+  form.addEventListener("input", updateSummary);
+  form.addEventListener("change", updateSummary);
+  updateSummary();
+})();

@@ -1,0 +1,193 @@
+/* The topology heatmap: racks (aggregated by the server) -> nodes x devices of one rack -> one node's
+ * devices. Each level is one JSON call; the rack level is a few thousand cells even at 100k devices. */
+(function () {
+  "use strict";
+  var STATE_COLORS = { free: "#d0d5dd", stranded: "#7a5af8", reserved: "#f79009", unhealthy: "#d92d20" };
+  var TEAM_COLORS = ["#2f6feb", "#12b76a", "#0e9384", "#155eef", "#66c61c", "#0086c9", "#099250", "#444ce7"];
+  var HIGHLIGHT = "#101828";
+  var METRICS = {
+    busy: { label: "busy", scale: [[0, "#f2f4f7"], [1, "#1849a9"]] },
+    free: { label: "free", scale: [[0, "#f2f4f7"], [1, "#475467"]] },
+    unhealthy: { label: "unhealthy", scale: [[0, "#f2f4f7"], [1, "#b42318"]] },
+    reserved: { label: "reserved", scale: [[0, "#f2f4f7"], [1, "#dc6803"]] },
+    stranded: { label: "stranded", scale: [[0, "#f2f4f7"], [1, "#6938ef"]] },
+  };
+  var CONFIG = { displayModeBar: false, responsive: true };
+
+  function getJSON(url) {
+    return fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } }).then(function (r) {
+      if (!r.ok) throw new Error(url + " answered " + r.status);
+      return r.json();
+    });
+  }
+
+  function teamColor(teams, team) {
+    var i = teams.indexOf(team);
+    return TEAM_COLORS[(i < 0 ? 0 : i) % TEAM_COLORS.length];
+  }
+
+  function discreteScale(colors) {
+    var n = colors.length, scale = [];
+    colors.forEach(function (c, i) { scale.push([i / n, c]); scale.push([(i + 1) / n, c]); });
+    return scale;
+  }
+
+  function describeCounts(cell) {
+    var c = cell.counts, parts = [];
+    var teams = Object.keys(cell.teams || {}).map(function (t) { return t + " " + cell.teams[t]; });
+    parts.push("busy " + c.busy + (teams.length ? " (" + teams.join(", ") + ")" : ""));
+    ["free", "unhealthy", "reserved", "stranded"].forEach(function (k) { parts.push(k + " " + c[k]); });
+    return parts.join("<br>");
+  }
+
+  /* ---- rack level ---- */
+  function RackMap(el, options) {
+    this.el = el;
+    this.options = options || {};
+    this.metric = "busy";
+    this.data = null;
+  }
+
+  RackMap.prototype.load = function () {
+    var self = this;
+    return getJSON("/dashboard/api/heatmap/").then(function (data) { self.data = data; self.draw(); return data; });
+  };
+
+  RackMap.prototype.grid = function () {
+    var rows = this.data.rows, byRow = {}, width = 0;
+    rows.forEach(function (r) { byRow[r] = []; });
+    this.data.cells.forEach(function (cell) { (byRow[cell.row] = byRow[cell.row] || []).push(cell); });
+    rows.forEach(function (r) { width = Math.max(width, byRow[r].length); });
+    return { rows: rows, byRow: byRow, width: width };
+  };
+
+  RackMap.prototype.draw = function () {
+    var self = this, g = this.grid(), metric = this.metric, z = [], text = [], ids = [];
+    var teams = this.data.teams;
+    g.rows.forEach(function (r) {
+      var zr = [], tr = [], ir = [];
+      for (var i = 0; i < g.width; i++) {
+        var cell = g.byRow[r][i];
+        if (!cell) { zr.push(null); tr.push(""); ir.push(null); continue; }
+        var value;
+        if (metric === "team") {
+          var best = null, most = 0;
+          Object.keys(cell.teams).forEach(function (t) { if (cell.teams[t] > most) { most = cell.teams[t]; best = t; } });
+          value = best === null ? 0 : 1 + teams.indexOf(best);
+        } else {
+          value = cell.total ? cell.counts[metric] / cell.total : 0;
+        }
+        zr.push(value);
+        tr.push("<b>" + cell.name + "</b> · " + r + "<br>" + cell.nodes + " nodes, " + cell.total + " devices<br>" + describeCounts(cell));
+        ir.push(cell.id);
+      }
+      z.push(zr); text.push(tr); ids.push(ir);
+    });
+    this.ids = ids;
+    var trace = {
+      type: "heatmap", z: z, text: text, hoverinfo: "text", xgap: 2, ygap: 2,
+      y: g.rows, x: Array.from({ length: g.width }, function (_, i) { return i + 1; }),
+    };
+    if (metric === "team") {
+      trace.colorscale = discreteScale(["#eaecf0"].concat(teams.map(function (t) { return teamColor(teams, t); })));
+      trace.zmin = -0.5; trace.zmax = teams.length + 0.5;
+      trace.colorbar = { tickvals: [0].concat(teams.map(function (_, i) { return i + 1; })), ticktext: ["idle"].concat(teams) };
+    } else {
+      trace.colorscale = METRICS[metric].scale; trace.zmin = 0; trace.zmax = 1;
+      trace.colorbar = { title: { text: METRICS[metric].label }, tickformat: ".0%" };
+    }
+    var layout = {
+      margin: { l: 90, r: 20, t: 10, b: 30 }, height: Math.max(260, 28 * g.rows.length + 60),
+      xaxis: { title: { text: "rack in block" }, dtick: 1, showgrid: false },
+      yaxis: { autorange: "reversed", showgrid: false, type: "category" },
+      paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
+    };
+    Plotly.react(this.el, [trace], layout, CONFIG);
+    if (!this.bound) {
+      this.bound = true;
+      this.el.on("plotly_click", function (event) {
+        var p = event.points[0];
+        var id = self.ids[p.pointIndex[0]][p.pointIndex[1]];
+        if (id !== null && self.options.onRack) self.options.onRack(id);
+      });
+    }
+  };
+
+  RackMap.prototype.patch = function (cells) {
+    if (!this.data || !cells || !cells.length) return;
+    var byId = {};
+    this.data.cells.forEach(function (c) { byId[c.id] = c; });
+    cells.forEach(function (c) {
+      var cell = byId[c.id];
+      if (!cell) return;
+      cell.counts = c.counts; cell.total = c.total; cell.teams = c.teams;
+      Object.keys(c.teams).forEach(function (t) { if (this.data.teams.indexOf(t) < 0) this.data.teams.push(t); }, this);
+    }, this);
+    this.draw();
+  };
+
+  /* ---- rack -> nodes x devices ---- */
+  function drawRack(el, data, options) {
+    options = options || {};
+    var nodes = data.nodes.map(function (n) { return n.name; });
+    var perNode = {};
+    data.devices.forEach(function (d) { (perNode[d.node] = perNode[d.node] || []).push(d); });
+    var width = 0;
+    nodes.forEach(function (n) { width = Math.max(width, (perNode[n] || []).length); });
+    var teams = [];
+    data.devices.forEach(function (d) { if (d.team && teams.indexOf(d.team) < 0) teams.push(d.team); });
+    teams.sort();
+    var palette = [STATE_COLORS.free, STATE_COLORS.stranded, STATE_COLORS.reserved, STATE_COLORS.unhealthy, HIGHLIGHT]
+      .concat(teams.map(function (t, i) { return TEAM_COLORS[i % TEAM_COLORS.length]; }));
+    var code = { free: 0, stranded: 1, reserved: 2, unhealthy: 3 };
+    var z = [], text = [], ids = [];
+    nodes.forEach(function (n) {
+      var zr = [], tr = [], ir = [], list = perNode[n] || [];
+      for (var i = 0; i < width; i++) {
+        var d = list[i];
+        if (!d) { zr.push(null); tr.push(""); ir.push(null); continue; }
+        var value = d.state === "busy" ? (d.highlight ? 4 : 5 + teams.indexOf(d.team)) : code[d.state];
+        zr.push(value);
+        var who = d.team ? "<br>" + d.team + (d.workload ? " · " + d.workload.name : " (another team's workload)") : "";
+        tr.push("<b>" + d.node + "/" + d.name + "</b> · " + d.state + who + "<br>" + d.health + (d.cordoned ? " · node cordoned" : "") +
+          (d.taints && d.taints.length ? " · tainted" : "") + "<br>" + d.classes.join(", "));
+        ir.push(d);
+      }
+      z.push(zr); text.push(tr); ids.push(ir);
+    });
+    var trace = {
+      type: "heatmap", z: z, text: text, hoverinfo: "text", xgap: 3, ygap: 3, showscale: false,
+      y: nodes, x: Array.from({ length: width }, function (_, i) { return "dev " + i; }),
+      colorscale: discreteScale(palette), zmin: -0.5, zmax: palette.length - 0.5,
+    };
+    var layout = {
+      margin: { l: 90, r: 10, t: 26, b: 30 }, height: Math.max(160, 34 * nodes.length + 70),
+      title: { text: "rack " + data.rack.name + " <span style='color:#667085'>" + data.rack.path + "</span>", font: { size: 13 }, x: 0 },
+      yaxis: { autorange: "reversed", type: "category" }, xaxis: { type: "category" },
+      paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
+    };
+    Plotly.react(el, [trace], layout, CONFIG);
+    el._brokerIds = ids;
+    if (!el._brokerBound) {
+      el._brokerBound = true;
+      el.on("plotly_click", function (event) {
+        var p = event.points[0];
+        var d = el._brokerIds[p.pointIndex[0]][p.pointIndex[1]];
+        if (d && el._brokerOnDevice) el._brokerOnDevice(d);
+      });
+    }
+    el._brokerOnDevice = options.onDevice || null;
+    return { teams: teams };
+  }
+
+  function loadRack(el, rackId, options) {
+    options = options || {};
+    var url = "/dashboard/api/heatmap/rack/" + rackId + "/" + (options.highlight ? "?highlight=" + options.highlight : "");
+    return getJSON(url).then(function (data) { drawRack(el, data, options); return data; });
+  }
+
+  window.BrokerTopology = {
+    RackMap: RackMap, drawRack: drawRack, loadRack: loadRack, getJSON: getJSON,
+    STATE_COLORS: STATE_COLORS, TEAM_COLORS: TEAM_COLORS, HIGHLIGHT: HIGHLIGHT,
+  };
+})();

@@ -1,0 +1,241 @@
+import pytest
+from django.urls import reverse
+
+from broker.audit.models import AuditEvent
+from broker.inventory.models import Device, Health, Node
+from broker.workloads.models import Workload
+from broker.workloads.states import State
+
+PAGES = ["dashboard:overview", "dashboard:queue", "dashboard:topology", "dashboard:teams", "dashboard:submit"]
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_it_sends_anonymous_visitors_to_log_in(client, db, name):
+    response = client.get(reverse(name))
+    assert response.status_code == 302
+    assert response["Location"].startswith(reverse("login"))
+
+
+@pytest.mark.parametrize("persona", ["alice", "olivia", "fiona", "april", "adam"])
+@pytest.mark.parametrize("name", PAGES)
+def test_it_shows_every_page_to_every_role(client, scene, request, persona, name):
+    client.force_login(request.getfixturevalue(persona))
+    assert client.get(reverse(name)).status_code == 200
+
+
+def test_it_shows_capacity_split_and_pending_reasons_on_the_overview(client, scene, alice):
+    client.force_login(alice)
+    response = client.get(reverse("dashboard:overview"))
+    capacity = {row["device_class"]: row for row in response.context["capacity"]}
+    assert capacity["h100"]["busy"] == 6
+    assert capacity["h100"]["reserved"] == 2
+    assert capacity["h100"]["stranded"] == 4
+    assert capacity["h100"]["unhealthy"] == 1
+    assert capacity["h100"]["free"] == 3
+    reasons = {row["reason"]: row for row in response.context["pending"]}
+    assert reasons["TopologyFragmented"] == {"reason": "TopologyFragmented", "count": 1, "mine": 1}
+    assert reasons["QuotaExceeded"] == {"reason": "QuotaExceeded", "count": 1, "mine": 0}
+    content = response.content.decode()
+    assert 'data-counter="devices_stranded">4<' in content
+    assert "train-a" in content  # admitted in the last cycle, and alice's team's
+    assert "serve-b" not in content
+    assert "1 of other teams" in content
+
+
+def test_it_lists_only_the_members_team_and_counts_the_rest(client, scene, alice):
+    client.force_login(alice)
+    response = client.get(reverse("dashboard:queue"))
+    content = response.content.decode()
+    assert "big-a" in content
+    assert "Needs 8 devices in one rack" in content
+    assert "secret-b" not in content
+    assert "team-b&#x27;s quota" not in content and "team-b's quota" not in content
+    assert "serve-b" not in content
+    assert response.context["hidden"] == {"total": 1, "by_reason": {"QuotaExceeded": 1}}
+    assert [row["name"] for row in response.context["running"]["rows"]] == ["train-a"]
+    assert response.context["running"]["rows"][0]["where"] == "r1: n1 ×4"
+
+
+def test_it_lists_every_team_for_an_operator_in_a_stable_order(client, scene, olivia):
+    client.force_login(olivia)
+    response = client.get(reverse("dashboard:queue"))
+    assert [row["name"] for row in response.context["pending"]["rows"]] == ["big-a", "secret-b"]
+    assert response.context["hidden"] is None
+    assert {row["name"] for row in response.context["running"]["rows"]} == {"train-a", "serve-b"}
+
+
+def test_it_filters_the_queue_by_reason_team_and_class(client, scene, olivia):
+    client.force_login(olivia)
+    url = reverse("dashboard:queue")
+    by_reason = client.get(url, {"reason": "QuotaExceeded"}).context["pending"]["rows"]
+    assert [row["name"] for row in by_reason] == ["secret-b"]
+    by_team = client.get(url, {"team": "team-a"}).context["pending"]["rows"]
+    assert [row["name"] for row in by_team] == ["big-a"]
+    by_class = client.get(url, {"resource_class": "small-inference"}).context
+    assert by_class["pending"]["rows"] == []
+    assert [row["name"] for row in by_class["running"]["rows"]] == ["serve-b"]
+
+
+def test_it_shows_a_workload_with_explanation_history_timeline_and_cost(client, scene, alice):
+    client.force_login(alice)
+    response = client.get(reverse("dashboard:workload", args=[scene.a_wait.pk]))
+    content = response.content.decode()
+    assert "TopologyFragmented" in content
+    assert "Ask for 1 pod fewer and it starts now." in content
+    assert len(response.context["history"]) == 1
+    running = client.get(reverse("dashboard:workload", args=[scene.a_run.pk]))
+    assert [t.to_state for t in running.context["transitions"]] == ["Pending", "Admitted", "Running"]
+    cost = running.context["cost"]
+    assert cost["lines"][0]["device_class"] == "h100"
+    assert cost["lines"][0]["device_hours"] == pytest.approx(8.0, abs=0.01)  # 4 devices for 2 hours
+    assert cost["total"] == pytest.approx(32.0, abs=0.05)  # at $4 per device-hour
+    assert running.context["placement_racks"] == [{"id": scene.r1.pk, "name": "r1", "devices": 4}]
+
+
+def test_it_hides_another_teams_workload_from_a_member(client, scene, alice, olivia):
+    client.force_login(alice)
+    assert client.get(reverse("dashboard:workload", args=[scene.b_wait.pk])).status_code == 404
+    client.force_login(olivia)
+    assert client.get(reverse("dashboard:workload", args=[scene.b_wait.pk])).status_code == 200
+
+
+def test_it_shows_quota_usage_and_borrowing(client, scene, alice):
+    client.force_login(alice)
+    response = client.get(reverse("dashboard:teams"))
+    lines = {q["queue"].name: q["lines"] for q in response.context["queues"]}
+    assert lines["team-a"] == [
+        {"device_class": "h100", "nominal": 8, "used": 4, "borrowed": 0, "borrowing_limit": None, "percent": 50}
+    ]
+    usage = response.context["usage"]
+    assert usage["teams"]["team-a"][-1] == 4
+    assert usage["teams"]["team-a"][0] == 0  # 24 hours ago nothing was held
+    assert usage["teams"]["team-b"][-1] == 2
+
+
+def test_it_offers_only_entitled_resource_classes(client, scene, alice, bob):
+    client.force_login(alice)
+    alice_classes = {c["rc"].name for c in client.get(reverse("dashboard:submit")).context["classes"]}
+    assert alice_classes == {"distributed-training", "small-inference", "large-reserved-training"}
+    client.force_login(bob)
+    bob_page = client.get(reverse("dashboard:submit"))
+    assert {c["rc"].name for c in bob_page.context["classes"]} == {"distributed-training", "small-inference"}
+    words = {c["rc"].name: c["words"] for c in bob_page.context["classes"]}
+    assert "all pods inside one rack" in words["distributed-training"]
+    assert {c["price"] for c in bob_page.context["classes"]} == {4.0}
+
+
+def test_it_submits_through_the_service_and_shows_the_workload(client, scene, alice, cluster):
+    client.force_login(alice)
+    response = client.post(
+        reverse("dashboard:submit"),
+        {
+            "name": "new-job",
+            "queue": cluster.queue_a.pk,
+            "resource_class": cluster.training.pk,
+            "replicas": 2,
+            "devices_per_pod": 2,
+            "min_count": 2,
+        },
+    )
+    workload = Workload.objects.get(name="new-job")
+    assert response.status_code == 302
+    assert response["Location"] == reverse("dashboard:workload", args=[workload.pk])
+    assert workload.state == State.PENDING
+    assert workload.pod_sets.get().min_count == 2
+    assert AuditEvent.objects.filter(action="workload.submit", target_id=str(workload.pk)).exists()
+
+
+def test_it_refuses_a_submission_to_another_teams_queue(client, scene, alice, cluster):
+    client.force_login(alice)
+    response = client.post(
+        reverse("dashboard:submit"),
+        {
+            "name": "sneaky",
+            "queue": cluster.queue_b.pk,
+            "resource_class": cluster.training.pk,
+            "replicas": 1,
+            "devices_per_pod": 1,
+        },
+    )
+    assert response.status_code == 200
+    assert "queue" in response.context["form"].errors
+    assert not Workload.objects.filter(name="sneaky").exists()
+
+
+# --- operator actions ----------------------------------------------------------------------------------
+
+
+def test_it_lets_an_operator_cordon_and_uncordon_a_node(client, scene, olivia, cluster):
+    client.force_login(olivia)
+    node = cluster.nodes[1]
+    url = reverse("dashboard:node-cordon", args=[node.pk])
+    assert client.post(url, {"cordoned": "true", "reason": "bad fan"}).status_code == 302
+    assert Node.objects.get(pk=node.pk).cordoned
+    event = AuditEvent.objects.get(action="node.cordon")
+    assert event.manual_intervention and event.actor == olivia and event.reason == "bad fan"
+    client.post(url, {"cordoned": "false"})
+    assert not Node.objects.get(pk=node.pk).cordoned
+
+
+def test_it_lets_an_operator_mark_a_device_unhealthy(client, scene, olivia, cluster):
+    client.force_login(olivia)
+    device = cluster.nodes[3].devices.get(name="1")
+    client.post(reverse("dashboard:device-health", args=[device.pk]), {"health": "Unhealthy"})
+    assert Device.objects.get(pk=device.pk).health == Health.UNHEALTHY
+    assert AuditEvent.objects.get(action="device.mark_unhealthy").manual_intervention
+
+
+@pytest.mark.parametrize("persona", ["alice", "fiona", "april"])
+def test_it_refuses_inventory_actions_to_non_operators(client, scene, request, persona, cluster):
+    client.force_login(request.getfixturevalue(persona))
+    node = cluster.nodes[1]
+    assert client.post(reverse("dashboard:node-cordon", args=[node.pk]), {"cordoned": "true"}).status_code == 403
+    device = node.devices.first()
+    response = client.post(reverse("dashboard:device-health", args=[device.pk]), {"health": "Unhealthy"})
+    assert response.status_code == 403
+    assert not Node.objects.get(pk=node.pk).cordoned
+    assert not AuditEvent.objects.filter(manual_intervention=True).exists()
+
+
+def test_it_refuses_actions_by_get(client, scene, olivia, cluster):
+    client.force_login(olivia)
+    assert client.get(reverse("dashboard:node-cordon", args=[cluster.nodes[0].pk])).status_code == 405
+
+
+def test_it_lets_a_member_cancel_their_own_but_not_another_teams_workload(client, scene, alice):
+    client.force_login(alice)
+    assert client.post(reverse("dashboard:workload-cancel", args=[scene.b_wait.pk])).status_code == 404
+    assert Workload.objects.get(pk=scene.b_wait.pk).state == State.PENDING
+    client.post(reverse("dashboard:workload-cancel", args=[scene.a_run.pk]), {"reason": "done early"})
+    workload = Workload.objects.get(pk=scene.a_run.pk)
+    assert workload.state == State.CANCELLED
+    assert not workload.allocations.filter(released_at__isnull=True).exists()
+    assert not AuditEvent.objects.get(action="workload.cancel").manual_intervention  # it was their own
+
+
+def test_it_counts_an_operators_cancel_as_a_manual_intervention(client, scene, olivia):
+    client.force_login(olivia)
+    client.post(reverse("dashboard:workload-cancel", args=[scene.b_run.pk]), {"reason": "freeing capacity"})
+    assert Workload.objects.get(pk=scene.b_run.pk).state == State.CANCELLED
+    assert AuditEvent.objects.get(action="workload.cancel").manual_intervention
+
+
+def test_it_lets_only_operators_change_a_priority(client, scene, alice, olivia):
+    url = reverse("dashboard:workload-priority", args=[scene.a_wait.pk])
+    client.force_login(alice)
+    assert client.post(url, {"priority": "5000"}).status_code == 403
+    client.force_login(olivia)
+    client.post(url, {"priority": "5000", "reason": "deadline"})
+    assert Workload.objects.get(pk=scene.a_wait.pk).priority == 5000
+    event = AuditEvent.objects.get(action="workload.priority")
+    assert event.manual_intervention and event.after == {"priority": 5000}
+
+
+def test_it_shows_action_forms_with_a_confirmation_only_to_those_allowed(client, scene, alice, olivia, fiona):
+    url = reverse("dashboard:workload", args=[scene.a_wait.pk])
+    client.force_login(alice)
+    content = client.get(url).content.decode()
+    assert "Cancel workload" in content and "data-confirm=" in content
+    assert "Set priority" not in content
+    client.force_login(olivia)
+    assert "Set priority" in client.get(url).content.decode()
