@@ -20,9 +20,10 @@ NODE_LEVEL = "node"  # the implicit finest topology level
 
 PLAIN, RESERVED, TAINTED, BLOCKED = range(4)
 
-# Ranks order the devices of one node: a team uses its own reservation first, and borrows other teams'
+# Ranks order nodes and the devices of one node: a request first uses what only it may use (its team's
+# reservation, taints it tolerates), keeping plain devices for everyone, and borrows other teams'
 # reserved devices last (those are the ones it will be preempted from).
-RANK_OWN_RESERVED, RANK_PLAIN, RANK_TOLERATED, RANK_BORROWED = range(4)
+RANK_OWN_RESERVED, RANK_TOLERATED, RANK_PLAIN, RANK_BORROWED = range(4)
 
 
 def natural_key(text: str) -> tuple:
@@ -385,6 +386,17 @@ class View:
         if scope == ROOT:
             return self.total()
         return self.domain_counts(len(scope) - 1)[scope]
+
+    def node_rank(self, node: int) -> int:
+        """The best rank among the node's devices: nodes with own-reserved devices come first, nodes
+        with only borrowed ones last."""
+        extra = self.extra_by_node.get(node)
+        if not extra:
+            return RANK_PLAIN
+        best = min(rank for rank, _ in extra)
+        if best == RANK_BORROWED and self.state.node_free[self.class_index][node]:
+            return RANK_PLAIN
+        return best
 
     def node_slots(self, node: int) -> list[Slot]:
         """Free usable slots on `node`, in the order they should be taken."""

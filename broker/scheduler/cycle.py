@@ -68,6 +68,9 @@ class Cycle:
         self._failed: set = set()
         self._extras_cache: dict = {}
         self._empty_state: CapacityState | None = None
+        self.chosen_victims: set[str] = set()
+        self.preemption_failed: set = set()
+        self.cohort_roots: dict | None = None
 
     # --- the cycle ---
 
@@ -170,13 +173,16 @@ class Cycle:
     # --- step 6 ---
 
     def _after_failure(self, request: Request) -> None:
-        if self.gate_problem(request) or not self.quota_passing_classes(request):
+        if self.gate_problem(request):
             return
+        # Preemption may also make quota room (victims of the same queue give theirs back).
         if self.config.enable_preemption:
             found = preemption.find_victims(self, request)
             if found is not None:
                 self._record_preemption(request, found)
                 return
+        if not self.quota_passing_classes(request):
+            return
         if self.config.enable_backfill_protection and self.protection is None:
             self.protection = backfill.plan_protection(self, request)
             if self.protection is not None:

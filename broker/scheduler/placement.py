@@ -5,7 +5,8 @@
 - preferred level: the tightest single domain of that level if one holds the gang, else one of the next
   coarser level, ..., else the whole scope (spread).
 - inside the chosen domain nodes are filled fullest-first (fewest free devices first), which packs small
-  pods onto already busy nodes.
+  pods onto already busy nodes; nodes with devices only this request may use (its team's reservation,
+  tolerated taints) come first, nodes it could only borrow reserved devices on come last.
 - several pod sets: the one with the largest pods is placed first (it is the hardest to fit); the
   min_count pods of every set are placed before any optional extra pod. This greedy order is exact for
   one pod set and a sound heuristic for several.
@@ -84,6 +85,15 @@ def domains_with_room(view: View, level_index: int, needed: int, within: tuple) 
     ]
     fitting.sort()
     return [key for _, key in fitting]
+
+
+def place_within_scope(view: View, scope: tuple, demands, preferred: int | None) -> GangPlan | None:
+    """A plan for the gang inside one given domain (ROOT = the whole cluster), or None."""
+    needed = minimum_devices(demands)
+    if view.domain_count(scope) < needed:
+        return None
+    pods = _place_within(view, scope, demands, preferred, needed)
+    return None if pods is None else GangPlan(view.class_index, scope, pods)
 
 
 def _place_within(view, scope, demands, preferred, needed):
@@ -166,9 +176,9 @@ class _Packer:
         for node in candidates:
             count = view.node_count(node) - self.used.get(node, 0)
             if count >= per_pod:
-                counted.append((count, node))
+                counted.append((view.node_rank(node), count, node))
         counted.sort()
-        for _, node in counted:
+        for _, _, node in counted:
             yield node
 
 
