@@ -1,4 +1,4 @@
-from django.urls import path
+from django.urls import include, path
 from rest_framework.routers import DefaultRouter
 
 from broker.api.views import StatusView
@@ -39,5 +39,6 @@ router.register("audit-events", AuditEventViewSet)
 
 urlpatterns = [
     path("status/", StatusView.as_view(), name="api-status"),
+    path("costs/", include("broker.costs.api.urls")),
     *router.urls,
 ]

@@ -311,25 +311,30 @@ def chargeback(start, end, now=None):
     return {"start": start, "end": end, "teams": rows, "platform": platform, "total": totals["total"]}
 
 
-def team_breakdown(start, end, team, dims, now=None):
-    """The team's allocated cost over [start, end) (one step) split by `dims`, apportioned inside the team's
-    own rounded figure so the lines always add up to the team line of the chargeback."""
+def team_breakdowns(start, end, team, dims_list, now=None):
+    """The team's allocated cost over [start, end) in month steps, split by each dims of `dims_list`, each
+    split apportioned inside the team's own rounded figure (largest remainder) so its lines always add up
+    to the team line of the chargeback. Returns {dims: {key: entry}}."""
     loaded = load(start, end, "month", now)
-    by_team_units = by_team_cents = 0
-    fine_us, fine_raw = defaultdict(int), defaultdict(int)
+    team_units = team_cents = 0
+    fine = {dims: (defaultdict(int), defaultdict(int)) for dims in dims_list}
     for step_ledger in loaded.steps:
         rounded, _ = round_leaves(step_leaves(step_ledger, loaded, ("team",)))
         units, cents = rounded.get(("allocated", team), (0, 0))
-        by_team_units += units
-        by_team_cents += cents
+        team_units += units
+        team_cents += cents
         for (workload_id, class_id), amount in step_ledger.allocated.items():
             meta = loaded.meta[workload_id]
             if meta["team"] != team:
                 continue
-            key = line_key(meta, loaded.class_names[class_id], dims)
-            fine_us[key] += amount.device_us
-            fine_raw[key] += amount.raw
-    keys = sorted(fine_raw)
-    units = ledger.apportion(by_team_units, {key: fine_us[key] for key in keys}) if by_team_units else {}
-    cents = ledger.apportion(by_team_cents, {key: fine_raw[key] for key in keys}) if by_team_cents else {}
-    return {key: entry(units.get(key, 0), cents.get(key, 0)) for key in keys}
+            for dims, (device_us, raw) in fine.items():
+                key = line_key(meta, loaded.class_names[class_id], dims)
+                device_us[key] += amount.device_us
+                raw[key] += amount.raw
+    out = {}
+    for dims, (device_us, raw) in fine.items():
+        keys = sorted(raw)
+        units = ledger.apportion(team_units, {key: device_us[key] for key in keys}) if team_units else {}
+        cents = ledger.apportion(team_cents, {key: raw[key] for key in keys}) if team_cents else {}
+        out[dims] = {key: entry(units.get(key, 0), cents.get(key, 0)) for key in keys}
+    return out
