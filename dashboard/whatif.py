@@ -17,12 +17,14 @@ from broker.scheduler.cycle import decide
 CANDIDATE_ID = "what-if"
 
 
-@transaction.atomic
 def read_snapshot(now):
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-    snapshot, _loaded = load_snapshot(now)
+    """One consistent read, as the cycle takes it (REPEATABLE READ on PostgreSQL)."""
+    outermost = not connection.in_atomic_block
+    with transaction.atomic():
+        if outermost and connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        snapshot, _loaded = load_snapshot(now)
     return snapshot
 
 

@@ -1,0 +1,181 @@
+"""The live socket, over the real Redis channel layer, with Channels' WebsocketCommunicator."""
+
+import json
+
+import pytest
+from asgiref.sync import async_to_sync, sync_to_async
+from channels.layers import get_channel_layer
+from channels.testing import WebsocketCommunicator
+from django.conf import settings
+from django.contrib.auth.models import AnonymousUser
+from django.test import Client
+
+from broker.asgi import application
+from broker.inventory.models import Device, Node
+from broker.workloads.models import Allocation, Explanation
+from broker.workloads.states import State
+from dashboard.consumers import LiveConsumer
+
+pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
+
+DELTA_KEYS = {"type", "cycle", "workloads", "admitted", "hidden", "counters", "pending_by_reason", "capacity", "racks"}
+
+
+def communicator_for(user):
+    communicator = WebsocketCommunicator(LiveConsumer.as_asgi(), "/ws/live/")
+    communicator.scope["user"] = user
+    return communicator
+
+
+def session_communicator(user):
+    """Through the project's real ASGI stack: origin check, session cookie, auth middleware."""
+    client = Client()
+    client.force_login(user)
+    cookie = f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
+    return WebsocketCommunicator(
+        application, "/ws/live/", headers=[(b"cookie", cookie.encode()), (b"origin", b"http://testserver")]
+    )
+
+
+def admit_big_a(scene, cluster):
+    """What a committed cycle would leave in the database: big-a admitted onto n2, secret-b re-explained."""
+    workload = scene.a_wait
+    workload.transition(State.ADMITTED)
+    for index, device in enumerate(Device.objects.filter(node__name="n2").order_by("name")):
+        Allocation.objects.create(
+            workload=workload,
+            device=device,
+            device_class=cluster.h100,
+            pod_set="main",
+            pod_index=index,
+            cycle=scene.cycle,
+        )
+    Explanation.objects.filter(workload=scene.b_wait).update(reason="InsufficientCapacity", message="cluster full")
+    return {
+        "type": "cycle.committed",
+        "cycle": scene.cycle.pk,
+        "admitted": [scene.a_wait.pk],
+        "preempted": [],
+        "changed": [scene.b_wait.pk],
+    }
+
+
+async def receive_after_hello(communicator):
+    hello = await communicator.receive_json_from(timeout=5)
+    assert hello["type"] == "hello"
+
+
+def test_it_rejects_an_anonymous_socket(scene):
+    async def go():
+        communicator = communicator_for(AnonymousUser())
+        connected, code = await communicator.connect()
+        assert connected is False
+        assert code == 4401
+        anonymous = WebsocketCommunicator(application, "/ws/live/", headers=[(b"origin", b"http://testserver")])
+        connected, _ = await anonymous.connect()
+        assert connected is False
+
+    async_to_sync(go)()
+
+
+def test_it_accepts_a_logged_in_session_through_the_asgi_stack(scene, alice):
+    communicator = session_communicator(alice)
+
+    async def go():
+        connected, _ = await communicator.connect()
+        assert connected
+        hello = await communicator.receive_json_from(timeout=5)
+        assert hello == {"type": "hello", "user": "alice"}
+        await communicator.disconnect()
+
+    async_to_sync(go)()
+
+
+def test_it_sends_a_member_their_teams_details_and_only_counts_of_others(scene, cluster, alice):
+    event = admit_big_a(scene, cluster)
+
+    async def go():
+        communicator = communicator_for(alice)
+        assert (await communicator.connect())[0]
+        await receive_after_hello(communicator)
+        await get_channel_layer().group_send("cycle", event)
+        delta = await communicator.receive_json_from(timeout=10)
+        await communicator.disconnect()
+        return delta
+
+    delta = async_to_sync(go)()
+    assert set(delta) == DELTA_KEYS
+    assert delta["type"] == "delta" and delta["cycle"] == scene.cycle.pk
+    assert [row["name"] for row in delta["workloads"]] == ["big-a"]
+    row = delta["workloads"][0]
+    assert row["state"] == "Admitted" and row["reason"] == "" and row["where"] == "r1: n2 ×4"
+    assert delta["admitted"] == [scene.a_wait.pk]
+    assert delta["hidden"] == {"admitted": 0, "preempted": 0, "changed": 1}
+    assert "secret-b" not in json.dumps(delta)
+    assert "cluster full" not in json.dumps(delta)
+    assert delta["counters"]["devices_busy"] == 10
+    assert delta["counters"]["pending_mine"] == 0
+    racks = {cell["id"]: cell for cell in delta["racks"]}
+    assert set(racks) == {scene.r1.pk}
+    assert racks[scene.r1.pk]["counts"]["busy"] == 8
+    assert racks[scene.r1.pk]["teams"] == {"team-a": 8}
+    assert delta["capacity"][0]["busy"] == 10
+
+
+def test_it_sends_an_operator_every_teams_details(scene, cluster, olivia):
+    event = admit_big_a(scene, cluster)
+
+    async def go():
+        communicator = communicator_for(olivia)
+        assert (await communicator.connect())[0]
+        await receive_after_hello(communicator)
+        await get_channel_layer().group_send("cycle", event)
+        delta = await communicator.receive_json_from(timeout=10)
+        await communicator.disconnect()
+        return delta
+
+    delta = async_to_sync(go)()
+    rows = {row["name"]: row for row in delta["workloads"]}
+    assert set(rows) == {"big-a", "secret-b"}
+    assert rows["secret-b"]["reason"] == "InsufficientCapacity"
+    assert rows["secret-b"]["message"] == "cluster full"
+    assert delta["hidden"] == {"admitted": 0, "preempted": 0, "changed": 0}
+
+
+def test_it_tells_sockets_of_a_cordon_with_the_racks_new_cells(scene, cluster, olivia, bob):
+    async def go():
+        watcher = communicator_for(bob)
+        assert (await watcher.connect())[0]
+        await receive_after_hello(watcher)
+        await get_channel_layer().group_send("inventory", {"type": "inventory.changed", "racks": [scene.r2.pk]})
+        delta = await watcher.receive_json_from(timeout=10)
+        await watcher.disconnect()
+        return delta
+
+    Node.objects.filter(name="n4").update(cordoned=True)
+    delta = async_to_sync(go)()
+    assert set(delta) == DELTA_KEYS
+    (cell,) = delta["racks"]
+    assert cell["id"] == scene.r2.pk
+    assert cell["counts"]["unhealthy"] == 4
+    assert delta["workloads"] == []
+
+
+def test_it_broadcasts_when_an_operator_cordons_on_the_page(scene, cluster, olivia):
+    client = Client()
+    client.force_login(olivia)
+    node = Node.objects.get(name="n2")
+
+    async def go():
+        communicator = communicator_for(olivia)
+        assert (await communicator.connect())[0]
+        await receive_after_hello(communicator)
+        response = await sync_to_async(client.post)(f"/nodes/{node.pk}/cordon/", {"cordoned": "true"})
+        assert response.status_code == 302
+        delta = await communicator.receive_json_from(timeout=10)
+        await communicator.disconnect()
+        return delta
+
+    delta = async_to_sync(go)()
+    assert delta["racks"][0]["id"] == scene.r1.pk
+    assert delta["racks"][0]["counts"]["unhealthy"] == 4

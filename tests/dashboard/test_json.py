@@ -1,0 +1,140 @@
+from django.urls import reverse
+
+from broker.inventory.models import Node
+from dashboard.inventory_state import STATES
+
+
+def counts(**given):
+    return {state: given.get(state, 0) for state in STATES}
+
+
+def test_it_aggregates_the_heatmap_to_racks(client, scene, alice):
+    client.force_login(alice)
+    data = client.get(reverse("dashboard:api-heatmap")).json()
+    assert data["level"] == "rack"
+    assert data["levels"] == ["zone", "block", "rack", "node"]
+    assert data["rows"] == ["z1/b1"]
+    cells = {cell["name"]: cell for cell in data["cells"]}
+    assert set(cells) == {"r1", "r2"}
+    assert cells["r1"]["counts"] == counts(busy=4, reserved=2, stranded=2)
+    assert cells["r1"]["teams"] == {"team-a": 4}
+    assert cells["r1"]["nodes"] == 2 and cells["r1"]["total"] == 8
+    assert cells["r2"]["counts"] == counts(busy=2, stranded=2, unhealthy=1, free=3)
+    assert cells["r2"]["teams"] == {"team-b": 2}
+    assert data["teams"] == ["team-a", "team-b"]
+
+
+def test_it_treats_a_cordoned_node_as_unavailable(client, scene, olivia, cluster):
+    Node.objects.filter(pk=cluster.nodes[3].pk).update(cordoned=True)
+    client.force_login(olivia)
+    cells = {cell["name"]: cell for cell in client.get(reverse("dashboard:api-heatmap")).json()["cells"]}
+    assert cells["r2"]["counts"] == counts(busy=2, stranded=2, unhealthy=4)
+
+
+def test_it_drills_a_rack_into_nodes_and_devices(client, scene, alice):
+    client.force_login(alice)
+    data = client.get(reverse("dashboard:api-heatmap-rack", args=[scene.r1.pk])).json()
+    assert data["level"] == "node"
+    assert data["rack"] == {"id": scene.r1.pk, "name": "r1", "path": "z1/b1/r1"}
+    assert [n["name"] for n in data["nodes"]] == ["n1", "n2"]
+    states = [(d["node"], d["name"], d["state"]) for d in data["devices"]]
+    assert states == [
+        ("n1", "0", "busy"),
+        ("n1", "1", "busy"),
+        ("n1", "2", "busy"),
+        ("n1", "3", "busy"),
+        ("n2", "0", "reserved"),
+        ("n2", "1", "reserved"),
+        ("n2", "2", "stranded"),
+        ("n2", "3", "stranded"),
+    ]
+    busy = data["devices"][0]
+    assert busy["team"] == "team-a"
+    assert busy["workload"]["name"] == "train-a"
+    assert busy["classes"] == ["h100"]
+
+
+def test_it_never_names_another_teams_workload_in_the_drill_down(client, scene, alice, bob):
+    client.force_login(bob)
+    busy = client.get(reverse("dashboard:api-heatmap-rack", args=[scene.r1.pk])).json()["devices"][0]
+    assert busy["team"] == "team-a"
+    assert busy["workload"] is None
+    client.force_login(alice)
+    node = Node.objects.get(name="n3")
+    devices = client.get(reverse("dashboard:api-heatmap-node", args=[node.pk])).json()["devices"]
+    assert [d["state"] for d in devices] == ["busy", "busy", "stranded", "stranded"]
+    assert all(d["workload"] is None for d in devices)
+    assert "serve-b" not in str(devices)
+
+
+def test_it_describes_one_node_for_the_device_level(client, scene, olivia):
+    client.force_login(olivia)
+    node = Node.objects.get(name="n4")
+    data = client.get(reverse("dashboard:api-heatmap-node", args=[node.pk])).json()
+    assert data["level"] == "device"
+    assert data["node"]["name"] == "n4" and data["node"]["path"] == "z1/b1/r2" and data["node"]["cordoned"] is False
+    assert [(d["name"], d["state"], d["health"]) for d in data["devices"]] == [
+        ("0", "unhealthy", "Unhealthy"),
+        ("1", "free", "Healthy"),
+        ("2", "free", "Healthy"),
+        ("3", "free", "Healthy"),
+    ]
+
+
+def test_it_highlights_a_workloads_placement_only_for_those_who_may_see_it(client, scene, alice):
+    client.force_login(alice)
+    url = reverse("dashboard:api-heatmap-rack", args=[scene.r1.pk])
+    devices = client.get(url, {"highlight": scene.a_run.pk}).json()["devices"]
+    assert [d["highlight"] for d in devices] == [True] * 4 + [False] * 4
+    assert client.get(url, {"highlight": scene.b_run.pk}).status_code == 404
+
+
+def test_it_answers_the_queue_json_per_role(client, scene, alice, olivia):
+    client.force_login(alice)
+    data = client.get(reverse("dashboard:api-queue")).json()
+    assert [row["name"] for row in data["pending"]["rows"]] == ["big-a"]
+    row = data["pending"]["rows"][0]
+    assert row["reason"] == "TopologyFragmented"
+    assert row["position_in_cluster"] == 1 and row["position_in_queue"] == 1
+    assert row["devices"] == 8
+    assert data["hidden"]["total"] == 1
+    assert "secret-b" not in str(data)
+    client.force_login(olivia)
+    data = client.get(reverse("dashboard:api-queue")).json()
+    assert [row["name"] for row in data["pending"]["rows"]] == ["big-a", "secret-b"]
+
+
+def test_it_answers_the_overview_json(client, scene, fiona):
+    client.force_login(fiona)
+    data = client.get(reverse("dashboard:api-overview")).json()
+    h100 = data["capacity"][0]
+    assert h100["device_class"] == "h100" and h100["total"] == 16
+    assert h100["idle_cost_per_hour"] == 36.0  # (3 free + 4 stranded + 2 reserved) x $4
+    assert h100["min_pending_request"] == 3
+    assert data["counters"]["pending"] == 2 and data["counters"]["running"] == 2
+    assert data["counters"]["pending_mine"] == 0
+    assert data["series"]["admitted"] == [2]
+    assert data["series"]["duration_ms"] == [35.0]
+
+
+def test_it_catches_up_from_the_database_with_only_visible_workloads(client, scene, alice):
+    client.force_login(alice)
+    ids = ",".join(str(w.pk) for w in (scene.a_wait, scene.b_wait, scene.a_run))
+    data = client.get(reverse("dashboard:api-live"), {"workloads": ids}).json()
+    assert data["type"] == "catchup"
+    assert {row["name"] for row in data["workloads"]} == {"big-a", "train-a"}
+    running = next(row for row in data["workloads"] if row["name"] == "train-a")
+    assert running["where"] == "r1: n1 ×4"
+    assert data["counters"]["devices_busy"] == 6
+
+
+def test_it_answers_a_workload_json_only_to_its_readers(client, scene, alice):
+    client.force_login(alice)
+    assert client.get(reverse("dashboard:api-workload", args=[scene.b_wait.pk])).status_code == 404
+    data = client.get(reverse("dashboard:api-workload", args=[scene.a_run.pk])).json()
+    assert data["workload"]["state"] == "Running"
+    assert data["cost"]["total"] > 31
+
+
+def test_it_requires_a_login_for_json(client, scene):
+    assert client.get(reverse("dashboard:api-heatmap")).status_code == 302

@@ -1,0 +1,42 @@
+from django.urls import reverse
+
+from broker.workloads.models import Workload
+from dashboard.queries import REASON_CODES
+
+
+def ask(client, cluster, resource_class, replicas, per_pod, **extra):
+    data = {
+        "name": "probe",
+        "queue": cluster.queue_a.pk,
+        "resource_class": resource_class.pk,
+        "replicas": replicas,
+        "devices_per_pod": per_pod,
+        **extra,
+    }
+    return client.post(reverse("dashboard:submit-whatif"), data)
+
+
+def test_it_says_a_small_request_would_start_now(client, scene, alice, cluster):
+    client.force_login(alice)
+    answer = ask(client, cluster, cluster.inference, 1, 1).json()
+    assert answer["ok"] is True
+    assert answer["admitted"] is True
+    assert answer["device_class"] == "h100"
+    assert len(answer["nodes"]) == 1
+    assert not Workload.objects.filter(name="probe").exists()
+
+
+def test_it_explains_why_a_large_gang_would_not_start(client, scene, alice, cluster):
+    client.force_login(alice)
+    answer = ask(client, cluster, cluster.training, 2, 4).json()  # 8 devices in one rack: none has them
+    assert answer["admitted"] is False
+    assert answer["reason"] in REASON_CODES
+    assert answer["message"]
+    assert not Workload.objects.filter(name="probe").exists()
+
+
+def test_it_rejects_a_malformed_what_if(client, scene, alice, cluster):
+    client.force_login(alice)
+    response = ask(client, cluster, cluster.inference, 2, 2)  # small inference allows 2 devices at most
+    assert response.status_code == 400
+    assert "resource_class" in response.json()["errors"]
