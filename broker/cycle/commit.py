@@ -1,0 +1,369 @@
+"""Apply one CycleResult to the database, all of it or none of it.
+
+`commit_result` runs inside the cycle's transaction (broker.cycle.locks.cycle_transaction) and opens
+its own savepoint, so a refusal or a failure undoes every write it made while the cycle row survives
+to say what happened. It refuses a result decided on a stale snapshot: the inventory generation
+moved, an admitted device went unhealthy, got a new taint, sits on a cordoned node or is held by
+someone else, or a workload left the state the decision assumed. On PostgreSQL the cycle reads at
+REPEATABLE READ, so a row changed after the snapshot makes the locking reads below fail with a
+serialization error, which is the same refusal; the unique index on active allocations is the last guard.
+"""
+
+import json
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.db import DatabaseError, IntegrityError, transaction
+from django.utils import timezone
+
+from broker.audit.models import record
+from broker.cycle.executor import move
+from broker.inventory.models import ClusterState, Device, Health
+from broker.workloads.models import Allocation, Explanation, ExplanationChange, SchedulingCycle, Workload
+from broker.workloads.states import HOLDING_STATES, State
+
+log = logging.getLogger(__name__)
+
+GROUP = "cycle"
+EVENT = "cycle.committed"
+# PostgreSQL: serialization_failure, deadlock_detected, lock_not_available.
+STALE_SQLSTATES = {"40001", "40P01", "55P03"}
+EXPLANATION_FIELDS = (
+    "reason",
+    "secondary",
+    "message",
+    "details",
+    "position_in_queue",
+    "position_in_cluster",
+    "estimated_start",
+    "suggestions",
+)
+
+
+class StaleSnapshot(Exception):
+    """The decisions were made on a snapshot that no longer holds; nothing was written."""
+
+
+@dataclass
+class CommitDelta:
+    """What changed, for the broadcast and the caller."""
+
+    cycle: int
+    admitted: list = field(default_factory=list)
+    preempted: list = field(default_factory=list)
+    explanations: list = field(default_factory=list)
+
+    def message(self):
+        return {
+            "type": EVENT,
+            "cycle": self.cycle,
+            "admitted": self.admitted,
+            "preempted": self.preempted,
+            "explanations": self.explanations,
+        }
+
+
+def commit_result(result, loaded, cycle):
+    """Write `result` (decided on `loaded`) and finish `cycle`; returns the CommitDelta.
+    Raises StaleSnapshot (cycle marked Refused, nothing else written) when the snapshot went stale."""
+    started = time.perf_counter()
+    try:
+        with transaction.atomic():
+            try:
+                check_fresh(result, loaded)
+                delta = apply(result, loaded, cycle)
+            except IntegrityError as error:
+                raise StaleSnapshot(f"the database refused an allocation: {first_line(error)}") from error
+            except DatabaseError as error:
+                if sqlstate(error) in STALE_SQLSTATES:
+                    raise StaleSnapshot(f"rows changed after the snapshot: {first_line(error)}") from error
+                raise
+    except StaleSnapshot as error:
+        finish(cycle, SchedulingCycle.Outcome.REFUSED, started, loaded, detail=str(error))
+        raise
+    except Exception as error:
+        finish(cycle, SchedulingCycle.Outcome.FAILED, started, loaded, detail=f"{type(error).__name__}: {error}")
+        raise
+    cycle.admitted_count = len(delta.admitted)
+    cycle.preempted_count = len(delta.preempted)
+    finish(
+        cycle,
+        SchedulingCycle.Outcome.COMMITTED,
+        started,
+        loaded,
+        detail=(
+            f"admitted {len(delta.admitted)}, preempted {len(delta.preempted)}, "
+            f"{len(result.pending)} pending, {len(delta.explanations)} explanations changed"
+        ),
+    )
+    transaction.on_commit(lambda: broadcast(delta.message()))
+    return delta
+
+
+def finish(cycle, outcome, started, loaded, detail=""):
+    cycle.outcome = outcome
+    cycle.generation = loaded.generation
+    cycle.load_ms = loaded.load_ms
+    cycle.pending_count = loaded.pending_count
+    cycle.commit_ms = (time.perf_counter() - started) * 1000
+    cycle.finished_at = timezone.now()
+    cycle.detail = detail
+    if outcome != SchedulingCycle.Outcome.COMMITTED:
+        cycle.admitted_count = cycle.preempted_count = 0
+    cycle.save()
+
+
+def sqlstate(error):
+    cause = error.__cause__
+    return getattr(cause, "sqlstate", None) or getattr(getattr(cause, "diag", None), "sqlstate", None)
+
+
+def first_line(error):
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
+def pks(ids):
+    return [int(workload_id) for workload_id in ids]
+
+
+# --- 1. refuse stale decisions ------------------------------------------------------------------------
+
+
+def check_fresh(result, loaded):
+    generation = (
+        ClusterState.objects.select_for_update().filter(name=settings.CLUSTER_NAME).values_list("generation", flat=True)
+    )
+    current = generation.first()
+    if current is not None and current != loaded.generation:
+        raise StaleSnapshot(f"the inventory changed (generation {loaded.generation} -> {current})")
+    check_workloads(pks(a.workload_id for a in result.admissions), {State.PENDING}, "admitted")
+    check_workloads(pks({p.victim_id for p in result.preemptions}), HOLDING_STATES, "preempted")
+    check_devices(result, loaded)
+
+
+def check_workloads(ids, allowed, verb):
+    if not ids:
+        return
+    states = dict(Workload.objects.select_for_update().filter(pk__in=ids).values_list("id", "state"))
+    for pk in ids:
+        if states.get(pk) not in allowed:
+            raise StaleSnapshot(f"workload {pk} was {verb} but is now {states.get(pk, 'gone')}")
+
+
+def check_devices(result, loaded):
+    wanted = [
+        loaded.device_pks[device_id]
+        for admission in result.admissions
+        for pod in admission.pods
+        for device_id in pod.device_ids
+    ]
+    if not wanted:
+        return
+    if len(set(wanted)) != len(wanted):
+        raise StaleSnapshot("the result places one device twice")
+    rows = (
+        Device.objects.select_for_update(no_key=True, of=("self",))
+        .filter(pk__in=wanted)
+        .values_list("id", "node__name", "name", "health", "taints", "node__cordoned")
+    )
+    seen = set()
+    for pk, node, name, health, taints, cordoned in rows:
+        seen.add(pk)
+        if health != Health.HEALTHY:
+            raise StaleSnapshot(f"device {node}/{name} is now {health}")
+        if taints != loaded.device_taints.get(pk):
+            raise StaleSnapshot(f"device {node}/{name} has new taints")
+        if cordoned:
+            raise StaleSnapshot(f"node {node} was cordoned")
+    if len(seen) != len(wanted):
+        raise StaleSnapshot("an admitted device was removed")
+    victims = pks({p.victim_id for p in result.preemptions})
+    held = (
+        Allocation.objects.filter(device_id__in=wanted, released_at__isnull=True)
+        .exclude(workload_id__in=victims)
+        .values_list("device__node__name", "device__name")
+        .first()
+    )
+    if held:
+        raise StaleSnapshot(f"device {held[0]}/{held[1]} was allocated meanwhile")
+
+
+# --- 2. apply -----------------------------------------------------------------------------------------
+
+
+def apply(result, loaded, cycle):
+    now = loaded.now
+    delta = CommitDelta(cycle=cycle.pk)
+    delta.preempted = evict(result.preemptions, cycle, now)
+    delta.admitted = admit(result.admissions, loaded, cycle, now)
+    delta.explanations = explain(result.pending, delta.admitted, cycle, now)
+    return delta
+
+
+def evict(preemptions, cycle, now):
+    """Victims are evicted whole and requeued: Preempted, devices released, back to Pending."""
+    by_victim = {}
+    for preemption in preemptions:
+        by_victim.setdefault(int(preemption.victim_id), preemption)
+    if not by_victim:
+        return []
+    ids = sorted(by_victim)
+    victims = Workload.objects.select_related("team").in_bulk(ids)
+    for state in HOLDING_STATES:
+        chosen = [pk for pk in ids if victims[pk].state == state]
+        move(chosen, state, State.PREEMPTED, now, f"preempted in cycle {cycle.pk}")
+    Allocation.objects.filter(workload_id__in=ids, released_at__isnull=True).update(released_at=now)
+    move(ids, State.PREEMPTED, State.PENDING, now, "requeued after preemption")
+    for pk in ids:
+        preemption = by_victim[pk]
+        record(
+            "workload.preempt",
+            victims[pk],
+            before={"state": victims[pk].state},
+            after={"state": State.PENDING, "preemptor": int(preemption.preemptor_id), "rule": preemption.rule},
+            reason=f"{preemption.rule}: {preemption.message}",
+        )
+    ExplanationChange.objects.bulk_create(
+        ExplanationChange(workload_id=pk, cycle=cycle, reason="Preempted", message=by_victim[pk].message, at=now)
+        for pk in ids
+    )
+    return ids
+
+
+def admit(admissions, loaded, cycle, now):
+    if not admissions:
+        return []
+    allocations = []
+    by_class = defaultdict(list)
+    for admission in admissions:
+        workload_id = int(admission.workload_id)
+        class_pk = loaded.device_class_pks[admission.device_class]
+        by_class[class_pk].append(workload_id)
+        for pod in admission.pods:
+            for device_id in pod.device_ids:
+                allocations.append(
+                    Allocation(
+                        workload_id=workload_id,
+                        device_id=loaded.device_pks[device_id],
+                        device_class_id=class_pk,
+                        pod_set=pod.pod_set,
+                        pod_index=pod.index,
+                        cycle=cycle,
+                        allocated_at=now,
+                    )
+                )
+    Allocation.objects.bulk_create(allocations, batch_size=2000)
+    admitted = []
+    for class_pk, ids in by_class.items():
+        move(ids, State.PENDING, State.ADMITTED, now, f"admitted in cycle {cycle.pk}")
+        Workload.objects.filter(pk__in=ids).update(admitted_at=now, chosen_device_class_id=class_pk)
+        admitted.extend(ids)
+    ExplanationChange.objects.bulk_create(
+        ExplanationChange(
+            workload_id=int(a.workload_id), cycle=cycle, reason="Admitted", message=admitted_message(a), at=now
+        )
+        for a in admissions
+    )
+    Explanation.objects.filter(workload_id__in=admitted).delete()
+    return sorted(admitted)
+
+
+def admitted_message(admission):
+    devices = sum(len(pod.device_ids) for pod in admission.pods)
+    where = ", ".join(f"{level} {name}" for level, name in admission.domain.items()) or "the cluster"
+    return f"admitted: {len(admission.pods)} pods, {devices} {admission.device_class} devices in {where}"
+
+
+# --- 3. explanations ------------------------------------------------------------------------------------
+
+
+def plain(value):
+    """JSON-shaped copy (tuples become lists) so what we compare is what the database gives back."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def explanation_values(decision):
+    estimated = None
+    if decision.estimated_start is not None:
+        # Whole seconds: the estimate moves by fractions every cycle and that is not news.
+        estimated = datetime.fromtimestamp(round(decision.estimated_start), tz=UTC)
+    return {
+        "reason": decision.reason,
+        "secondary": plain(list(decision.secondary)),
+        "message": decision.message,
+        "details": plain(decision.details),
+        "position_in_queue": decision.position_in_queue,
+        "position_in_cluster": decision.position_in_cluster,
+        "estimated_start": estimated,
+        "suggestions": plain(
+            [{"kind": s.kind, "description": s.description, "change": s.change} for s in decision.suggestions]
+        ),
+    }
+
+
+def explain(decisions, admitted, cycle, now):
+    """Upsert one Explanation per pending workload where anything changed; history only when the
+    reason or message did. Returns the workload ids whose explanation changed."""
+    skip = set(admitted)
+    decisions = [d for d in decisions if int(d.workload_id) not in skip]
+    if not decisions:
+        return []
+    ids = [int(d.workload_id) for d in decisions]
+    existing = {
+        row[0]: dict(zip(EXPLANATION_FIELDS, row[1:], strict=True))
+        for row in Explanation.objects.filter(workload_id__in=ids).values_list("workload_id", *EXPLANATION_FIELDS)
+    }
+    upserts = []
+    history = []
+    for decision in decisions:
+        pk = int(decision.workload_id)
+        values = explanation_values(decision)
+        before = existing.get(pk)
+        if before == values:
+            continue
+        upserts.append(Explanation(workload_id=pk, cycle=cycle, updated_at=now, **values))
+        if before is None or (before["reason"], before["message"]) != (values["reason"], values["message"]):
+            history.append(
+                ExplanationChange(
+                    workload_id=pk, cycle=cycle, reason=values["reason"], message=values["message"], at=now
+                )
+            )
+    Explanation.objects.bulk_create(
+        upserts,
+        batch_size=2000,
+        update_conflicts=True,
+        unique_fields=["workload"],
+        update_fields=[*EXPLANATION_FIELDS, "cycle", "updated_at"],
+    )
+    ExplanationChange.objects.bulk_create(history, batch_size=2000)
+    return sorted(e.workload_id for e in upserts)
+
+
+# --- 4. tell the dashboards ------------------------------------------------------------------------------
+
+
+def broadcast(message):
+    """Send the compact delta to the "cycle" group; a missing or broken channel layer costs nothing
+    but the live update (the dashboard also polls)."""
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        from broker.cycle import runner
+
+        loop = runner.event_loop()
+        if loop is not None:
+            # The embedded server's in-memory layer lives on daphne's loop; hand the send to it.
+            import asyncio
+
+            asyncio.run_coroutine_threadsafe(layer.group_send(GROUP, message), loop)
+        else:
+            async_to_sync(layer.group_send)(GROUP, message)
+    except Exception:
+        log.warning("could not broadcast cycle %s", message.get("cycle"), exc_info=True)

@@ -1,0 +1,136 @@
+"""What happens to a workload after the cycle admits it.
+
+The cycle only decides and records allocations; an executor makes admitted work run and reports when it
+ends. The interface is three calls: `start` (admitted workloads begin), `advance(now)` (move the world
+to `now`, return what started and completed) and `stop` (victims and cancellations shut down), plus
+`wall_seconds` so the snapshot can put expected durations on the cycle's clock.
+
+SimulatedExecutor is the one that exists: Admitted -> Running at once, Running -> Succeeded once the
+workload has run `expected_duration_seconds` on a clock SIMULATION_SPEED times faster than the wall
+clock, releasing its devices. It keeps no state of its own: completion is derived from `started_at`
+in the database, so a restarted process picks up exactly where the last one stopped.
+
+The Kubernetes seam (not built; settings.EXECUTOR selects an implementation):
+- start: for each admitted workload create a scheduling.k8s.io PodGroup (minMember = gang size) and
+  one resource.k8s.io/v1 ResourceClaim per pod whose `devices.requests[].exactly` names the chosen
+  DeviceClass and whose status.allocation is pre-filled with the devices in the Allocation rows (the
+  broker is the allocator), then the pods bound to the allocation's nodes; -> Running when the pods are.
+- advance: watch the PodGroups; pods Succeeded/Failed -> Succeeded/Failed, release the allocations.
+- stop: delete the PodGroup with a grace period (graceful eviction, DisruptionTarget condition) and
+  release the allocations once the pods are gone.
+- wall_seconds: durations are already wall-clock seconds there.
+"""
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.db import transaction
+
+from broker.workloads.models import Allocation, Workload, WorkloadTransition
+from broker.workloads.states import State, can_transition
+
+
+@dataclass
+class Progress:
+    started: list = field(default_factory=list)
+    completed: list = field(default_factory=list)
+
+
+class Executor(ABC):
+    """The seam between the broker and whatever runs the pods."""
+
+    @abstractmethod
+    def start(self, workload_ids, now):
+        """Begin running admitted workloads; returns the ids that started."""
+
+    @abstractmethod
+    def advance(self, now):
+        """Bring running work up to `now`; returns Progress (started and completed ids)."""
+
+    @abstractmethod
+    def stop(self, workload_ids, now):
+        """Shut down workloads that were preempted or cancelled; returns the ids stopped."""
+
+    @abstractmethod
+    def wall_seconds(self, duration):
+        """Wall-clock seconds a run of `duration` seconds takes here (None stays None)."""
+
+
+class SimulatedExecutor(Executor):
+    def __init__(self, speed=None):
+        self.speed = float(speed or settings.SIMULATION_SPEED)
+
+    def wall_seconds(self, duration):
+        return None if duration is None else duration / self.speed
+
+    def start(self, workload_ids, now):
+        with transaction.atomic():
+            ids = list(
+                Workload.objects.select_for_update(skip_locked=True)
+                .filter(pk__in=list(workload_ids), state=State.ADMITTED)
+                .values_list("id", flat=True)
+            )
+            move(ids, State.ADMITTED, State.RUNNING, now, "simulated executor started it")
+        return ids
+
+    def advance(self, now):
+        progress = Progress()
+        admitted = Workload.objects.filter(state=State.ADMITTED).values_list("id", flat=True)
+        progress.started = self.start(list(admitted), now)
+        with transaction.atomic():
+            # skip_locked: a cycle that is committing holds some of these rows; take them next time.
+            running = (
+                Workload.objects.select_for_update(skip_locked=True)
+                .filter(state=State.RUNNING, expected_duration_seconds__isnull=False)
+                .values_list("id", "started_at", "expected_duration_seconds")
+            )
+            done = [pk for pk, started, duration in running if self.finished(started, duration, now)]
+            move(done, State.RUNNING, State.SUCCEEDED, now, "simulated run finished")
+            Allocation.objects.filter(workload_id__in=done, released_at__isnull=True).update(released_at=now)
+        progress.completed = done
+        if done:
+            from broker.cycle.triggers import request_cycle_after_commit
+
+            request_cycle_after_commit(f"{len(done)} workloads completed")
+        return progress
+
+    def finished(self, started, duration, now):
+        return started is not None and started + timedelta(seconds=self.wall_seconds(duration)) <= now
+
+    def stop(self, workload_ids, now):
+        # Nothing runs outside the database here: the commit that preempted or cancelled the workload
+        # already released its devices, so there is nothing left to tear down.
+        return list(workload_ids)
+
+
+def move(ids, source, target, now, reason):
+    """Bulk state change with one transition row each; the state machine still has the last word."""
+    if not ids:
+        return 0
+    if not can_transition(source, target):
+        raise ValueError(f"{source} -> {target} is not a workload transition")
+    fields = {"state": target, "state_changed_at": now}
+    if target == State.RUNNING:
+        fields["started_at"] = now
+    if target in (State.SUCCEEDED, State.FAILED):
+        fields["finished_at"] = now
+    count = Workload.objects.filter(pk__in=ids, state=source).update(**fields)
+    WorkloadTransition.objects.bulk_create(
+        WorkloadTransition(workload_id=pk, from_state=source, to_state=target, at=now, reason=reason) for pk in ids
+    )
+    return count
+
+
+EXECUTORS = {"simulated": SimulatedExecutor}
+
+
+def get_executor():
+    try:
+        return EXECUTORS[settings.EXECUTOR]()
+    except KeyError:
+        raise ImproperlyConfigured(
+            f"EXECUTOR={settings.EXECUTOR!r}; the executors are: {', '.join(sorted(EXECUTORS))}"
+        ) from None

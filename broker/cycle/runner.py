@@ -1,0 +1,127 @@
+"""One scheduling cycle (`run_once`), and the in-process loop that runs cycles in the embedded default.
+
+A cycle is: take the cluster's cycle lock, load one snapshot, decide (pure), commit, all in one
+transaction; the Celery task and the in-process loop both call `run_once`.
+
+The loop (`Runner`) exists only for `manage.py serve` on the embedded default: it is started there
+and nowhere else (not on import, not in tests, migrations or Celery), and it runs the trace replay,
+the simulated executor and a cycle every CYCLE_INTERVAL_SECONDS, or sooner when a cycle is requested.
+"""
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import close_old_connections, transaction
+from django.utils import timezone
+
+from broker.cycle.commit import StaleSnapshot, commit_result
+from broker.cycle.executor import get_executor
+from broker.cycle.loader import load_snapshot
+from broker.cycle.locks import cycle_transaction
+from broker.cycle.triggers import request_cycle_after_commit, wait_for_request
+from broker.scheduler.cycle import decide
+from broker.workloads.models import SchedulingCycle
+
+log = logging.getLogger(__name__)
+
+_loop = {"loop": None}
+
+
+def bind_event_loop(loop):
+    """The ASGI server's event loop, for broadcasts from the runner thread (see commit.broadcast)."""
+    _loop["loop"] = loop
+
+
+def event_loop():
+    loop = _loop["loop"]
+    return loop if loop is not None and loop.is_running() else None
+
+
+@dataclass(frozen=True)
+class CycleRun:
+    cycle_id: int
+    outcome: str
+    admitted: tuple = ()
+    preempted: tuple = ()
+
+
+def run_once(now=None, decider=decide):
+    """Run one cycle; returns CycleRun, or None when another cycle holds the lock."""
+    with cycle_transaction() as acquired:
+        if not acquired:
+            return None
+        now = now or timezone.now()
+        cycle = SchedulingCycle.objects.create(cluster=settings.CLUSTER_NAME, started_at=timezone.now())
+        snapshot, loaded = load_snapshot(now)
+        started = time.perf_counter()
+        try:
+            result = decider(snapshot)
+        except Exception as error:
+            # A crash in the core is a bug worth a row on the cycle-health page, not a silent gap.
+            log.exception("cycle %s: the decision core failed", cycle.pk)
+            cycle.outcome = SchedulingCycle.Outcome.FAILED
+            cycle.finished_at = timezone.now()
+            cycle.load_ms, cycle.generation, cycle.pending_count = (
+                loaded.load_ms,
+                loaded.generation,
+                loaded.pending_count,
+            )
+            cycle.detail = f"decide: {type(error).__name__}: {error}"
+            cycle.save()
+            return CycleRun(cycle.pk, cycle.outcome)
+        cycle.decide_ms = (time.perf_counter() - started) * 1000
+        try:
+            delta = commit_result(result, loaded, cycle)
+        except StaleSnapshot as error:
+            log.info("cycle %s refused: %s", cycle.pk, error)
+            # Decide again soon on a fresh snapshot rather than wait for the next tick.
+            request_cycle_after_commit("previous cycle refused")
+            return CycleRun(cycle.pk, cycle.outcome)
+        except Exception:
+            # The commit's savepoint is rolled back and the cycle row says Failed; keep that row.
+            log.exception("cycle %s failed", cycle.pk)
+            return CycleRun(cycle.pk, cycle.outcome)
+        executor = get_executor()
+        if delta.admitted:
+            transaction.on_commit(lambda: executor.start(delta.admitted, timezone.now()))
+        if delta.preempted:
+            transaction.on_commit(lambda: executor.stop(delta.preempted, timezone.now()))
+            request_cycle_after_commit("victims evicted")
+        return CycleRun(cycle.pk, cycle.outcome, tuple(delta.admitted), tuple(delta.preempted))
+
+
+class Runner(threading.Thread):
+    """The embedded default's background loop: replay, executor, cycle; one step at a time."""
+
+    def __init__(self, interval=None, replay=None):
+        super().__init__(name="capacity-broker-runner", daemon=True)
+        self.interval = interval or settings.CYCLE_INTERVAL_SECONDS
+        self.replay = replay
+        self.stopping = threading.Event()
+
+    def stop(self):
+        self.stopping.set()
+
+    def run(self):
+        executor = get_executor()
+        while not self.stopping.is_set():
+            close_old_connections()
+            self.step(executor)
+            wait_for_request(self.interval)
+        close_old_connections()
+
+    def step(self, executor):
+        now = timezone.now()
+        for name, action in (
+            ("replay", lambda: self.replay.tick(now) if self.replay else None),
+            ("executor", lambda: executor.advance(now)),
+            ("cycle", run_once),
+        ):
+            try:
+                action()
+            except Exception:
+                # One bad step must not stop the demo; the next tick tries again.
+                log.exception("runner step %s failed", name)

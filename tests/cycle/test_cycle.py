@@ -1,0 +1,244 @@
+import threading
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from broker.audit.models import AuditEvent
+from broker.cycle import commit as commit_module
+from broker.cycle.commit import StaleSnapshot, commit_result
+from broker.cycle.loader import load_snapshot
+from broker.cycle.runner import run_once
+from broker.inventory.models import ClusterState, Device, Health
+from broker.scheduler.cycle import decide
+from broker.workloads.models import Allocation, Explanation, ExplanationChange, SchedulingCycle, Workload
+from broker.workloads.states import State
+from tests.cycle.helpers import pending, running
+
+
+def test_it_admits_a_fitting_gang_and_explains_one_that_cannot_fit(cluster):
+    fits = pending(cluster.queue_a, "fits", replicas=2, devices_per_pod=4, resource_class=cluster.training)
+    too_big = pending(cluster.queue_b, "too-big", replicas=3, devices_per_pod=4, resource_class=cluster.training)
+
+    run = run_once()
+
+    cycle = SchedulingCycle.objects.get(pk=run.cycle_id)
+    assert cycle.outcome == SchedulingCycle.Outcome.COMMITTED
+    assert (cycle.admitted_count, cycle.pending_count) == (1, 2)
+    assert run.admitted == (fits.pk,)
+    fits.refresh_from_db()
+    assert fits.state == State.ADMITTED
+    assert fits.chosen_device_class == cluster.h100
+    allocations = Allocation.objects.filter(workload=fits, released_at__isnull=True)
+    assert allocations.count() == 8
+    racks = {allocation.device.node.domain.name for allocation in allocations}
+    assert len(racks) == 1, "rack required: the whole gang in one rack"
+    assert sorted({a.pod_index for a in allocations}) == [0, 1]
+    assert fits.transitions.filter(from_state=State.PENDING, to_state=State.ADMITTED).exists()
+
+    too_big.refresh_from_db()
+    assert too_big.state == State.PENDING
+    explanation = Explanation.objects.get(workload=too_big)
+    assert explanation.reason == "InvalidRequest"
+    assert explanation.message
+    assert explanation.cycle == cycle
+    assert ExplanationChange.objects.filter(workload=too_big).count() == 1
+
+
+def test_it_appends_explanation_history_only_when_the_reason_or_message_changes(cluster):
+    waiting = pending(cluster.queue_b, "too-big", replicas=3, devices_per_pod=4, resource_class=cluster.training)
+    run_once()
+    run_once()
+    assert ExplanationChange.objects.filter(workload=waiting).count() == 1
+
+
+def test_it_refuses_a_result_when_a_device_went_unhealthy_after_the_load(cluster):
+    workload = pending(cluster.queue_a, "fits", replicas=2, devices_per_pod=4, resource_class=cluster.training)
+    snapshot, loaded = load_snapshot(timezone.now())
+    result = decide(snapshot)
+    (admission,) = result.admissions
+    node, name = admission.pods[0].device_ids[0].split("/")
+    # A plain UPDATE: no signal, no generation bump; the commit's own device check must catch it.
+    Device.objects.filter(node__name=node, name=name).update(health=Health.UNHEALTHY)
+    cycle = SchedulingCycle.objects.create()
+
+    with pytest.raises(StaleSnapshot, match="Unhealthy"):
+        commit_result(result, loaded, cycle)
+
+    cycle.refresh_from_db()
+    assert cycle.outcome == SchedulingCycle.Outcome.REFUSED
+    assert not Allocation.objects.exists()
+    workload.refresh_from_db()
+    assert workload.state == State.PENDING
+    assert not ExplanationChange.objects.exists()
+
+
+def test_it_refuses_a_result_when_the_inventory_generation_moved(cluster):
+    pending(cluster.queue_a, "fits", replicas=1, devices_per_pod=4, resource_class=cluster.training)
+    snapshot, loaded = load_snapshot(timezone.now())
+    result = decide(snapshot)
+    ClusterState.bump()
+    cycle = SchedulingCycle.objects.create()
+
+    with pytest.raises(StaleSnapshot, match="generation"):
+        commit_result(result, loaded, cycle)
+    assert not Allocation.objects.exists()
+
+
+def test_it_refuses_a_result_for_a_workload_that_was_cancelled_meanwhile(cluster):
+    workload = pending(cluster.queue_a, "fits", replicas=1, devices_per_pod=4, resource_class=cluster.training)
+    snapshot, loaded = load_snapshot(timezone.now())
+    result = decide(snapshot)
+    Workload.objects.filter(pk=workload.pk).update(state=State.CANCELLED)
+
+    with pytest.raises(StaleSnapshot, match="Cancelled"):
+        commit_result(result, loaded, SchedulingCycle.objects.create())
+    assert not Allocation.objects.exists()
+
+
+def test_it_leaves_nothing_applied_when_the_commit_fails_midway(cluster, monkeypatch):
+    workload = pending(cluster.queue_a, "fits", replicas=2, devices_per_pod=4, resource_class=cluster.training)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("disk on fire")
+
+    # Allocations and the state change are written before explanations: all must roll back.
+    monkeypatch.setattr(commit_module, "explain", broken)
+    run = run_once()
+
+    cycle = SchedulingCycle.objects.get(pk=run.cycle_id)
+    assert cycle.outcome == SchedulingCycle.Outcome.FAILED
+    assert "disk on fire" in cycle.detail
+    assert not Allocation.objects.exists()
+    workload.refresh_from_db()
+    assert workload.state == State.PENDING
+    assert not workload.transitions.filter(to_state=State.ADMITTED).exists()
+
+
+def test_it_preempts_and_requeues_victims_with_an_audit_event(cluster):
+    from broker.policy.models import WithinQueuePolicy
+
+    cluster.queue_a.within_queue_preemption = WithinQueuePolicy.LOWER_PRIORITY
+    cluster.queue_a.nominal_quota = None
+    cluster.queue_a.save()
+    everything = list(Device.objects.order_by("node__name", "name"))
+    hog = running(cluster.queue_a, "hog", everything, cluster.h100, resource_class=cluster.training, priority=1)
+    claimant = pending(
+        cluster.queue_a, "claimant", replicas=2, devices_per_pod=4, resource_class=cluster.training, priority=100
+    )
+
+    run = run_once()
+
+    assert run.preempted == (hog.pk,)
+    hog.refresh_from_db()
+    assert hog.state == State.PENDING
+    assert not Allocation.objects.filter(workload=hog, released_at__isnull=True).exists()
+    assert list(hog.transitions.values_list("to_state", flat=True))[-2:] == [State.PREEMPTED, State.PENDING]
+    event = AuditEvent.objects.get(action="workload.preempt", target_id=str(hog.pk))
+    assert event.reason.startswith("WithinQueue")
+    assert event.after["preemptor"] == claimant.pk
+    assert Explanation.objects.get(workload=claimant).reason == "PreemptionPending"
+
+    second = run_once()
+    assert claimant.pk in second.admitted
+
+
+def test_it_broadcasts_a_compact_delta_after_commit(cluster, django_capture_on_commit_callbacks, monkeypatch):
+    sent = []
+    monkeypatch.setattr(commit_module, "broadcast", sent.append)
+    fits = pending(cluster.queue_a, "fits", replicas=1, devices_per_pod=4, resource_class=cluster.training)
+    waiting = pending(cluster.queue_b, "too-big", replicas=3, devices_per_pod=4, resource_class=cluster.training)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        run = run_once()
+
+    assert sent == [
+        {
+            "type": "cycle.committed",
+            "cycle": run.cycle_id,
+            "admitted": [fits.pk],
+            "preempted": [],
+            "explanations": [waiting.pk],
+        }
+    ]
+
+
+def test_it_broadcasts_to_the_cycle_group_on_the_channel_layer(settings):
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    layer = get_channel_layer()
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)("cycle", channel)
+
+    commit_module.broadcast({"type": "cycle.committed", "cycle": 7, "admitted": [], "preempted": []})
+
+    assert async_to_sync(layer.receive)(channel)["cycle"] == 7
+
+
+@pytest.mark.django_db(transaction=True, serialized_rollback=True)
+def test_it_refuses_on_postgresql_when_a_row_changed_after_the_snapshot(cluster):
+    """REPEATABLE READ: the cycle cannot see the other connection's change, the locking read fails."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the REPEATABLE READ path is PostgreSQL's")
+    workload = pending(cluster.queue_a, "fits", replicas=2, devices_per_pod=4, resource_class=cluster.training)
+
+    def decide_then_break_a_device(snapshot):
+        result = decide(snapshot)
+        node, name = result.admissions[0].pods[0].device_ids[0].split("/")
+        in_another_connection(lambda: Device.objects.filter(node__name=node, name=name).update(health=Health.UNHEALTHY))
+        return result
+
+    run = run_once(decider=decide_then_break_a_device)
+
+    cycle = SchedulingCycle.objects.get(pk=run.cycle_id)
+    assert cycle.outcome == SchedulingCycle.Outcome.REFUSED
+    assert "changed after the snapshot" in cycle.detail
+    assert not Allocation.objects.exists()
+    workload.refresh_from_db()
+    assert workload.state == State.PENDING
+
+
+@pytest.mark.django_db(transaction=True, serialized_rollback=True)
+def test_it_runs_one_cycle_at_a_time(cluster):
+    """While one cycle holds the lock (on its own connection), a second finds it held and does nothing."""
+    pending(cluster.queue_a, "fits", replicas=1, devices_per_pod=4, resource_class=cluster.training)
+    inside = threading.Event()
+    release = threading.Event()
+    outcome = {}
+
+    def slow_decide(snapshot):
+        inside.set()
+        release.wait(10)
+        return decide(snapshot)
+
+    def first():
+        try:
+            outcome["first"] = run_once(decider=slow_decide)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert inside.wait(10)
+    try:
+        assert run_once() is None
+    finally:
+        release.set()
+        thread.join(10)
+    assert outcome["first"].outcome == SchedulingCycle.Outcome.COMMITTED
+    assert SchedulingCycle.objects.count() == 1
+    assert run_once() is not None, "the lock goes away with the first cycle's transaction"
+
+
+def in_another_connection(action):
+    def target():
+        try:
+            action()
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(10)

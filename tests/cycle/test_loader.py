@@ -1,0 +1,133 @@
+from django.utils import timezone
+
+from broker.cycle.loader import approved_flag, load_snapshot, numeric_capacity
+from broker.inventory.models import Device, Health
+from broker.workloads.models import ApprovalState
+from broker.workloads.states import State
+from tests.cycle.helpers import pending, running
+
+
+def test_it_maps_the_inventory(cluster):
+    Device.objects.filter(node__name="n2", name="1").update(health=Health.UNHEALTHY)
+    Device.objects.filter(node__name="n3", name="0").update(
+        taints=[{"key": "maintenance", "value": "fan", "effect": "NoSchedule"}], capacity={"memory": "80Gi"}
+    )
+    cluster.nodes[3].cordoned = True
+    cluster.nodes[3].save()
+
+    snapshot, loaded = load_snapshot(timezone.now())
+
+    assert snapshot.levels == ("zone", "block", "rack")
+    nodes = {node.name: node for node in snapshot.nodes}
+    assert nodes["n1"].domains == {"zone": "z1", "block": "b1", "rack": "r1"}
+    assert nodes["n3"].domains["rack"] == "r2"
+    assert nodes["n4"].schedulable is False
+    devices = {device.id: device for device in snapshot.devices}
+    assert len(devices) == 16
+    assert devices["n1/0"].attributes == {"model": "H100", "memory": 80}
+    assert devices["n1/0"].node == "n1" and devices["n1/0"].driver == "gpu.example.com"
+    assert devices["n2/1"].healthy is False
+    assert devices["n3/0"].taints[0].key == "maintenance"
+    assert devices["n3/0"].capacity == {"memory": 80 * 2**30}
+    assert loaded.device_pks["n1/0"] == Device.objects.get(node__name="n1", name="0").pk
+    assert [dc.name for dc in snapshot.device_classes] == ["h100"]
+    assert 'model == "H100"' in snapshot.device_classes[0].selector
+
+
+def test_it_maps_queues_and_the_menu(cluster):
+    snapshot, _ = load_snapshot(timezone.now())
+
+    queues = {queue.name: queue for queue in snapshot.queues}
+    assert queues["team-a"].team == "team-a"
+    assert queues["team-a"].cohort == "main"
+    assert queues["team-a"].quota == {"h100": 8}
+    classes = {rc.name: rc for rc in snapshot.resource_classes}
+    assert classes["distributed-training"].topology_required == "rack"
+    assert classes["distributed-training"].device_classes == ("h100",)
+    assert classes["distributed-training"].teams is None
+    assert classes["distributed-training"].default_priority == 100
+    assert classes["large-reserved-training"].teams == ("team-a",)
+    assert classes["large-reserved-training"].approval_required is True
+    assert classes["small-inference"].max_devices == 2
+
+
+def test_it_maps_pending_and_running_work(cluster):
+    gang = pending(cluster.queue_a, "gang", replicas=2, devices_per_pod=4, resource_class=cluster.training, priority=7)
+    gang.pod_sets.update(min_count=2, tolerations=[{"key": "maintenance"}])
+    waiting = pending(
+        cluster.queue_a,
+        "big",
+        replicas=1,
+        devices_per_pod=4,
+        resource_class=cluster.reserved,
+        state=State.AWAITING_APPROVAL,
+        approval=ApprovalState.REQUESTED,
+    )
+    pending(cluster.queue_a, "done", state=State.SUCCEEDED)
+    devices = list(Device.objects.filter(node__name__in=["n3", "n4"]).order_by("node__name", "name"))
+    busy = running(cluster.queue_b, "busy", devices, cluster.h100, priority=3, expected_duration_seconds=600)
+
+    snapshot, loaded = load_snapshot(timezone.now())
+
+    by_id = {workload.id: workload for workload in snapshot.pending}
+    assert set(by_id) == {str(gang.pk), str(waiting.pk)}
+    mapped = by_id[str(gang.pk)]
+    assert mapped.queue == "team-a" and mapped.team == "team-a"
+    assert mapped.resource_class == "distributed-training"
+    assert mapped.priority == 7
+    assert mapped.approved is True
+    assert mapped.pod_sets[0].count == 2 and mapped.pod_sets[0].gang_size == 2
+    assert mapped.pod_sets[0].devices_per_pod == 4
+    assert mapped.pod_sets[0].tolerations[0].key == "maintenance"
+    assert by_id[str(waiting.pk)].approved is None
+    assert loaded.pending_states == {gang.pk: State.PENDING, waiting.pk: State.AWAITING_APPROVAL}
+
+    (held,) = snapshot.running
+    assert held.id == str(busy.pk)
+    assert held.device_class == "h100"
+    assert held.device_count == 8
+    assert [(pod.node, len(pod.device_ids)) for pod in held.pods] == [("n3", 4), ("n4", 4)]
+    assert held.expected_end is not None
+    assert loaded.running_ids == {busy.pk}
+
+
+def test_it_only_calls_a_workload_approved_when_it_may_run():
+    class Rule:
+        def __init__(self, needs):
+            self.needs = needs
+
+        def needs_approval(self, devices):
+            return self.needs
+
+    assert approved_flag(State.PENDING, ApprovalState.NOT_REQUIRED, Rule(False), 4) is True
+    assert approved_flag(State.PENDING, ApprovalState.APPROVED, Rule(True), 64) is True
+    assert approved_flag(State.PENDING, ApprovalState.NOT_REQUIRED, Rule(True), 64) is None
+    assert approved_flag(State.AWAITING_APPROVAL, ApprovalState.REQUESTED, Rule(True), 64) is None
+    assert approved_flag(State.AWAITING_APPROVAL, ApprovalState.APPROVED, Rule(True), 64) is None
+    assert approved_flag(State.AWAITING_APPROVAL, ApprovalState.REJECTED, Rule(True), 64) is False
+
+
+def test_it_reads_kubernetes_quantities():
+    assert numeric_capacity({"memory": "24Gi", "cores": 4, "bw": "1.5k", "odd": "lots"}) == {
+        "memory": 24 * 2**30,
+        "cores": 4,
+        "bw": 1500,
+    }
+
+
+def test_it_loads_in_a_number_of_queries_that_does_not_grow_with_the_work(cluster):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def queries_with(count):
+        for index in range(count):
+            name = f"job-{count}-{index}"
+            pending(cluster.queue_a, name, replicas=2, devices_per_pod=2, resource_class=cluster.training)
+        with CaptureQueriesContext(connection) as context:
+            load_snapshot(timezone.now())
+        return len(context)
+
+    queries_with(0)  # the first load creates the cluster's state row
+    few = queries_with(2)
+    assert queries_with(40) == few
+    assert few <= 20
