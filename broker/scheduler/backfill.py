@@ -1,12 +1,160 @@
-"""Head-of-line protection (filled in below)."""
+"""Head-of-line protection (Slurm-style backfill) so small work cannot starve a large gang.
+
+When the first workload in cluster order that is blocked only by capacity (the head) cannot start, its
+earliest start is planned from the expected ends of running work (and of work admitted this cycle with
+a known duration): at each release time, is there a placement? The first one found fixes a start time
+and a domain (the required-level domain, or the plan's nodes without a required level). Later work may
+still start if it stays off that domain, or if its own expected duration ends before the planned start.
+
+Without enough known durations the start cannot be planned; once the head has waited
+`backfill_wait_seconds`, the domain it could use soonest (the one with most free devices among those
+that can hold it at all) is kept free anyway, with no start time. Only one head is protected per cycle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from broker.scheduler.capacity import ROOT
+from broker.scheduler.placement import place_gang, place_within_scope
 
 
+@dataclass(frozen=True)
 class Protection:
-    workload_id = None
+    workload_id: str
+    priority: int
+    nodes: frozenset
+    scope: tuple
+    level: str | None
+    planned_start: float | None
 
-    def excluded_for(self, request, now):
-        return frozenset()
+    def excluded_for(self, request, now: float) -> frozenset:
+        duration = request.workload.expected_duration
+        if self.planned_start is not None and duration is not None and now + duration <= self.planned_start:
+            return frozenset()
+        return self.nodes
+
+    def describe(self, state) -> str:
+        if self.scope != ROOT and self.level:
+            where = f"{self.level} {self.scope[-1]}"
+        else:
+            names = sorted(state.node_names[node] for node in self.nodes)
+            where = (
+                "nodes " + ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+            )
+        head = f"{where} is held for {self.workload_id} (priority {self.priority}, ahead in line)"
+        if self.planned_start is None:
+            return f"{head}; it has waited too long and durations are unknown, so no start is planned"
+        return f"{head}, planned to start at {self.planned_start:g}"
 
 
-def plan_protection(cycle, request):
+def release_timeline(cycle) -> list[tuple[float, str]]:
+    """(expected end, workload id) of everything holding devices whose end is known, earliest first."""
+    now = cycle.snapshot.now
+    events = []
+    for workload in cycle.snapshot.running:
+        if workload.evicting or workload.id in cycle.chosen_victims:
+            events.append((now, workload.id))
+        elif workload.expected_end is not None:
+            events.append((max(now, workload.expected_end), workload.id))
+    for workload_id in cycle.log.admitted:
+        duration = cycle.requests[workload_id].workload.expected_duration
+        if duration is not None:
+            events.append((now + duration, workload_id))
+    events.sort()
+    return events
+
+
+def held_slots(cycle, workload_id: str, access) -> list:
+    slots = []
+    for slot in cycle.slots_held_by(workload_id):
+        rank = access.rank(slot)
+        if rank is not None:
+            slots.append((rank, slot))
+    return slots
+
+
+def plan_protection(cycle, request) -> Protection | None:
+    levels = cycle.state.levels
+    required = levels.index(request.required) if request.required else None
+    preferred = levels.index(request.preferred) if request.preferred else None
+    access = request.access()
+    classes = cycle.quota_passing_classes(request)
+    released: list = []
+    events = release_timeline(cycle)[: cycle.config.estimate_horizon_events]
+    for position, (end, workload_id) in enumerate(events):
+        released.extend(held_slots(cycle, workload_id, access))
+        if position + 1 < len(events) and events[position + 1][0] == end:
+            continue
+        for class_name in classes:
+            plan = place_gang(
+                cycle.view(class_name, access, more=released), request.demands, required, preferred
+            )
+            if plan is not None:
+                return _protection(cycle, request, plan.scope, {pod.node for pod in plan.pods}, end)
+    if cycle.snapshot.now - request.workload.submitted < cycle.config.backfill_wait_seconds:
+        return None
+    return _protection_without_durations(cycle, request, classes, required)
+
+
+def _protection(cycle, request, scope, plan_nodes, start) -> Protection:
+    nodes = frozenset(cycle.state.nodes_of(scope)) if scope != ROOT else frozenset(plan_nodes)
+    return Protection(request.id, request.workload.priority, nodes, scope, request.required, start)
+
+
+def _protection_without_durations(cycle, request, classes, required) -> Protection | None:
+    """Keep free the domain the head could use soonest: the most free devices now among domains that
+    could hold it once everything running there has ended."""
+    access = request.access()
+    everything = []
+    for workload in cycle.snapshot.running:
+        everything.extend(held_slots(cycle, workload.id, access))
+    for workload_id in cycle.log.admitted:
+        everything.extend(held_slots(cycle, workload_id, access))
+    for class_name in classes:
+        if required is None:
+            nodes = _soonest_nodes(cycle, request, class_name, everything)
+            if nodes:
+                return _protection(cycle, request, ROOT, nodes, None)
+            continue
+        now_view = cycle.view(class_name, access)
+        empty_view = cycle.view(class_name, access, more=everything)
+        candidates = []
+        for scope, capacity in empty_view.domain_counts(required).items():
+            if capacity >= request.needed and place_gang(empty_view, request.demands, required, None):
+                candidates.append((-now_view.domain_count(scope), scope))
+        if candidates:
+            candidates.sort()
+            scope = _first_that_holds(
+                cycle, request, class_name, everything, [scope for _, scope in candidates]
+            )
+            if scope is not None:
+                return _protection(cycle, request, scope, (), None)
     return None
+
+
+def _first_that_holds(cycle, request, class_name, everything, scopes):
+    view = cycle.view(class_name, request.access(), more=everything)
+    for scope in scopes:
+        if place_within_scope(view, scope, request.demands, None) is not None:
+            return scope
+    return None
+
+
+def _soonest_nodes(cycle, request, class_name, everything) -> set[int]:
+    """Without a required level: the nodes with most free devices now that together could hold it."""
+    now_view = cycle.view(class_name, request.access())
+    full_view = cycle.view(class_name, request.access(), more=everything)
+    per_pod = max(demand.per_pod for demand in request.demands)
+    pods_needed = sum(demand.min_count for demand in request.demands)
+    ranked = sorted(
+        (node for node in range(len(cycle.state.node_names)) if full_view.node_count(node) >= per_pod),
+        key=lambda node: (-now_view.node_count(node), node),
+    )
+    chosen, pods = set(), 0
+    for node in ranked:
+        chosen.add(node)
+        pods += full_view.node_count(node) // per_pod
+        if pods >= pods_needed:
+            return chosen
+    return set()

@@ -208,16 +208,14 @@ class CapacityState:
         node_count = len(self.node_names)
         self.node_free = [[0] * node_count for _ in self.class_names]
         self.free_plain: list[list[Slot]] = [[] for _ in range(node_count)]
-        self.extras: list[Slot] = []
+        self.extras: list[Slot] = []  # every non-plain device, free or held
         for slot in self.slots:
-            if slot.holder is not None:
-                continue
-            if slot.category == PLAIN:
+            if slot.category != PLAIN:
+                self.extras.append(slot)  # held ones too: views skip those with a holder
+            elif slot.holder is None:
                 self.free_plain[slot.node].append(slot)
                 for class_index in slot.classes:
                     self.node_free[class_index][slot.node] += 1
-            else:
-                self.extras.append(slot)
         self.domain_free: list[list[dict[tuple, int]]] = []
         for class_index in range(len(self.class_names)):
             per_level = []
@@ -231,6 +229,7 @@ class CapacityState:
                 per_level.append(totals)
             self.domain_free.append(per_level)
         self.total_free = [sum(counts) for counts in self.node_free]
+        self.has_tainted = any(slot.taints for slot in self.extras)
         self.buckets = [NodeBuckets(counts) for counts in self.node_free]
 
     # --- changes during the cycle ---
@@ -250,6 +249,22 @@ class CapacityState:
                 removed = sum(1 for slot in taken if class_index in slot.classes)
                 if removed:
                     self._shift(class_index, node, -removed)
+
+    def release(self, slots) -> None:
+        """Free `slots` again (used only by the estimated-start simulation, after all decisions)."""
+        changed: dict[int, list[Slot]] = {}
+        for slot in slots:
+            if slot.holder is None:
+                continue
+            slot.holder = None
+            if slot.category == PLAIN:
+                changed.setdefault(slot.node, []).append(slot)
+        for node, freed in changed.items():
+            self.free_plain[node] = sorted(self.free_plain[node] + freed, key=lambda slot: slot.order)
+            for class_index in range(len(self.class_names)):
+                added = sum(1 for slot in freed if class_index in slot.classes)
+                if added:
+                    self._shift(class_index, node, added)
 
     def _shift(self, class_index: int, node: int, delta: int) -> None:
         counts = self.node_free[class_index]
@@ -317,13 +332,11 @@ class Access:
         """Whether any non-plain device could matter; if not, the fast aggregated path answers alone."""
         if not state.extras:
             return False
-        return (
-            self.healed
-            or self.unreserved
-            or self.preemptible
-            or bool(self.tolerations)
-            or self.team in reserved_teams
-        )
+        if self.healed:
+            return True
+        if reserved_teams and (self.unreserved or self.preemptible or self.team in reserved_teams):
+            return True
+        return bool(self.tolerations) and state.has_tainted
 
 
 def _tolerates(tolerations: tuple[Toleration, ...], taint) -> bool:

@@ -71,6 +71,8 @@ class Cycle:
         self.chosen_victims: set[str] = set()
         self.preemption_failed: set = set()
         self.cohort_roots: dict | None = None
+        self.simulated_class: dict[str, str] = {}
+        self.simulated_plans: dict[str, GangPlan] = {}
 
     # --- the cycle ---
 
@@ -264,6 +266,21 @@ class Cycle:
         if plan is None:
             self._failed.add(key)
         return plan
+
+    def slots_held_by(self, workload_id: str) -> list:
+        plan = self.log.admitted_plans.get(workload_id) or self.simulated_plans.get(workload_id)
+        if plan is not None:
+            return list(plan.slots())
+        workload = self.running.get(workload_id)
+        if workload is None:
+            return []
+        slots = self.state.slot_by_id
+        return [
+            slots[device_id]
+            for pod in workload.pods
+            for device_id in pod.device_ids
+            if device_id in slots and slots[device_id].holder == workload_id
+        ]
 
     def empty_state(self) -> CapacityState:
         if self._empty_state is None:

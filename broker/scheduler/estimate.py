@@ -1,5 +1,151 @@
-"""Estimated start times (filled in below)."""
+"""Estimated start times: a list-scheduling simulation of the future from known durations.
+
+Running work (and work admitted this cycle with a known duration) ends at its expected end; at each
+release the waiting workloads are started in cluster order wherever they fit (quota included), and
+those that start release their devices after their own expected duration. A workload's estimate is the
+first release time at which it starts. Work with unknown duration never ends in this model, so a
+workload stuck behind it has no estimate, and the note says so. Victims being evicted end now.
+This runs after every decision of the cycle is made: it consumes the cycle's free-capacity state.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from broker.scheduler.backfill import release_timeline
+from broker.scheduler.placement import place_gang
+
+NO_ESTIMATE_REASONS = ("InvalidRequest", "NotEntitled", "AwaitingApproval")
 
 
-def estimated_starts(cycle, waiting):
-    return {}
+def estimated_starts(cycle, waiting: list[str], reasons: dict[str, str]) -> dict[str, tuple]:
+    """workload id -> (estimated start or None, a note saying how it was reached or why not)."""
+    estimates: dict[str, tuple] = {}
+    remaining = []
+    for workload_id in waiting:
+        if reasons[workload_id] in NO_ESTIMATE_REASONS:
+            estimates[workload_id] = (None, f"no estimate: {reasons[workload_id]} must be resolved first")
+        else:
+            remaining.append(cycle.requests[workload_id])
+    protection = cycle.protection
+    unknown = sum(
+        1
+        for workload in cycle.snapshot.running
+        if workload.expected_end is None and not workload.evicting and workload.id not in cycle.chosen_victims
+    )
+    unknown += sum(
+        1
+        for workload_id in cycle.log.admitted
+        if cycle.requests[workload_id].workload.expected_duration is None
+    )
+    started = _simulate(cycle, remaining)
+    for request in remaining:
+        when = started.get(request.id)
+        if (
+            protection is not None
+            and protection.workload_id == request.id
+            and protection.planned_start is not None
+        ):
+            when = protection.planned_start if when is None else min(when, protection.planned_start)
+        if when is not None:
+            estimates[request.id] = (when, "from the expected ends of running work and the work ahead of it")
+        elif unknown:
+            estimates[request.id] = (
+                None,
+                f"unknown: {unknown} running workload(s) have no expected duration",
+            )
+        else:
+            horizon = cycle.config.estimate_horizon_events
+            estimates[request.id] = (None, f"unknown: it does not start within the next {horizon} releases")
+    return estimates
+
+
+def _simulate(cycle, remaining) -> dict[str, float]:
+    events = [(end, order, workload_id) for order, (end, workload_id) in enumerate(release_timeline(cycle))]
+    heapq.heapify(events)
+    counter = len(events)
+    started: dict[str, float] = {}
+    waiting = list(remaining)
+    handled = 0
+    while events and waiting and handled < cycle.config.estimate_horizon_events:
+        time = events[0][0]
+        while events and events[0][0] == time:
+            _, _, workload_id = heapq.heappop(events)
+            _release(cycle, workload_id)
+            handled += 1
+        still_waiting = []
+        failed: set = set()
+        shapes = {_shape(request) for request in waiting}
+        held = _held_for_head(cycle, started)
+        for request in waiting:
+            shape = _shape(request)
+            if len(failed) == len(shapes) or shape in failed:
+                still_waiting.append(request)
+                continue
+            class_name, plan = _try_start(cycle, request, held)
+            if plan is not None and held and request.id == cycle.protection.workload_id:
+                held = frozenset()  # the head starts: what failed only because of its hold may fit now
+                failed.clear()
+            if plan is None:
+                failed.add(shape)
+                still_waiting.append(request)
+                continue
+            cycle.state.hold(list(plan.slots()), request.id)
+            cycle.quota.add_usage(request.queue.name, class_name, sum(len(pod.slots) for pod in plan.pods))
+            cycle.simulated_plans[request.id] = plan
+            cycle.simulated_class[request.id] = class_name
+            started[request.id] = time
+            duration = request.workload.expected_duration
+            if duration is not None:
+                counter += 1
+                heapq.heappush(events, (time + duration, counter, request.id))
+        waiting = still_waiting
+    return started
+
+
+def _held_for_head(cycle, started) -> frozenset:
+    """Nodes kept for the protected head until it starts in the simulation too."""
+    protection = cycle.protection
+    if protection is None or protection.workload_id in started:
+        return frozenset()
+    return protection.nodes
+
+
+def _shape(request) -> tuple:
+    return (
+        request.classes,
+        request.demands,
+        request.required,
+        request.preferred,
+        request.queue.name,
+        request.team,
+    )
+
+
+def _try_start(cycle, request, held: frozenset):
+    levels = cycle.state.levels
+    required = levels.index(request.required) if request.required else None
+    preferred = levels.index(request.preferred) if request.preferred else None
+    for class_name in request.classes:
+        if not cycle.quota.check(request.queue.name, class_name, request.needed).fits:
+            continue
+        excluded = held if cycle.protection and request.id != cycle.protection.workload_id else frozenset()
+        view = cycle.view(class_name, request.access(), excluded)
+        plan = place_gang(view, request.demands, required, preferred)
+        if plan is not None:
+            return class_name, plan
+    return None, None
+
+
+def _release(cycle, workload_id: str) -> None:
+    slots = cycle.slots_held_by(workload_id)
+    cycle.state.release(slots)
+    workload = cycle.running.get(workload_id)
+    if workload is not None:
+        cycle.quota.add_usage(workload.queue, workload.device_class, -len(slots))
+        return
+    request = cycle.requests.get(workload_id)
+    class_name = cycle.log.admitted[workload_id].device_class if workload_id in cycle.log.admitted else None
+    class_name = class_name or cycle.simulated_class.get(workload_id)
+    if request is not None and class_name is not None:
+        cycle.quota.add_usage(request.queue.name, class_name, -len(slots))

@@ -42,21 +42,23 @@ def explain_all(cycle) -> list[PendingDecision]:
     waiting = [
         workload_id for workload_id in cycle.log.cluster_order if workload_id not in cycle.log.admitted
     ]
-    in_queue: dict[str, int] = {}
-    estimates = estimate.estimated_starts(cycle, waiting) if cycle.config.explain else {}
     assessor = Assessor(cycle)
+    assessed = {workload_id: assessor.decide(cycle.log.outcomes[workload_id]) for workload_id in waiting}
+    # Last: the simulation behind estimated starts consumes the cycle's free-capacity state.
+    estimates = {}
+    if cycle.config.explain:
+        reasons = {workload_id: decision.reason for workload_id, decision in assessed.items()}
+        estimates = estimate.estimated_starts(cycle, waiting, reasons)
+    in_queue: dict[str, int] = {}
     for position, workload_id in enumerate(waiting, start=1):
-        outcome = cycle.log.outcomes[workload_id]
-        queue = outcome.request.queue.name
+        queue = cycle.requests[workload_id].queue.name
         in_queue[queue] = in_queue.get(queue, 0) + 1
-        decision = assessor.decide(outcome)
-        start, start_note = estimates.get(workload_id, (None, "no estimate computed"))
-        details = dict(decision.details)
-        details["estimate"] = start_note
+        decision = assessed[workload_id]
+        start, start_note = estimates.get(workload_id, (None, "not computed"))
         decisions.append(
             replace(
                 decision,
-                details=details,
+                details={**decision.details, "estimate": start_note},
                 position_in_queue=in_queue[queue],
                 position_in_cluster=position,
                 estimated_start=start,
