@@ -1,0 +1,108 @@
+from collections import Counter
+from io import StringIO
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.management import CommandError, call_command
+
+from broker.demo import inventory as demo
+from broker.inventory.models import ClusterState, Device, Domain, Node
+from broker.policy.models import DeviceClass, Queue, ResourceClass, Team
+
+
+@pytest.fixture(autouse=True)
+def fast_passwords(settings):
+    # Nineteen demo users at full PBKDF2 cost would dominate these tests.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def seed(*args):
+    out = StringIO()
+    call_command("seed_demo", *args, stdout=out)
+    return out.getvalue()
+
+
+def counts():
+    return {
+        model.__name__: model.objects.count()
+        for model in (Node, Device, Domain, DeviceClass, Queue, ResourceClass, Team, User)
+    }
+
+
+@pytest.mark.django_db
+def test_it_builds_the_philly_cluster_from_the_machine_list():
+    output = seed()
+
+    assert Node.objects.count() == 552
+    assert Device.objects.count() == 2490
+    assert Counter(Device.objects.values_list("attributes__model", flat=True)) == {"gpu-24gb": 1848, "gpu-12gb": 642}
+    racks = Domain.objects.filter(level__name="rack")
+    assert racks.count() == 70
+    for rack in racks:
+        types = set(rack.nodes.values_list("labels__machine-type", flat=True))
+        assert len(types) == 1 and rack.nodes.count() <= 8
+    assert Domain.objects.filter(level__name="block").count() == 10
+    assert set(Domain.objects.filter(level__name="zone").values_list("name", flat=True)) == {"zone-a", "zone-b"}
+    assert Node.objects.get(name="m0").domain.path() == {"rack": "rack-30", "block": "block-05", "zone": "zone-a"}
+    assert "operator" in output and "member-6214e9" in output
+
+
+@pytest.mark.django_db
+def test_it_shares_quota_by_vc_node_counts_and_makes_the_menu():
+    seed()
+
+    assert Team.objects.count() == 15, "11 VCs with quota and 4 that appear only in the trace"
+    quotas = dict(Queue.objects.values_list("name", "nominal_quota"))
+    assert sum(q["gpu-24gb"] for q in quotas.values()) == 1848
+    assert sum(q["gpu-12gb"] for q in quotas.values()) == 642
+    assert quotas["6214e9"]["gpu-24gb"] == 336  # 64 of the 352 VC nodes
+    assert quotas["23dbec"] == {"gpu-12gb": 0, "gpu-24gb": 0}
+    assert set(Queue.objects.values_list("cohort__name", flat=True)) == {"shared"}
+    assert set(ResourceClass.objects.values_list("name", flat=True)) == {
+        "small-inference",
+        "batch-inference",
+        "interactive-experiment",
+        "distributed-training",
+        "large-reserved-training",
+    }
+    reserved = ResourceClass.objects.get(name="large-reserved-training")
+    assert reserved.approval_required and not reserved.preemptible and reserved.topology_required == "block"
+    assert ResourceClass.objects.get(name="distributed-training").topology_required == "rack"
+    assert DeviceClass.objects.get(name="gpu-24gb").selector == 'device.attributes["gpu.example.com"].memory >= 24'
+    assert User.objects.get(username="admin").is_superuser
+    assert User.objects.get(username="member-6214e9").check_password("member-6214e9")
+
+
+@pytest.mark.django_db
+def test_it_is_idempotent():
+    seed()
+    before = counts()
+    generation = ClusterState.current_generation()
+
+    output = seed()
+
+    assert counts() == before
+    assert ClusterState.current_generation() == generation
+    assert "nothing changed" in output
+    assert "nothing seeded" in seed("--if-empty")
+
+
+@pytest.mark.django_db
+def test_it_refuses_to_mix_inventories():
+    seed()
+    with pytest.raises(CommandError, match="already holds philly"):
+        seed("--inventory", "alibaba-2026")
+
+
+def test_it_lays_out_the_alibaba_inventory_with_real_models():
+    machines = demo.machines_for("alibaba-2026")
+    placed = demo.place(machines)
+
+    assert len(placed) == 4278
+    assert sum(p.machine.devices for p in placed) == 10412
+    assert {p.machine.attributes["model"] for p in placed} >= {"A10", "A100-SXM4-80GB", "H800"}
+    by_rack = {}
+    for p in placed:
+        by_rack.setdefault(p.rack, set()).add(p.machine.type_key)
+    assert all(len(types) == 1 for types in by_rack.values())
+    assert placed == demo.place(list(reversed(machines))), "the layout does not depend on the file's order"
