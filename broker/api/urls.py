@@ -1,4 +1,5 @@
 from django.urls import include, path
+from rest_framework.authtoken.views import obtain_auth_token
 from rest_framework.routers import DefaultRouter
 
 from broker.api.views import StatusView
@@ -39,6 +40,7 @@ router.register("audit-events", AuditEventViewSet)
 
 urlpatterns = [
     path("status/", StatusView.as_view(), name="api-status"),
+    path("auth/token/", obtain_auth_token, name="api-token"),
     path("costs/", include("broker.costs.api.urls")),
     *router.urls,
 ]

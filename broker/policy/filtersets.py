@@ -1,4 +1,5 @@
 import django_filters
+from django.db.models import Q
 
 from broker.policy.models import Cohort, DeviceClass, PriorityClass, Queue, Reservation, ResourceClass, Team
 
@@ -44,10 +45,21 @@ class ResourceClassFilterSet(django_filters.FilterSet):
     priority_class = django_filters.CharFilter(field_name="priority_class__name")
     device_class = django_filters.CharFilter(field_name="device_class_choices__device_class__name", distinct=True)
     allowed_team = django_filters.CharFilter(field_name="allowed_teams__name", distinct=True)
+    entitled = django_filters.BooleanFilter(
+        method="filter_entitled", help_text="true: only the classes one of your teams may use (the member's menu)."
+    )
 
     class Meta:
         model = ResourceClass
         fields = ["name", "sharing", "preemptible", "approval_required", "priority_class", "device_class"]
+
+
+    def filter_entitled(self, queryset, name, value):
+        if value is None:
+            return queryset
+        teams = self.request.user.teams.all()
+        entitled = Q(allowed_teams__isnull=True) | Q(allowed_teams__in=teams)
+        return queryset.filter(entitled).distinct() if value else queryset.exclude(entitled)
 
 
 class ReservationFilterSet(django_filters.FilterSet):

@@ -189,6 +189,13 @@ class TestResourceClasses(ModelAPITests):
         assert [dc.name for dc in resource_class.ordered_device_classes()] == ["h100", "a100"]
         assert AuditEvent.objects.get(action="resourceclass.update").before["device_classes"] == ["a100", "h100"]
 
+    def test_it_shows_a_member_the_menu_their_teams_may_use(self, cluster, api_client, bob):
+        client = signed_in(api_client, bob)
+        usable = client.get(self.url, {"entitled": "true"}).data["results"]
+        assert [row["name"] for row in usable] == ["distributed-training", "small-inference"]
+        refused = client.get(self.url, {"entitled": "false"}).data["results"]
+        assert [row["name"] for row in refused] == ["large-reserved-training"]
+
     def test_it_filters_by_entitled_team(self, cluster, api_client, alice):
         response = signed_in(api_client, alice).get(self.url, {"allowed_team": "team-a"})
         assert [row["name"] for row in response.data["results"]] == ["large-reserved-training"]

@@ -29,3 +29,14 @@ def test_it_serves_swagger_ui_from_local_static_files(db, api_client):
     assert any("drf_spectacular_sidecar/swagger-ui-dist" in source for source in sources), sources
     assert all(not source.startswith(("http://", "https://", "//")) for source in sources), sources
     assert "cdn" not in html.lower()
+
+
+def test_it_issues_a_token_that_authenticates(db, cluster, alice, api_client):
+    response = api_client.post("/api/auth/token/", {"username": "alice", "password": "password"})
+    assert response.status_code == 200
+    api_client.credentials(HTTP_AUTHORIZATION=f"Token {response.data['token']}")
+    assert api_client.get("/api/status/").status_code == 200
+    api_client.credentials(HTTP_AUTHORIZATION="Token not-a-real-token")
+    refused = api_client.get("/api/status/")
+    # Session authentication comes first and sends no WWW-Authenticate challenge, so DRF answers 403.
+    assert (refused.status_code, str(refused.data["detail"])) == (403, "Invalid token.")
