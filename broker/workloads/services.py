@@ -230,8 +230,8 @@ def cancel_workload(workload, actor, reason=""):
             reason=reason,
             manual_intervention=workload.team_id not in roles.team_ids(actor),
         )
-        if released:
-            request_cycle_after_commit(f"workload {workload.pk} cancelled")
+        # Even with nothing released, the queue behind it moves up and needs fresh explanations.
+        request_cycle_after_commit(f"workload {workload.pk} cancelled")
     return workload
 
 
