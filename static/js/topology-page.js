@@ -55,7 +55,7 @@
     document.getElementById("node-card").hidden = true;
   }
 
-  function openRack(rackId) {
+  function openRack(rackId, quiet) {
     current.rack = rackId;
     document.getElementById("drill-card").hidden = false;
     return T.loadRack(drillEl, rackId, { onDevice: function (d) { openNode(d.node_id, d.id); } }).then(function (data) {
@@ -68,12 +68,12 @@
         b.addEventListener("click", function () { openNode(n.id); });
         buttons.appendChild(b);
       });
-      document.getElementById("drill-card").scrollIntoView({ behavior: "smooth", block: "start" });
+      if (!quiet) document.getElementById("drill-card").scrollIntoView({ behavior: "smooth", block: "start" });
       return data;
     });
   }
 
-  function openNode(nodeId, focusDevice) {
+  function openNode(nodeId, focusDevice, quiet) {
     current.node = nodeId;
     return T.getJSON("/dashboard/api/heatmap/node/" + nodeId + "/").then(function (data) {
       var node = data.node;
@@ -108,7 +108,7 @@
         if (focusDevice === d.id) tr.classList.add("flash");
         tbody.appendChild(tr);
       });
-      document.getElementById("node-card").scrollIntoView({ behavior: "smooth", block: "nearest" });
+      if (!quiet) document.getElementById("node-card").scrollIntoView({ behavior: "smooth", block: "nearest" });
     });
   }
 
@@ -128,7 +128,7 @@
     var touched = racks.some(function (c) { return String(c.id) === String(current.rack); });
     if (touched) {
       var node = current.node;
-      openRack(current.rack).then(function () { if (node) openNode(node); });
+      openRack(current.rack, true).then(function () { if (node) openNode(node, null, true); });
     }
   });
   window.BrokerTopologyPage = { openRack: openRack, openNode: openNode, rackMap: rackMap };

@@ -1,0 +1,279 @@
+"""End to end: a real ASGI server (daphne) and a real Celery worker against the test PostgreSQL and
+Redis, driven by Debian's Chromium through Playwright.
+
+A member submits a gang that cannot start and reads why; an operator, in a second browser context,
+cancels the blocker; the member's page shows the workload admitted without a reload. The heatmap drills
+from rack to device. Screenshots go to test-artifacts/.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from broker.workloads.models import Allocation, Workload
+from broker.workloads.states import State
+from tests.builders import make_workload
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True, serialized_rollback=True)]
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-component-update",
+    "--disable-sync",
+]
+REASONS = ("InsufficientCapacity", "TopologyFragmented", "QuotaExceeded", "Priority", "DeviceUnhealthy", "Reserved")
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_port(port, process, timeout=30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited with {process.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"nothing listens on {port} after {timeout} s")
+
+
+def stack_env():
+    db = connection.settings_dict
+    url = f"postgresql://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    if db.get("PASSWORD"):
+        url = (
+            f"postgresql://{db['USER']}:{db['PASSWORD']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+        )
+    return {
+        **os.environ,
+        "DATABASE_URL": url,
+        "REDIS_URL": settings.REDIS_URL,
+        "CYCLE_MODE": "celery",
+        "CYCLE_DEBOUNCE_SECONDS": "0.2",
+        "DJANGO_SETTINGS_MODULE": "broker.settings",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def stop(process):
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture
+def stack(cluster, tmp_path):
+    """(base url, processes): daphne and a Celery worker on the test database and Redis."""
+    if not settings.REDIS_URL or connection.vendor != "postgresql":
+        pytest.fail("the end-to-end test runs the production stack: set DATABASE_URL (PostgreSQL) and REDIS_URL")
+    if not (ROOT / "broker" / "cycle" / "tasks.py").exists():
+        pytest.fail("broker/cycle/tasks.py is missing: there is no Celery cycle to run")
+    env = stack_env()
+    port = free_port()
+    bin_dir = Path(sys.executable).parent
+    logs = {name: open(tmp_path / f"{name}.log", "w") for name in ("daphne", "celery")}  # noqa: SIM115
+    server = subprocess.Popen(
+        [str(bin_dir / "daphne"), "-b", "127.0.0.1", "-p", str(port), "broker.asgi:application"],
+        cwd=ROOT,
+        env=env,
+        stdout=logs["daphne"],
+        stderr=subprocess.STDOUT,
+    )
+    worker = subprocess.Popen(
+        [
+            str(bin_dir / "celery"),
+            "-A",
+            "broker",
+            "worker",
+            "--pool=solo",
+            "--loglevel=INFO",
+            "--without-heartbeat",
+            "--without-gossip",
+            "--without-mingle",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=logs["celery"],
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_for_port(port, server)
+        yield f"http://127.0.0.1:{port}", tmp_path
+    finally:
+        stop(worker)
+        stop(server)
+        for log in logs.values():
+            log.close()
+        for name in ("daphne", "celery"):
+            text = (tmp_path / f"{name}.log").read_text()
+            ARTIFACTS.mkdir(exist_ok=True)
+            (ARTIFACTS / f"e2e-{name}.log").write_text(text)
+
+
+@pytest.fixture
+def browser(monkeypatch):
+    from playwright.sync_api import sync_playwright
+
+    # Playwright's sync API keeps an event loop on this thread; the ORM calls here stay synchronous.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"Debian's chromium is not installed at {CHROMIUM} (make chromium)")
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+def log_in(browser, base, username):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.set_default_timeout(20000)
+    page.goto(f"{base}/login/")
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", "password")
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{base}/")
+    page.wait_for_selector('#live-status[data-state="live"]')
+    return page
+
+
+def shot(page, name):
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def hold(workload, nodes, device_class):
+    """A running workload holding every device of `nodes`."""
+    workload.transition(State.PENDING)
+    workload.transition(State.ADMITTED)
+    workload.transition(State.RUNNING)
+    index = 0
+    for node in nodes:
+        for device in node.devices.order_by("name"):
+            Allocation.objects.create(
+                workload=workload, device=device, device_class=device_class, pod_set="main", pod_index=index
+            )
+            index += 1
+
+
+def test_it_admits_a_blocked_gang_live_when_an_operator_frees_capacity(stack, browser, cluster, alice, olivia, bob):
+    base, _logs = stack
+    n1, n2, n3, n4 = cluster.nodes
+    # One rack-local 8-device gang fits in no rack while team-b holds a node in each rack.
+    blocker_1 = make_workload(
+        cluster.queue_b,
+        "blocker-1",
+        devices_per_pod=4,
+        priority=1000,
+        preemptible=False,
+        submitted_by=bob,
+        chosen_device_class=cluster.h100,
+    )
+    blocker_2 = make_workload(
+        cluster.queue_b,
+        "blocker-2",
+        devices_per_pod=4,
+        priority=1000,
+        preemptible=False,
+        submitted_by=bob,
+        chosen_device_class=cluster.h100,
+    )
+    hold(blocker_1, [n1], cluster.h100)
+    hold(blocker_2, [n3], cluster.h100)
+
+    member = log_in(browser, base, "alice")
+    shot(member, "01-overview-member")
+
+    # Submit: the what-if says it would not start now, and why.
+    member.goto(f"{base}/submit/")
+    member.fill("input[name=name]", "gang-8")
+    member.check('input[name=resource_class][data-name="distributed-training"]')
+    member.fill("input[name=replicas]", "2")
+    member.fill("input[name=devices_per_pod]", "4")
+    member.click("#whatif-button")
+    member.wait_for_selector('#whatif[data-verdict="no"]')
+    whatif = member.inner_text("#whatif")
+    assert "Not now" in whatif and any(code in whatif for code in REASONS), whatif
+    shot(member, "02-submit-whatif")
+    member.click("#submit-button")
+    member.wait_for_url(f"{base}/workloads/*/")
+    workload = Workload.objects.get(name="gang-8")
+
+    # The first cycle explains it; the page learns it over the socket.
+    member.wait_for_function("() => document.querySelector('#workload-reason').dataset.reason !== ''", timeout=30000)
+    reason = member.inner_text("#workload-reason")
+    message = member.inner_text("#workload-message")
+    assert reason in REASONS, reason
+    assert message and message != "—"
+    assert member.inner_text("#workload-state") == "Pending"
+    member.evaluate("window.__sameDocument = true")
+    shot(member, "03-workload-pending")
+
+    # The operator, in a second context, cancels one blocker (with the confirm dialog).
+    operator = log_in(browser, base, "olivia")
+    operator.goto(f"{base}/queue/")
+    shot(operator, "04-queue-operator")
+    operator.goto(f"{base}/workloads/{blocker_2.pk}/")
+    operator.on("dialog", lambda dialog: dialog.accept())
+    operator.fill("form[action$='/cancel/'] input[name=reason]", "free r2 for gang-8")
+    operator.click("text=Cancel workload")
+    operator.wait_for_selector(".message")
+    assert Workload.objects.get(pk=blocker_2.pk).state == State.CANCELLED
+
+    # The member's page turns Admitted without a reload.
+    member.wait_for_function(
+        "() => ['Admitted', 'Running'].includes(document.querySelector('#workload-state').textContent.trim())",
+        timeout=30000,
+    )
+    assert member.evaluate("window.__sameDocument") is True
+    workload.refresh_from_db()
+    assert workload.state in (State.ADMITTED, State.RUNNING)
+    assert set(workload.allocations.values_list("device__node__name", flat=True)) == {"n3", "n4"}
+    member.wait_for_selector(".placement-rack .main-svg")
+    shot(member, "05-workload-admitted")
+
+    # The heatmap drills from rack to nodes to one device.
+    operator.goto(f"{base}/topology/")
+    operator.wait_for_selector("#heatmap .main-svg")
+    shot(operator, "06-topology-racks")
+    box = operator.evaluate(
+        """() => {
+          const el = document.getElementById('heatmap'), fl = el._fullLayout;
+          const r = el.getBoundingClientRect();
+          return {x: r.left + fl._size.l + fl.xaxis.l2p(2), y: r.top + fl._size.t + fl.yaxis.l2p(0)};
+        }"""
+    )
+    operator.mouse.click(box["x"], box["y"])
+    operator.wait_for_selector("#drill-card:not([hidden]) #drill .main-svg")
+    assert "rack r2" in operator.inner_text("#crumbs")
+    operator.click("#node-buttons button[data-node]:first-child")
+    operator.wait_for_selector("#node-card:not([hidden]) #devices tbody tr")
+    rows = operator.locator("#devices tbody tr")
+    assert rows.count() == 4
+    assert "gang-8" in operator.inner_text("#devices")
+    shot(operator, "07-topology-node-devices")
