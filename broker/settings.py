@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import dj_database_url
+import plotly
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -153,7 +154,9 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATICFILES_DIRS = [BASE_DIR / "static"]
+# Plotly's JavaScript ships inside the plotly package: serve it from there (no CDN, no copy to keep in step).
+PLOTLY_JS_DIR = Path(plotly.__file__).resolve().parent / "package_data"
+STATICFILES_DIRS = [BASE_DIR / "static", ("vendor", PLOTLY_JS_DIR)]
 STATIC_ROOT = Path(os.getenv("STATIC_ROOT", DATA_DIR / "staticfiles"))
 WHITENOISE_USE_FINDERS = True
 

@@ -67,3 +67,10 @@ def test_it_switches_to_postgres_and_redis_from_the_environment(tmp_path):
         "redis://cache:6379/0",
         "celery",
     ], result.stderr
+
+
+def test_it_serves_plotly_from_the_installed_package():
+    from django.contrib.staticfiles import finders
+
+    found = finders.find("vendor/plotly.min.js")
+    assert found and "site-packages/plotly" in found
