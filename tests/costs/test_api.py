@@ -128,7 +128,9 @@ def test_it_wants_a_real_month(api_client, cluster, fiona, url):
 @pytest.mark.parametrize(
     "url", ["/api/costs/allocation", "/api/costs/pending", "/api/costs/export.csv", "/api/costs/ticker"]
 )
-def test_it_lets_only_finance_operators_and_admins_read_cluster_costs(api_client, request, persona, allowed, url):
+def test_it_lets_only_finance_operators_and_admins_read_cluster_costs(
+    api_client, cluster, request, persona, allowed, url
+):
     user = request.getfixturevalue(persona)
     response = get(api_client, user, url, month="2026-10")
     assert response.status_code == (200 if allowed else 403)

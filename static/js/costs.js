@@ -1,0 +1,98 @@
+// Finance page: four charts from the cost API and a running-cost ticker over ws/costs/ (polling if the
+// socket cannot connect).
+(function () {
+  "use strict";
+  const params = new URLSearchParams(window.location.search);
+  const windowParam = params.get("window") || "30d";
+  const step = params.get("step") || "day";
+  const colors = { allocated: "#2f6feb", idle: "#d0d5dd", stranded: "#7a5af8", unhealthy: "#d92d20",
+                   reserved_unused: "#f79009", pending: "#12b76a" };
+  const errorBox = document.getElementById("cost-error");
+
+  function api(path, query) {
+    const url = path + "?" + new URLSearchParams(query).toString();
+    return fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } }).then((r) =>
+      r.json().then((body) => {
+        if (!r.ok) { throw new Error(Object.values(body).flat().join(" ")); }
+        return body;
+      }));
+  }
+  const num = (value) => Number(value || 0);
+  const money = (value) => num(value).toLocaleString(undefined, { style: "currency", currency: "USD" });
+
+  function stacked(report) {
+    const x = report.steps.map((s) => s.start);
+    const traces = ["allocated", "reserved_unused", "unhealthy", "stranded", "idle"].map((name) => ({
+      type: "bar", name: name.replace("_", " "), x: x, marker: { color: colors[name] },
+      y: report.steps.map((s) => num(s.totals[name].cost)),
+    }));
+    Plotly.newPlot("stacked", traces, { barmode: "stack", margin: { t: 10 }, yaxis: { title: "cost" } },
+                   { displaylogo: false, responsive: true });
+  }
+
+  function idleVsPending(report, pending) {
+    const x = report.steps.map((s) => s.start);
+    Plotly.newPlot("idle-vs-pending", [
+      { type: "scatter", mode: "lines", name: "idle + stranded", x: x, line: { color: colors.stranded },
+        y: report.steps.map((s) => num(s.totals.idle.cost) + num(s.totals.stranded.cost)) },
+      { type: "scatter", mode: "lines", name: "pending (not billed)", x: pending.steps.map((s) => s.start),
+        line: { color: colors.pending, dash: "dot" }, y: pending.steps.map((s) => num(s.total.cost)) },
+    ], { margin: { t: 10 }, yaxis: { title: "cost" } }, { displaylogo: false, responsive: true });
+  }
+
+  function treemap(report) {
+    const ids = [], labels = [], parents = [], values = [];
+    const teams = {};
+    Object.entries(report.totals.allocations).forEach(([key, row]) => {
+      const [team, deviceClass] = key.split("/");
+      teams[team] = (teams[team] || 0) + num(row.cost);
+      ids.push(key); labels.push(deviceClass); parents.push(team); values.push(num(row.cost));
+    });
+    Object.entries(teams).forEach(([team, cost]) => { ids.push(team); labels.push(team); parents.push(""); values.push(cost); });
+    Plotly.newPlot("treemap", [{ type: "treemap", ids, labels, parents, values, branchvalues: "total",
+                                 texttemplate: "%{label}<br>%{value:$,.2f}" }],
+                   { margin: { t: 10, l: 0, r: 0, b: 0 } }, { displaylogo: false, responsive: true });
+  }
+
+  function topWorkloads(report) {
+    const rows = Object.entries(report.totals.allocations).sort((a, b) => num(b[1].cost) - num(a[1].cost)).slice(0, 15).reverse();
+    Plotly.newPlot("top-workloads", [{ type: "bar", orientation: "h", marker: { color: colors.allocated },
+      x: rows.map(([, row]) => num(row.cost)), y: rows.map(([key]) => key),
+      text: rows.map(([, row]) => num(row.device_hours).toFixed(1) + " device-h"), hoverinfo: "x+y+text" }],
+      { margin: { t: 10, l: 220 } }, { displaylogo: false, responsive: true });
+  }
+
+  const base = { window: windowParam, step: step };
+  Promise.all([
+    api("/api/costs/allocation", { ...base, aggregate: "team" }),
+    api("/api/costs/pending", { ...base, aggregate: "team" }),
+    api("/api/costs/allocation", { window: windowParam, step: "month", aggregate: "team,device_class" }),
+    api("/api/costs/allocation", { window: windowParam, step: "month", aggregate: "workload" }),
+  ]).then(([byTeam, pending, byClass, byWorkload]) => {
+    stacked(byTeam); idleVsPending(byTeam, pending); treemap(byClass); topWorkloads(byWorkload);
+  }).catch((error) => { errorBox.textContent = error.message; });
+
+  // --- ticker ---
+  const ticker = document.getElementById("ticker");
+  function show(payload) {
+    ticker.querySelectorAll("[data-field]").forEach((el) => {
+      const [group, name] = el.dataset.field.split(".");
+      el.textContent = money(payload[group] && payload[group][name]);
+    });
+    ticker.dataset.updated = payload.at;
+  }
+  let polling = null;
+  function poll() {
+    if (polling) { return; }
+    const once = () => api(ticker.dataset.poll, {}).then(show).catch(() => {});
+    once();
+    polling = setInterval(once, 5000);
+  }
+  try {
+    const scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
+    const socket = new WebSocket(scheme + window.location.host + ticker.dataset.ws);
+    socket.onmessage = (event) => show(JSON.parse(event.data));
+    socket.onerror = poll;
+    socket.onclose = poll;
+  } catch (e) { poll(); }
+})();
