@@ -2,6 +2,8 @@
 
 from django.http import HttpResponse
 from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
@@ -51,6 +53,7 @@ class AllocationView(APIView):
 
     permission_classes = [ReadsAllCosts]
 
+    @extend_schema(parameters=[AllocationQuerySerializer], responses={200: OpenApiTypes.OBJECT})
     def get(self, request):
         query = validated(AllocationQuerySerializer, request)
         report = allocation_report(
@@ -71,6 +74,7 @@ class PendingView(APIView):
 
     permission_classes = [ReadsAllCosts]
 
+    @extend_schema(parameters=[PendingQuerySerializer], responses={200: OpenApiTypes.OBJECT})
     def get(self, request):
         query = validated(PendingQuerySerializer, request)
         report = pending_report(
@@ -85,6 +89,7 @@ class StatementView(APIView):
 
     permission_classes = [IsBrokerUser]
 
+    @extend_schema(parameters=[StatementQuerySerializer], responses={200: OpenApiTypes.OBJECT})
     def get(self, request):
         query = validated(StatementQuerySerializer, request)
         team = Team.objects.filter(name=query["team"]).first()
@@ -101,6 +106,10 @@ class ExportCsvView(APIView):
 
     permission_classes = [ReadsAllCosts]
 
+    @extend_schema(
+        parameters=[MonthQuerySerializer],
+        responses={(200, "text/csv"): OpenApiResponse(OpenApiTypes.STR, description="Chargeback per team.")},
+    )
     def get(self, request):
         start, end = validated(MonthQuerySerializer, request)["month"]
         response = HttpResponse(exports.to_csv(exports.chargeback_rows(start, end)), content_type="text/csv")
@@ -111,6 +120,14 @@ class ExportCsvView(APIView):
 class ExportXlsxView(APIView):
     permission_classes = [ReadsAllCosts]
 
+    @extend_schema(
+        parameters=[MonthQuerySerializer],
+        responses={
+            (200, "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"): OpenApiResponse(
+                OpenApiTypes.BINARY, description="Chargeback per team."
+            )
+        },
+    )
     def get(self, request):
         start, end = validated(MonthQuerySerializer, request)["month"]
         response = HttpResponse(
@@ -126,5 +143,6 @@ class TickerView(APIView):
 
     permission_classes = [ReadsAllCosts]
 
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
     def get(self, request):
         return Response(running_cost())
