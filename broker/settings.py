@@ -136,6 +136,12 @@ CELERY_BEAT_SCHEDULE = {
 SIMULATION_SPEED = envfloat("SIMULATION_SPEED", "60")
 EXECUTOR = os.getenv("EXECUTOR", "simulated")
 DEMO_REPLAY = envbool("DEMO_REPLAY", "False")
+if DEMO_REPLAY:
+    # Celery mode's Philly replay; the embedded default replays inside `manage.py serve` instead.
+    CELERY_BEAT_SCHEDULE["philly-replay"] = {
+        "task": "broker.cycle.tasks.replay_tick",
+        "schedule": CYCLE_INTERVAL_SECONDS,
+    }
 TRACES_DIR = Path(os.getenv("TRACES_DIR", BASE_DIR.parent / "shared" / "data" / "traces"))
 BACKFILL_WAIT_SECONDS = envfloat("BACKFILL_WAIT_SECONDS", "600")
 APPROVAL_ESCALATION_SECONDS = envfloat("APPROVAL_ESCALATION_SECONDS", "86400")
