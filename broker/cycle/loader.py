@@ -17,6 +17,7 @@ from django.db.models import F, TextField
 from django.db.models.functions import Cast
 
 from broker.cycle.executor import get_executor
+from broker.governance.approvals import outside_window
 from broker.inventory.models import ClusterState, Device, Domain, Health, Node, TopologyLevel
 from broker.policy.models import Cohort, DeviceClass, Queue, Reservation, ResourceClass, ResourceClassDeviceClass
 from broker.scheduler import snapshot as s
@@ -33,6 +34,7 @@ class LoadedState:
     generation: int
     now: object  # the aware datetime of the cycle
     device_pks: dict = field(default_factory=dict)  # snapshot device id -> Device pk
+    devices_by_pk: dict = field(default_factory=dict)  # Device pk -> (snapshot device id, node name)
     device_taints: dict = field(default_factory=dict)  # Device pk -> taints as loaded
     device_class_pks: dict = field(default_factory=dict)  # name -> DeviceClass pk
     pending_states: dict = field(default_factory=dict)  # Workload pk -> state as loaded
@@ -139,6 +141,7 @@ def load_devices(node_names, loaded):
         if capacity not in capacity_cache:
             capacity_cache[capacity] = numeric_capacity(parse(capacity, {}))
         loaded.device_pks[device_id] = pk
+        loaded.devices_by_pk[pk] = (device_id, node)
         loaded.device_taints[pk] = taint_list
         devices.append(
             s.Device(
@@ -342,6 +345,8 @@ def approved_flag(state, approval, rule, devices):
 def load_pending(loaded, approval_rules):
     rows = list(
         Workload.objects.filter(state__in=WAITING)
+        # An approval granted for a window keeps the workload out of the cycle while the window is shut.
+        .exclude(pk__in=outside_window(loaded.now))
         .order_by("id")
         .values_list(
             "id",
@@ -431,14 +436,17 @@ def load_running(loaded):
     """Every workload holding an active allocation, whatever its state: a held device is never free."""
     pods = defaultdict(lambda: defaultdict(list))
     classes = {}
+    class_names = {pk: name for name, pk in loaded.device_class_pks.items()}
+    # Device and class names come from what was loaded already: no join per allocation.
     rows = (
         Allocation.objects.filter(released_at__isnull=True)
-        .order_by("workload_id", "pod_set", "pod_index", "device__node__name", "device__name")
-        .values_list("workload_id", "pod_set", "pod_index", "device__node__name", "device__name", "device_class__name")
+        .order_by("workload_id", "pod_set", "pod_index", "device_id")
+        .values_list("workload_id", "pod_set", "pod_index", "device_id", "device_class_id")
     )
-    for workload_id, pod_set, index, node, device, class_name in rows.iterator(chunk_size=5000):
-        pods[workload_id][(pod_set, index, node)].append(f"{node}/{device}")
-        classes.setdefault(workload_id, class_name)
+    for workload_id, pod_set, index, device_pk, class_pk in rows.iterator(chunk_size=5000):
+        device_id, node = loaded.devices_by_pk[device_pk]
+        pods[workload_id][(pod_set, index, node)].append(device_id)
+        classes.setdefault(workload_id, class_names[class_pk])
     if not pods:
         return ()
     info = {
