@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from broker.scheduler.capacity import ROOT
+from broker.scheduler.capacity import ROOT, View
 from broker.scheduler.placement import place_gang, place_within_scope
 
 
@@ -104,57 +104,40 @@ def _protection(cycle, request, scope, plan_nodes, start) -> Protection:
 
 def _protection_without_durations(cycle, request, classes, required) -> Protection | None:
     """Keep free the domain the head could use soonest: the most free devices now among domains that
-    could hold it once everything running there has ended."""
+    could hold it once everything there has ended (the cluster as built)."""
+    built = cycle.empty_state()
     access = request.access()
-    everything = []
-    for workload in cycle.snapshot.running:
-        everything.extend(held_slots(cycle, workload.id, access))
-    for workload_id in cycle.log.admitted:
-        everything.extend(held_slots(cycle, workload_id, access))
     for class_name in classes:
+        now_view = cycle.view(class_name, access)
+        built_view = View(built, built.class_index[class_name])
         if required is None:
-            nodes = _soonest_nodes(cycle, request, class_name, everything)
+            nodes = _soonest_nodes(cycle, request, now_view, built_view)
             if nodes:
                 return _protection(cycle, request, ROOT, nodes, None)
             continue
-        now_view = cycle.view(class_name, access)
-        empty_view = cycle.view(class_name, access, more=everything)
-        candidates = []
-        for scope, capacity in empty_view.domain_counts(required).items():
-            if capacity >= request.needed and place_gang(empty_view, request.demands, required, None):
-                candidates.append((-now_view.domain_count(scope), scope))
-        if candidates:
-            candidates.sort()
-            scope = _first_that_holds(
-                cycle, request, class_name, everything, [scope for _, scope in candidates]
-            )
-            if scope is not None:
+        candidates = sorted(
+            (-now_view.domain_count(scope), scope)
+            for scope, capacity in built_view.domain_counts(required).items()
+            if capacity >= request.needed
+        )
+        for _, scope in candidates:
+            if place_within_scope(built_view, scope, request.demands, None) is not None:
                 return _protection(cycle, request, scope, (), None)
     return None
 
 
-def _first_that_holds(cycle, request, class_name, everything, scopes):
-    view = cycle.view(class_name, request.access(), more=everything)
-    for scope in scopes:
-        if place_within_scope(view, scope, request.demands, None) is not None:
-            return scope
-    return None
-
-
-def _soonest_nodes(cycle, request, class_name, everything) -> set[int]:
+def _soonest_nodes(cycle, request, now_view: View, built_view: View) -> set[int]:
     """Without a required level: the nodes with most free devices now that together could hold it."""
-    now_view = cycle.view(class_name, request.access())
-    full_view = cycle.view(class_name, request.access(), more=everything)
     per_pod = max(demand.per_pod for demand in request.demands)
     pods_needed = sum(demand.min_count for demand in request.demands)
     ranked = sorted(
-        (node for node in range(len(cycle.state.node_names)) if full_view.node_count(node) >= per_pod),
+        (node for node in range(len(cycle.state.node_names)) if built_view.node_count(node) >= per_pod),
         key=lambda node: (-now_view.node_count(node), node),
     )
     chosen, pods = set(), 0
     for node in ranked:
         chosen.add(node)
-        pods += full_view.node_count(node) // per_pod
+        pods += built_view.node_count(node) // per_pod
         if pods >= pods_needed:
             return chosen
     return set()

@@ -31,6 +31,11 @@ def natural_key(text: str) -> tuple:
     return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text))
 
 
+def _device_key(device_id: str) -> tuple:
+    _, _, tail = device_id.rpartition("/")
+    return (0, int(tail), device_id) if tail.isdigit() else (1, 0, natural_key(device_id))
+
+
 class Slot:
     """One device's state during a cycle."""
 
@@ -84,11 +89,21 @@ class NodeBuckets:
 class CapacityState:
     """Devices, topology and free counts of one snapshot; mutated as the cycle admits work.
 
-    empty=True builds the cluster as built: every device healthy, free and unreserved (for
-    InvalidRequest, "can this ever run here?").
+    `CapacityState.as_built(state)` is the same cluster with every device healthy, free and unreserved.
     """
 
-    def __init__(self, snapshot: Snapshot, matcher: ClassMatcher, class_names: tuple[str, ...], empty=False):
+    @classmethod
+    def as_built(cls, other: CapacityState) -> CapacityState:
+        """The same cluster with every device healthy, free and unreserved ("can it ever run here?").
+        It shares the other state's device records and only reads them."""
+        built = cls.__new__(cls)
+        for name in ("levels", "class_names", "class_index", "node_names", "node_index", "node_schedulable",
+                     "node_domains", "domain_nodes", "slots", "slot_by_id"):  # fmt: skip
+            setattr(built, name, getattr(other, name))
+        built._aggregate(as_built=True)
+        return built
+
+    def __init__(self, snapshot: Snapshot, matcher: ClassMatcher, class_names: tuple[str, ...]):
         levels = tuple(snapshot.levels)
         self.levels = levels if NODE_LEVEL in levels else levels + (NODE_LEVEL,)
         self.class_names = class_names
@@ -96,10 +111,9 @@ class CapacityState:
         self._index_nodes(snapshot)
         self.slots: list[Slot] = []
         self.slot_by_id: dict[str, Slot] = {}
-        self._index_devices(snapshot, matcher, empty)
-        if not empty:
-            self._hold_running(snapshot)
-            self._reserve(snapshot)
+        self._index_devices(snapshot, matcher)
+        self._hold_running(snapshot)
+        self._reserve(snapshot)
         self._aggregate()
 
     # --- building ---
@@ -133,10 +147,10 @@ class CapacityState:
                 members.setdefault(key, []).append(node)
             self.domain_nodes.append(members)
 
-    def _index_devices(self, snapshot: Snapshot, matcher: ClassMatcher, empty: bool) -> None:
+    def _index_devices(self, snapshot: Snapshot, matcher: ClassMatcher) -> None:
         class_sets: dict[frozenset, tuple[int, ...]] = {}
         devices = sorted(
-            snapshot.devices, key=lambda device: (self.node_index[device.node], natural_key(device.id))
+            snapshot.devices, key=lambda device: (self.node_index[device.node], _device_key(device.id))
         )
         for order, device in enumerate(devices):
             names = matcher.classes_of(device)
@@ -146,9 +160,7 @@ class CapacityState:
                 class_sets[names] = indices
             node = self.node_index[device.node]
             blocking = tuple(taint for taint in device.taints if taint.effect in NO_SCHEDULE_EFFECTS)
-            if empty:
-                category = PLAIN
-            elif not device.healthy or not self.node_schedulable[node]:
+            if not device.healthy or not self.node_schedulable[node]:
                 category = BLOCKED
             elif blocking:
                 category = TAINTED
@@ -204,13 +216,17 @@ class CapacityState:
                 return False
         return True
 
-    def _aggregate(self) -> None:
+    def _aggregate(self, as_built: bool = False) -> None:
         node_count = len(self.node_names)
         self.node_free = [[0] * node_count for _ in self.class_names]
         self.free_plain: list[list[Slot]] = [[] for _ in range(node_count)]
         self.extras: list[Slot] = []  # every non-plain device, free or held
         for slot in self.slots:
-            if slot.category != PLAIN:
+            if as_built:
+                self.free_plain[slot.node].append(slot)
+                for class_index in slot.classes:
+                    self.node_free[class_index][slot.node] += 1
+            elif slot.category != PLAIN:
                 self.extras.append(slot)  # held ones too: views skip those with a holder
             elif slot.holder is None:
                 self.free_plain[slot.node].append(slot)

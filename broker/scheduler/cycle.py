@@ -70,7 +70,8 @@ class Cycle:
         self._empty_state: CapacityState | None = None
         self.chosen_victims: set[str] = set()
         self.preemption_failed: set = set()
-        self.cohort_roots: dict | None = None
+        self.victim_index = None
+        self.preemptions_by_queue: dict[str, int] = {}
         self.simulated_class: dict[str, str] = {}
         self.simulated_plans: dict[str, GangPlan] = {}
 
@@ -284,7 +285,7 @@ class Cycle:
 
     def empty_state(self) -> CapacityState:
         if self._empty_state is None:
-            self._empty_state = CapacityState(self.snapshot, self.matcher, self.class_names, empty=True)
+            self._empty_state = CapacityState.as_built(self.state)
         return self._empty_state
 
     def pending_decision_for_invalid(self, workload_id: str) -> PendingDecision:

@@ -11,6 +11,7 @@ This runs after every decision of the cycle is made: it consumes the cycle's fre
 from __future__ import annotations
 
 import heapq
+from collections import deque
 
 from broker.scheduler.backfill import release_timeline
 from broker.scheduler.placement import place_gang
@@ -61,46 +62,60 @@ def estimated_starts(cycle, waiting: list[str], reasons: dict[str, str]) -> dict
 
 
 def _simulate(cycle, remaining) -> dict[str, float]:
+    """Start waiting work in cluster order at each release time. Workloads of one shape (same classes,
+    gang, topology, queue and team) succeed or fail alike, so each shape is a FIFO and a release time
+    only visits each shape's first member, in cluster order, until that shape fails."""
     events = [(end, order, workload_id) for order, (end, workload_id) in enumerate(release_timeline(cycle))]
     heapq.heapify(events)
     counter = len(events)
     started: dict[str, float] = {}
-    waiting = list(remaining)
+    head = cycle.protection.workload_id if cycle.protection is not None else None
+    members: dict[tuple, deque] = {}
+    for position, request in enumerate(remaining):
+        key = _shape(request) + ((request.workload.id,) if request.workload.id == head else ())
+        members.setdefault(key, deque()).append((position, request))
     handled = 0
-    while events and waiting and handled < cycle.config.estimate_horizon_events:
+    while events and members and handled < cycle.config.estimate_horizon_events:
         time = events[0][0]
         while events and events[0][0] == time:
             _, _, workload_id = heapq.heappop(events)
             _release(cycle, workload_id)
             handled += 1
-        still_waiting = []
-        failed: set = set()
-        shapes = {_shape(request) for request in waiting}
         held = _held_for_head(cycle, started)
-        for request in waiting:
-            shape = _shape(request)
-            if len(failed) == len(shapes) or shape in failed:
-                still_waiting.append(request)
-                continue
+        fronts = [(queue[0][0], index, key) for index, (key, queue) in enumerate(members.items())]
+        heapq.heapify(fronts)
+        failed = []
+        while fronts:
+            _, index, key = heapq.heappop(fronts)
+            request = members[key][0][1]
             class_name, plan = _try_start(cycle, request, held)
-            if plan is not None and held and request.id == cycle.protection.workload_id:
-                held = frozenset()  # the head starts: what failed only because of its hold may fit now
-                failed.clear()
             if plan is None:
-                failed.add(shape)
-                still_waiting.append(request)
+                failed.append((members[key][0][0], index, key))
                 continue
-            cycle.state.hold(list(plan.slots()), request.id)
-            cycle.quota.add_usage(request.queue.name, class_name, sum(len(pod.slots) for pod in plan.pods))
-            cycle.simulated_plans[request.id] = plan
-            cycle.simulated_class[request.id] = class_name
-            started[request.id] = time
+            workload_id = request.workload.id
+            _start(cycle, request, class_name, plan)
+            started[workload_id] = time
+            members[key].popleft()
+            if members[key]:
+                heapq.heappush(fronts, (members[key][0][0], index, key))
+            if held and workload_id == head:
+                held = frozenset()  # the head starts: what failed only because of its hold may fit now
+                for entry in failed:
+                    heapq.heappush(fronts, entry)
+                failed = []
             duration = request.workload.expected_duration
             if duration is not None:
                 counter += 1
-                heapq.heappush(events, (time + duration, counter, request.id))
-        waiting = still_waiting
+                heapq.heappush(events, (time + duration, counter, workload_id))
+        members = {key: queue for key, queue in members.items() if queue}
     return started
+
+
+def _start(cycle, request, class_name: str, plan) -> None:
+    cycle.state.hold(list(plan.slots()), request.workload.id)
+    cycle.quota.add_usage(request.queue.name, class_name, sum(len(pod.slots) for pod in plan.pods))
+    cycle.simulated_plans[request.workload.id] = plan
+    cycle.simulated_class[request.workload.id] = class_name
 
 
 def _held_for_head(cycle, started) -> frozenset:

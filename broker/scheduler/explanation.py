@@ -299,7 +299,7 @@ class Assessor:
         demand = request.demands[0]
 
         def starts(size: int) -> bool:
-            return self.starts_now(request.with_demands((replace(demand, count=size, min_count=size),)))
+            return self.starts_now(request.with_demands((demand._replace(count=size, min_count=size),)))
 
         low, high = 0, demand.min_count - 1
         while low < high:

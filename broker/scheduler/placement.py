@@ -16,13 +16,14 @@ Placement only plans: nothing in the capacity state changes until the cycle comm
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from broker.scheduler.capacity import ROOT, Slot, View
 
 
-@dataclass(frozen=True)
-class PodDemand:
-    """One pod set as placement sees it: `min_count` pods must fit, up to `count` are placed."""
+class PodDemand(NamedTuple):
+    """One pod set as placement sees it: `min_count` pods must fit, up to `count` are placed.
+    A tuple, because demands are hashed into every memo key of the cycle."""
 
     name: str
     count: int
@@ -108,9 +109,9 @@ def _place_within(view, scope, demands, preferred, needed):
 
 def pack(view: View, scope: tuple, demands: tuple[PodDemand, ...]) -> tuple[PlannedPod, ...] | None:
     """Place the gang inside one scope fullest-first; None when its min_count pods do not all fit."""
-    if len(demands) == 1 and not demands[0].match_attribute and scope == ROOT and view.plain:
+    if len(demands) == 1 and not demands[0].match_attribute and scope == ROOT and not view.extra_by_node:
         demand = demands[0]
-        if view.state.buckets[view.class_index].pods_that_fit(demand.per_pod) < demand.min_count:
+        if pods_fitting_in_scope(view, ROOT, demand.per_pod) < demand.min_count:
             return None
     ordered = sorted(demands, key=lambda demand: (-demand.per_pod, demand.name))
     packer = _Packer(view, scope)
@@ -160,9 +161,12 @@ class _Packer:
     def _nodes_fullest_first(self, per_pod: int):
         view = self.view
         state = view.state
-        if self.scope == ROOT and view.plain and not self.used:
+        if self.scope == ROOT and not view.extra_by_node and not self.used:
             # Node free counts are already bucketed and sorted: stream instead of sorting every node.
-            yield from state.buckets[view.class_index].nodes_with_at_least(per_pod)
+            excluded = view.excluded
+            for node in state.buckets[view.class_index].nodes_with_at_least(per_pod):
+                if node not in excluded:
+                    yield node
             return
         if self.scope == ROOT:
             widest_extra = max((len(extra) for extra in view.extra_by_node.values()), default=0)
@@ -202,9 +206,9 @@ def _choose_devices(slots: list[Slot], demand: PodDemand) -> list[Slot] | None:
 def pods_fitting_in_scope(view: View, scope: tuple, per_pod: int) -> int:
     """How many pods of `per_pod` devices fit in a scope (one pod set, no matchAttribute)."""
     state = view.state
-    if scope == ROOT and view.plain:
-        return state.buckets[view.class_index].pods_that_fit(per_pod)
-    nodes = view.extra_by_node.keys() | set(state.buckets[view.class_index].nodes_with_at_least(1))
-    if scope != ROOT:
-        nodes = state.nodes_of(scope)
+    counts = state.node_free[view.class_index]
+    if scope == ROOT and not view.extra_by_node:
+        fitting = state.buckets[view.class_index].pods_that_fit(per_pod)
+        return fitting - sum(counts[node] // per_pod for node in view.excluded)
+    nodes = state.nodes_of(scope) if scope != ROOT else range(len(state.node_names))
     return sum(view.node_count(node) // per_pod for node in nodes)

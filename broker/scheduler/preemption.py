@@ -66,19 +66,25 @@ def cost_key(victims) -> tuple:
 def find_victims(cycle, request) -> Found | None:
     if not _may_preempt(cycle, request):
         return None
+    if cycle.preemptions_by_queue.get(request.queue.name, 0) >= cycle.config.preemptions_per_queue_per_cycle:
+        return _waiting_for_evictions_only(cycle, request)
+    newer_counts = request.queue.within_queue == "LowerOrNewerEqualPriority"
     memo_key = (
         request.classes, request.demands, request.required, request.preferred, request.queue.name,
-        request.team, request.workload.priority, request.workload.submitted, request.preemptible,
+        request.team, request.workload.priority, request.preemptible,
+        request.workload.submitted if newer_counts else None,
     )  # fmt: skip
-    failed = cycle.preemption_failed
-    if memo_key in failed:
+    if memo_key in cycle.preemption_failed:
         return None
     for class_name in request.classes:
         found = _search_class(cycle, request, class_name)
         if found is not None:
             _claim(cycle, found)
+            if found.victims:
+                queue = request.queue.name
+                cycle.preemptions_by_queue[queue] = cycle.preemptions_by_queue.get(queue, 0) + 1
             return found
-    failed.add(memo_key)
+    cycle.preemption_failed.add(memo_key)
     return None
 
 
@@ -96,106 +102,162 @@ def _claim(cycle, found: Found) -> None:
     cycle.chosen_victims.update(found.evicting)
 
 
-def eligible_victims(cycle, request, class_name: str) -> list[Victim]:
-    """Running workloads the policy lets `request` preempt, with the rule that allows each."""
-    chosen = cycle.chosen_victims
-    victims = []
-    for workload in sorted(cycle.snapshot.running, key=lambda workload: workload.id):
-        if workload.evicting or not workload.preemptible or workload.id in chosen:
-            continue
-        rule = _rule(cycle, request, workload, class_name)
-        if rule is not None:
-            victims.append(Victim(workload, rule))
-    return victims
-
-
-def _rule(cycle, request, workload: RunningWorkload, class_name: str) -> str | None:
-    preemptor = request.workload
-    queue = request.queue
-    if workload.queue == queue.name:
-        policy = queue.within_queue
-        lower = workload.priority < preemptor.priority
-        newer_equal = workload.priority == preemptor.priority and workload.started > preemptor.submitted
-        if policy == "LowerPriority" and lower:
-            return "WithinQueue"
-        if policy == "LowerOrNewerEqualPriority" and (lower or newer_equal):
-            return "WithinQueue"
+def _waiting_for_evictions_only(cycle, request) -> Found | None:
+    """Once its queue has preempted this cycle, a workload may still wait for evictions under way."""
+    if not _index(cycle).evicting_slots:
         return None
-    if _holds_reserved_for(cycle, workload, request.team):
-        return "ReservationReclaim"
-    policy = queue.reclaim_within_cohort
-    if policy == "Never" or not _same_cohort_tree(cycle, queue.name, workload.queue):
-        return None
-    if not cycle.quota.is_borrowing(workload.queue, workload.device_class):
-        return None
-    nominal = cycle.quota.nominal(queue.name, class_name)
-    if nominal is not None and cycle.quota.usage(queue.name, class_name) + request.needed > nominal:
-        return None
-    if policy == "LowerPriority" and workload.priority < preemptor.priority:
-        return "ReclaimWithinCohort"
-    if policy == "Any" and workload.priority <= preemptor.priority:
-        return "ReclaimWithinCohort"
+    for class_name in request.classes:
+        found = _search_class(cycle, request, class_name, with_victims=False)
+        if found is not None:
+            _claim(cycle, found)
+            return found
     return None
 
 
-def _holds_reserved_for(cycle, workload: RunningWorkload, team: str) -> bool:
-    team_of_queue = {queue.name: queue.team for queue in cycle.snapshot.queues}
-    if team_of_queue.get(workload.queue) == team:
-        return False
-    slots = cycle.state.slot_by_id
-    return any(
-        slots[device_id].owner == team
-        for pod in workload.pods
-        for device_id in pod.device_ids
-        if device_id in slots
-    )
+class VictimIndex:
+    """Running work arranged for victim searches, built once per cycle."""
+
+    def __init__(self, cycle):
+        self.by_queue: dict[str, list[RunningWorkload]] = {}
+        for workload in cycle.snapshot.running:
+            if workload.preemptible and not workload.evicting:
+                self.by_queue.setdefault(workload.queue, []).append(workload)
+        for workloads in self.by_queue.values():
+            workloads.sort(key=lambda workload: (workload.priority, -workload.started, workload.id))
+        team_of_queue = {queue.name: queue.team for queue in cycle.snapshot.queues}
+        self.on_reserved: dict[str, set[str]] = {}
+        for slot in cycle.state.slots:
+            holder = cycle.running.get(slot.holder) if slot.holder else None
+            if (
+                holder is not None
+                and slot.owner is not None
+                and team_of_queue.get(holder.queue) != slot.owner
+            ):
+                self.on_reserved.setdefault(slot.owner, set()).add(holder.id)
+        evicting = {workload.id for workload in cycle.snapshot.running if workload.evicting}
+        self.evicting_slots = [slot for slot in cycle.state.slots if slot.holder in evicting]
+        self.cohort_root = _cohort_roots(cycle.snapshot)
 
 
-def _same_cohort_tree(cycle, first: str, second: str) -> bool:
-    roots = cycle.cohort_roots
-    if roots is None:
-        parents = {cohort.name: cohort.parent for cohort in cycle.snapshot.cohorts}
-        roots = {}
-        for queue in cycle.snapshot.queues:
-            cohort = queue.cohort
-            seen = set()
-            while cohort is not None and parents.get(cohort) and cohort not in seen:
-                seen.add(cohort)
-                cohort = parents[cohort]
-            roots[queue.name] = cohort
-        cycle.cohort_roots = roots
-    return roots.get(first) is not None and roots.get(first) == roots.get(second)
+def _index(cycle) -> VictimIndex:
+    if cycle.victim_index is None:
+        cycle.victim_index = VictimIndex(cycle)
+    return cycle.victim_index
 
 
-def _search_class(cycle, request, class_name: str) -> Found | None:
+def eligible_victims(cycle, request, class_name: str) -> list[Victim]:
+    """Running workloads the policy lets `request` preempt, with the rule that allows each."""
+    index = _index(cycle)
+    chosen = cycle.chosen_victims
+    preemptor = request.workload
+    queue = request.queue
+    found: dict[str, Victim] = {}
+    for workload in index.by_queue.get(queue.name, ()):
+        if workload.priority > preemptor.priority:
+            break
+        if workload.id not in chosen and _within_queue_allows(queue.within_queue, workload, preemptor):
+            found[workload.id] = Victim(workload, "WithinQueue")
+    for workload_id in sorted(index.on_reserved.get(request.team, ())):
+        if workload_id not in chosen and workload_id not in found:
+            found[workload_id] = Victim(cycle.running[workload_id], "ReservationReclaim")
+    if queue.reclaim_within_cohort != "Never" and _within_nominal_after(cycle, request, class_name):
+        root = index.cohort_root.get(queue.name)
+        for other in sorted(index.by_queue):
+            if other == queue.name or root is None or index.cohort_root.get(other) != root:
+                continue
+            borrowing = {}
+            for workload in index.by_queue[other]:
+                if workload.priority > preemptor.priority:
+                    break
+                if workload.id in chosen or workload.id in found:
+                    continue
+                if workload.device_class not in borrowing:
+                    borrowing[workload.device_class] = cycle.quota.is_borrowing(other, workload.device_class)
+                if not borrowing[workload.device_class]:
+                    continue
+                if queue.reclaim_within_cohort == "Any" or workload.priority < preemptor.priority:
+                    found[workload.id] = Victim(workload, "ReclaimWithinCohort")
+    return [found[workload_id] for workload_id in sorted(found)]
+
+
+def _within_queue_allows(policy: str, workload: RunningWorkload, preemptor) -> bool:
+    lower = workload.priority < preemptor.priority
+    newer_equal = workload.priority == preemptor.priority and workload.started > preemptor.submitted
+    if policy == "LowerPriority":
+        return lower
+    if policy == "LowerOrNewerEqualPriority":
+        return lower or newer_equal
+    return False
+
+
+def _within_nominal_after(cycle, request, class_name: str) -> bool:
+    nominal = cycle.quota.nominal(request.queue.name, class_name)
+    return nominal is None or cycle.quota.usage(request.queue.name, class_name) + request.needed <= nominal
+
+
+def _cohort_roots(snapshot) -> dict[str, str | None]:
+    parents = {cohort.name: cohort.parent for cohort in snapshot.cohorts}
+    roots = {}
+    for queue in snapshot.queues:
+        cohort = queue.cohort
+        seen = set()
+        while cohort is not None and parents.get(cohort) and cohort not in seen:
+            seen.add(cohort)
+            cohort = parents[cohort]
+        roots[queue.name] = cohort
+    return roots
+
+
+def _search_class(cycle, request, class_name: str, with_victims: bool = True) -> Found | None:
     access = request.access()
     class_index = cycle.state.class_index[class_name]
     level_index = cycle.state.levels.index(request.required) if request.required else None
     evicting = _by_scope(cycle, _evicting_slots(cycle, access), class_index, level_index)
-    victims = eligible_victims(cycle, request, class_name)
+    victims = eligible_victims(cycle, request, class_name) if with_victims else []
+    base_view = cycle.view(class_name, access)
+    most = base_view.total() + sum(len(slots) for slots in evicting.values())
+    if most + sum(victim.workload.device_count for victim in victims) < request.needed:
+        return None
     freed = {
         victim.workload.id: _by_scope(
             cycle, _freed_slots(cycle, victim.workload, access), class_index, level_index
         )
         for victim in victims
     }
-    touched = sorted({scope for groups in list(freed.values()) + [evicting] for scope in groups})
-    base_view = cycle.view(class_name, access)
-    best = None
-    for scope in touched:
-        candidates = [victim for victim in victims if scope in freed[victim.workload.id]]
+    # Scopes in order of the fewest victims they could possibly need; stop once a found set is smaller.
+    by_scope: dict[tuple, list[Victim]] = {scope: [] for scope in evicting}
+    for victim in victims:
+        for scope in freed[victim.workload.id]:
+            by_scope.setdefault(scope, []).append(victim)
+    ranked = []
+    for scope, candidates in by_scope.items():
         gains = {victim.workload.id: len(freed[victim.workload.id][scope]) for victim in candidates}
         evicting_here = evicting.get(scope, [])
-        room = base_view.domain_count(scope) + len(evicting_here) + sum(gains.values())
-        if room < request.needed:
-            continue
+        deficit = request.needed - base_view.domain_count(scope) - len(evicting_here)
+        fewest = _fewest_needed(sorted(gains.values(), reverse=True), deficit)
+        if fewest is not None:
+            ranked.append((fewest, scope, candidates, gains, evicting_here))
+    ranked.sort(key=lambda entry: (entry[0], entry[1]))
+    best = None
+    for fewest, scope, candidates, gains, evicting_here in ranked:
+        if best is not None and fewest > len(best.victims):
+            break
         search = _ScopeSearch(cycle, request, class_name, scope, evicting_here, freed)
         found = search.run(candidates, gains)
         if found is not None and (best is None or cost_key(found.victims) < cost_key(best.victims)):
             best = found
-        if best is not None and not best.victims:
-            break
     return best
+
+
+def _fewest_needed(gains_descending: list[int], deficit: int) -> int | None:
+    total = 0
+    if deficit <= 0:
+        return 0
+    for count, gain in enumerate(gains_descending, start=1):
+        total += gain
+        if total >= deficit:
+            return count
+    return None
 
 
 def _by_scope(cycle, slots, class_index: int, level_index: int | None) -> dict[tuple, list]:
@@ -208,14 +270,9 @@ def _by_scope(cycle, slots, class_index: int, level_index: int | None) -> dict[t
 
 
 def _evicting_slots(cycle, access) -> list:
-    evicting = {
-        workload.id
-        for workload in cycle.snapshot.running
-        if workload.evicting and workload.id not in cycle.chosen_victims
-    }
     slots = []
-    for slot in cycle.state.slots:
-        if slot.holder in evicting:
+    for slot in _index(cycle).evicting_slots:
+        if slot.holder not in cycle.chosen_victims:
             rank = access.rank(slot)
             if rank is not None:
                 slots.append((rank, slot))
@@ -284,25 +341,25 @@ def _evicting_ids(slots) -> tuple[str, ...]:
 
 
 def _cheapest_feasible(candidates, gains, deficit, feasible, budget):
-    """Exact search by increasing set size while within `budget` feasibility checks, else greedy.
-    Sets that cannot free `deficit` devices are skipped without a check."""
+    """Exact search by increasing set size while within `budget` examined sets, else greedy.
+    Sets that cannot free `deficit` devices are skipped without a placement check."""
     ordered = sorted(candidates, key=lambda victim: cost_key((victim,)))
     by_gain = sorted((gains[victim.workload.id] for victim in ordered), reverse=True)
-    checks = 0
+    examined = 0
     for size in range(1, len(ordered) + 1):
         if sum(by_gain[:size]) < deficit:
             continue
         best = None
         for chosen in combinations(ordered, size):
+            examined += 1
+            if examined > budget:
+                return best or _greedy(ordered, gains, deficit, feasible)
             if best is not None and cost_key(chosen) >= cost_key(best):
                 continue
-            if sum(gains[victim.workload.id] for victim in chosen) < deficit:
-                continue
-            checks += 1
-            if checks > budget:
-                return _greedy(ordered, gains, deficit, feasible)
-            if feasible(chosen):
+            if sum(gains[victim.workload.id] for victim in chosen) >= deficit and feasible(chosen):
                 best = chosen
+                if size == 1:
+                    break  # singles are examined cheapest first
         if best is not None:
             return best
     return None

@@ -107,6 +107,7 @@ class QuotaTree:
             if queue.cohort:
                 self._attach(node, self._cohort_node(queue.cohort))
         self._subtree_cache: dict = {}
+        self._usage_cache: dict = {}
 
     def _cohort_node(self, name: str) -> _QuotaNode:
         # A cohort named only by its members exists implicitly with no quota of its own, as in Kueue.
@@ -133,6 +134,7 @@ class QuotaTree:
         node = self._queue_nodes.get(queue)
         if node is not None:
             node.usage[device_class] = node.usage.get(device_class, 0) + amount
+            self._usage_cache.clear()
 
     def usage(self, queue: str, device_class: str) -> int:
         node = self._queue_nodes.get(queue)
@@ -168,12 +170,25 @@ class QuotaTree:
     def _usage(self, node: _QuotaNode, device_class: str) -> int:
         if not node.children:
             return node.usage.get(device_class, 0)
-        return sum(
-            max(0, self._usage(child, device_class) - self._guaranteed(child, device_class))
-            for child in node.children
-        )
+        key = (id(node), device_class)
+        cached = self._usage_cache.get(key)
+        if cached is None:
+            cached = sum(
+                max(0, self._usage(child, device_class) - self._guaranteed(child, device_class))
+                for child in node.children
+            )
+            self._usage_cache[key] = cached
+        return cached
 
     def _available(self, node: _QuotaNode, device_class: str) -> int:
+        key = ("available", id(node), device_class)
+        cached = self._usage_cache.get(key)
+        if cached is None:
+            cached = self._compute_available(node, device_class)
+            self._usage_cache[key] = cached
+        return cached
+
+    def _compute_available(self, node: _QuotaNode, device_class: str) -> int:
         if node.parent is None:
             return self._subtree_quota(node, device_class) - self._usage(node, device_class)
         guaranteed = self._guaranteed(node, device_class)
@@ -188,6 +203,14 @@ class QuotaTree:
         return local + from_parent
 
     def _potential(self, node: _QuotaNode, device_class: str) -> int:
+        key = ("potential", id(node), device_class)
+        cached = self._subtree_cache.get(key)
+        if cached is None:
+            cached = self._compute_potential(node, device_class)
+            self._subtree_cache[key] = cached
+        return cached
+
+    def _compute_potential(self, node: _QuotaNode, device_class: str) -> int:
         if node.parent is None:
             return self._subtree_quota(node, device_class)
         potential = self._guaranteed(node, device_class) + self._potential(node.parent, device_class)

@@ -51,9 +51,20 @@ class ClassMatcher:
             if device_class.selector
         }
         self._cache: dict[tuple, frozenset[str]] = {}
+        self._by_identity: dict[tuple, tuple] = {}
 
     def classes_of(self, device: Device) -> frozenset[str]:
         """Names of the classes `device` belongs to."""
+        # Devices built from one node description often share their attribute dicts: skip re-freezing.
+        shared_key = (device.driver, id(device.attributes), id(device.capacity))
+        shared = self._by_identity.get(shared_key)
+        if shared is not None and shared[0] is device.attributes and shared[1] is device.capacity:
+            return shared[2]
+        matched = self._classes_of_description(device)
+        self._by_identity[shared_key] = (device.attributes, device.capacity, matched)
+        return matched
+
+    def _classes_of_description(self, device: Device) -> frozenset[str]:
         description = device_description(device)
         matched = self._cache.get(description)
         if matched is None:

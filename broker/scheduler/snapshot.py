@@ -300,7 +300,9 @@ class SchedulerConfig:
     suggestions: compute verified suggestions.
     rerun_verification_limit: quota suggestions change the fair-share order, so they are verified by a
       full re-run of the cycle; only done when there are at most this many pending workloads.
-    preemption_search_limit: combinations tried in the exact victim search before falling back to greedy.
+    preemption_search_limit: victim sets examined in the exact search before falling back to greedy.
+    preemptions_per_queue_per_cycle: workloads of one queue that may choose new victims per cycle (Kueue
+      only lets queue heads preempt); the rest wait a cycle, which also keeps a cycle's search bounded.
     estimate_horizon_events: release events simulated for estimated starts.
     """
 
@@ -311,6 +313,7 @@ class SchedulerConfig:
     suggestions: bool = True
     rerun_verification_limit: int = 200
     preemption_search_limit: int = 4096
+    preemptions_per_queue_per_cycle: int = 1
     estimate_horizon_events: int = 256
 
 

@@ -12,7 +12,7 @@ FORBIDDEN_MODULES = {
     "os", "pathlib", "io", "shutil", "sqlite3",
 }  # fmt: skip
 # Modules allowed an exception, and why: the what-if CLI reads the file it is given and prints.
-IO_ALLOWED = {"whatif_cli.py": {"pathlib", "os"}}
+IO_ALLOWED = {"whatif_cli.py": {"pathlib", "os"}, "synthetic.py": {"random"}}
 FORBIDDEN_CALLS = {
     ("time", "time"), ("time", "monotonic"), ("time", "perf_counter"), ("time", "sleep"),
     ("datetime", "now"), ("datetime", "utcnow"), ("datetime", "today"), ("date", "today"),
@@ -73,6 +73,16 @@ def forbidden_call(path, node):
     name = node.func.id
     if name in FORBIDDEN_NAMES and not (name == "print" and path.name in PRINT_ALLOWED):
         yield f"{path.name}:{node.lineno} calls {name}()"
+
+
+def test_it_draws_synthetic_chance_only_from_a_seeded_generator():
+    tree = ast.parse((PACKAGE / "synthetic.py").read_text())
+    uses = {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "random"
+    }
+    assert uses == {"Random"}
 
 
 def test_it_finds_a_forbidden_import_when_there_is_one():

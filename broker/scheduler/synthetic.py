@@ -1,0 +1,175 @@
+"""Deterministic synthetic snapshots of any size, for benchmarks and tests.
+
+`synthetic_snapshot(nodes=12_500, devices_per_node=8, pending=20_000, seed=1)` builds a zone > block >
+rack cluster (8 nodes per rack, 16 racks per block, 4 zones' worth of blocks), mostly H100 with A100
+racks, a sprinkle of unhealthy devices, tainted devices and cordoned nodes, 15 team queues in two
+cohorts, running work filling `busy` of the devices, and pending gangs whose sizes follow the Philly
+trace mix (mostly 1 device, some 2-8, rare 16-128) unless `sizes` gives the sizes to draw from.
+The only chance involved is a `random.Random(seed)`: the same arguments give the same snapshot.
+"""
+
+from __future__ import annotations
+
+import random
+
+from broker.scheduler.snapshot import (
+    DRIVER,
+    Cohort,
+    Device,
+    DeviceClass,
+    Node,
+    PendingWorkload,
+    PodSet,
+    Queue,
+    ResourceClass,
+    RunningPod,
+    RunningWorkload,
+    SchedulerConfig,
+    Snapshot,
+    Taint,
+)
+
+# Share of Philly jobs by GPU count (adaptdl's philly.csv: 93% use 1 GPU; the rest 2..128).
+PHILLY_MIX = ((1, 0.80), (2, 0.07), (4, 0.06), (8, 0.05), (16, 0.012), (32, 0.005), (64, 0.002), (128, 0.001))
+NODES_PER_RACK = 8
+RACKS_PER_BLOCK = 16
+TEAMS = tuple(f"vc{index:02d}" for index in range(15))
+
+
+def synthetic_snapshot(
+    nodes: int = 1_000,
+    devices_per_node: int = 8,
+    pending: int = 1_000,
+    seed: int = 1,
+    busy: float = 0.85,
+    sizes: tuple[int, ...] | None = None,
+    config: SchedulerConfig | None = None,
+) -> Snapshot:
+    chance = random.Random(seed)
+    node_list, devices = _inventory(chance, nodes, devices_per_node)
+    queues, cohorts = _queues(nodes * devices_per_node)
+    running = _running(chance, node_list, devices_per_node, busy)
+    draw = _size_drawer(chance, sizes)
+    pending_list = tuple(_pending(chance, index, draw()) for index in range(pending))
+    return Snapshot(
+        levels=("zone", "block", "rack"),
+        nodes=tuple(node_list),
+        devices=tuple(devices),
+        device_classes=(
+            DeviceClass("h100", match={"model": "H100"}, price_per_hour=4.0),
+            DeviceClass("a100", match={"model": "A100"}, price_per_hour=2.0),
+            DeviceClass(
+                "big-memory", selector=f'device.attributes["{DRIVER}"].memory >= 80', price_per_hour=3.5
+            ),
+        ),
+        cohorts=cohorts,
+        queues=queues,
+        resource_classes=(
+            ResourceClass("batch", ("h100", "a100"), default_priority=1, preemptible=True),
+            ResourceClass("training", ("h100",), topology_required="rack", default_priority=10),
+        ),
+        running=tuple(running),
+        pending=pending_list,
+        now=100_000.0,
+        config=config or SchedulerConfig(),
+    )
+
+
+def _inventory(chance: random.Random, count: int, per_node: int):
+    nodes, devices = [], []
+    width = max(5, len(str(count)))
+    for index in range(count):
+        rack = index // NODES_PER_RACK
+        block = rack // RACKS_PER_BLOCK
+        name = f"n{index:0{width}d}"
+        model, memory = ("A100", 40) if rack % 4 == 3 else ("H100", 80)
+        nodes.append(
+            Node(
+                name,
+                {"zone": f"z{block % 4}", "block": f"b{block:04d}", "rack": f"r{rack:05d}"},
+                schedulable=chance.random() >= 0.002,
+            )
+        )
+        attributes = {"model": model, "memory": memory, "island": "0"}
+        for device_index in range(per_node):
+            tainted = chance.random() < 0.001
+            devices.append(
+                Device(
+                    f"{name}/{device_index}",
+                    name,
+                    attributes=attributes if device_index < per_node // 2 else {**attributes, "island": "1"},
+                    healthy=chance.random() >= 0.005,
+                    taints=(Taint("maintenance", "true", "NoSchedule"),) if tainted else (),
+                )
+            )
+    return nodes, devices
+
+
+def _queues(devices: int):
+    share = max(1, devices // len(TEAMS))
+    queues = tuple(
+        Queue(
+            name=team,
+            team=team,
+            cohort="research" if index < 8 else "production",
+            quota={"h100": share, "a100": share // 3} if index % 5 else None,
+            weight=1.0 + (index % 3),
+            within_queue="LowerPriority" if index % 2 else "Never",
+            reclaim_within_cohort="Any" if index % 3 == 0 else "Never",
+        )
+        for index, team in enumerate(TEAMS)
+    )
+    return queues, (Cohort("research"), Cohort("production"))
+
+
+def _running(chance: random.Random, nodes, per_node: int, busy: float):
+    running = []
+    for node in nodes:
+        used = 0
+        while used < per_node and chance.random() < busy:
+            width = min(per_node - used, chance.choice((1, 1, 1, 2, 4, 8)))
+            ids = tuple(f"{node.name}/{index}" for index in range(used, used + width))
+            used += width
+            team = TEAMS[len(running) % len(TEAMS)]
+            running.append(
+                RunningWorkload(
+                    id=f"run-{len(running):06d}",
+                    queue=team,
+                    pods=(RunningPod("main", 0, node.name, ids),),
+                    device_class="a100" if int(node.domains["rack"][1:]) % 4 == 3 else "h100",
+                    priority=chance.choice((0, 1, 5, 10)),
+                    preemptible=chance.random() < 0.5,
+                    started=float(chance.randrange(0, 100_000)),
+                    expected_end=100_000.0 + chance.randrange(60, 86_400) if chance.random() < 0.7 else None,
+                )
+            )
+    return running
+
+
+def _size_drawer(chance: random.Random, sizes):
+    if sizes:
+        pool = tuple(sizes)
+        return lambda: chance.choice(pool)
+    values = [size for size, _ in PHILLY_MIX]
+    weights = [weight for _, weight in PHILLY_MIX]
+    return lambda: chance.choices(values, weights)[0]
+
+
+def _pending(chance: random.Random, index: int, size: int) -> PendingWorkload:
+    team = TEAMS[chance.randrange(len(TEAMS))]
+    if size <= 8:
+        pod_set = PodSet("main", 1, None, size)
+        resource_class, required = "batch", None
+    else:
+        pod_set = PodSet("workers", size // 8, None, 8)
+        resource_class, required = "training", ("rack" if size <= 64 else "block")
+    return PendingWorkload(
+        id=f"job-{index:06d}",
+        queue=team,
+        pod_sets=(pod_set,),
+        resource_class=resource_class,
+        topology_required=required,
+        priority=chance.choice((0, 1, 5, 10)),
+        submitted=float(chance.randrange(0, 100_000)),
+        expected_duration=float(chance.randrange(60, 86_400)) if chance.random() < 0.7 else None,
+    )
