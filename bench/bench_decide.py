@@ -37,7 +37,8 @@ def philly_sizes(path: Path = PHILLY) -> tuple[int, ...] | None:
         return None
     with path.open(newline="") as handle:
         sizes = tuple(int(float(row["num_gpus"])) for row in csv.DictReader(handle) if row.get("num_gpus"))
-    return tuple(size for size in sizes if size >= 1) or None
+    usable = tuple(size for size in sizes if size >= 1)
+    return usable if usable else None
 
 
 def run_case(nodes: int, pending: int, sizes, repeat: int, seed: int = 1) -> dict:
@@ -78,8 +79,8 @@ def main(argv=None) -> int:
         case = run_case(nodes, pending, sizes, args.repeat)
         report["cases"].append(case)
         print(
-            f"{case['devices']:>7} devices {case['pending']:>6} pending: decide {case['decide_seconds_best']:.3f}s "
-            f"(median {case['decide_seconds_median']:.3f}s), admitted {case['admitted']}, "
+            f"{case['devices']:>7} devices {case['pending']:>6} pending: "
+            f"decide {case['decide_seconds_best']:.3f}s (median {case['decide_seconds_median']:.3f}s), admitted {case['admitted']}, "
             f"preempted {case['preemptions']}, reasons {case['pending_reasons']}",
             flush=True,
         )
