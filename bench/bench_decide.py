@@ -80,7 +80,8 @@ def main(argv=None) -> int:
         report["cases"].append(case)
         print(
             f"{case['devices']:>7} devices {case['pending']:>6} pending: "
-            f"decide {case['decide_seconds_best']:.3f}s (median {case['decide_seconds_median']:.3f}s), admitted {case['admitted']}, "
+            f"decide {case['decide_seconds_best']:.3f}s (median {case['decide_seconds_median']:.3f}s), "
+            f"admitted {case['admitted']}, "
             f"preempted {case['preemptions']}, reasons {case['pending_reasons']}",
             flush=True,
         )
