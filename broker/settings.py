@@ -57,6 +57,7 @@ INSTALLED_APPS = [
     "broker.api",
     "broker.cycle",
     "broker.costs",
+    "broker.metrics",
     "dashboard",
 ]
 
@@ -145,6 +146,8 @@ if DEMO_REPLAY:
 TRACES_DIR = Path(os.getenv("TRACES_DIR", BASE_DIR.parent / "shared" / "data" / "traces"))
 BACKFILL_WAIT_SECONDS = envfloat("BACKFILL_WAIT_SECONDS", "600")
 APPROVAL_ESCALATION_SECONDS = envfloat("APPROVAL_ESCALATION_SECONDS", "86400")
+# GET /metrics wants `Authorization: Bearer <this>` when set; unset, the page is open.
+METRICS_TOKEN = os.getenv("METRICS_TOKEN", "")
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

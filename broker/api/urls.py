@@ -5,6 +5,8 @@ from rest_framework.routers import DefaultRouter
 from broker.api.views import StatusView
 from broker.audit.api.views import AuditEventViewSet
 from broker.inventory.api.views import DeviceViewSet, DomainViewSet, NodeViewSet, TopologyLevelViewSet
+from broker.metrics.api.explanations import WorkloadExplanationView
+from broker.metrics.api.views import MetricsView
 from broker.policy.api.views import (
     CohortViewSet,
     DeviceClassViewSet,
@@ -42,5 +44,7 @@ urlpatterns = [
     path("status/", StatusView.as_view(), name="api-status"),
     path("auth/token/", obtain_auth_token, name="api-token"),
     path("costs/", include("broker.costs.api.urls")),
+    path("metrics/", MetricsView.as_view(), name="api-metrics"),
+    path("workloads/<int:pk>/explanation/", WorkloadExplanationView.as_view(), name="workload-explanation"),
     *router.urls,
 ]

@@ -1,0 +1,486 @@
+"""The boring metrics, each one small function over the database.
+
+Every figure is aggregated in SQL (GROUP BY, correlated subqueries for "until the next row"); Python only
+renames the rows. Durations are summed as SQL intervals and turned into seconds at the end, so the same
+code runs on PostgreSQL and on the embedded SQLite. Functions that measure time up to the present take
+`now`, so a caller (or a test) decides what the present is.
+
+Labels never come back as None: a workload without a resource class is labelled "" (Prometheus treats an
+empty label as absent).
+"""
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db.models import (
+    BigIntegerField,
+    Case,
+    CharField,
+    Count,
+    DateTimeField,
+    DurationField,
+    Exists,
+    ExpressionWrapper,
+    F,
+    OuterRef,
+    Q,
+    Subquery,
+    Sum,
+    Value,
+    When,
+)
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast, Coalesce
+
+from broker.audit.models import AuditEvent
+from broker.costs.models import CapacitySample
+from broker.inventory.models import Device, TopologyLevel
+from broker.policy import roles
+from broker.policy.models import ResourceClassDeviceClass
+from broker.workloads.models import (
+    Allocation,
+    ExplanationChange,
+    PodSet,
+    SchedulingCycle,
+    Workload,
+    WorkloadTransition,
+)
+from broker.workloads.states import WAITING_STATES, State
+
+WAITING = sorted(WAITING_STATES)
+# Upper bounds of the pending-wait histogram: a minute to a week, the range a queue's promises live in.
+WAIT_BUCKETS = (60, 300, 900, 1800, 3600, 4 * 3600, 12 * 3600, 86400, 3 * 86400, 7 * 86400)
+# History rows the cycle writes that are not reasons to wait: admission closes a stretch of waiting.
+NOT_A_WAIT = ("Admitted",)
+NOT_YET_EXPLAINED = "NotYetExplained"
+WRONG_CLASS_REASONS = ("InvalidRequest", "NotEntitled")
+FALLBACK_USED = "FallbackUsed"
+FITS_SMALLER_CLASS = "FitsSmallerClass"
+# The governance engine's audit action for "this request would fit a smaller resource class".
+WRONG_CLASS_GUIDANCE_ACTION = "guidance.wrong_class"
+# One role per actor for the intervention count, the most privileged first.
+ROLE_ORDER = (roles.ADMIN, roles.OPERATOR, roles.APPROVER, roles.FINANCE, roles.MEMBER)
+SYSTEM = "system"
+NODE_LEVEL = "node"
+
+
+def seconds(duration):
+    """An SQL interval sum as float seconds (None, for an empty group, is 0)."""
+    if duration is None:
+        return 0.0
+    if isinstance(duration, timedelta):
+        return duration.total_seconds()
+    # Some backends hand back the raw microseconds of a DurationField aggregate.
+    return float(duration) / 1_000_000
+
+
+def interval(end, start):
+    return ExpressionWrapper(end - start, output_field=DurationField())
+
+
+def label(path):
+    return Coalesce(F(path), Value(""), output_field=CharField())
+
+
+def workload_labels(prefix="workload__"):
+    """Team and resource class labels of a row about a workload (for Workload itself, see own_labels)."""
+    return {"team": label(f"{prefix}team__name"), "resource_class": label(f"{prefix}resource_class__name")}
+
+
+def own_labels():
+    # Workload has fields named team and resource_class, so its annotations need other names.
+    return {"team_label": label("team__name"), "class_label": label("resource_class__name")}
+
+
+# --- how often and how long workloads pend ----------------------------------------------------------------
+
+
+def pending_now():
+    """Workloads waiting right now, by their latest reason, team and resource class. A waiting workload the
+    cycle has not explained yet is AwaitingApproval in that state, else NotYetExplained (as the cost of
+    pending counts it)."""
+    reason = Coalesce(
+        F("explanation__reason"),
+        Case(
+            When(state=State.AWAITING_APPROVAL, then=Value("AwaitingApproval")),
+            default=Value(NOT_YET_EXPLAINED),
+        ),
+        output_field=CharField(),
+    )
+    rows = (
+        Workload.objects.filter(state__in=WAITING)
+        .annotate(reason_label=reason, **own_labels())
+        .values("reason_label", "team_label", "class_label")
+        .annotate(count=Count("id"))
+        .order_by("reason_label", "team_label", "class_label")
+    )
+    return [
+        {"reason": r["reason_label"], "team": r["team_label"], "resource_class": r["class_label"], "count": r["count"]}
+        for r in rows
+    ]
+
+
+def ends_of_waiting():
+    """Transitions that end a run of waiting (Pending -> Admitted, a cancel while queued, ...), each with
+    `wait`: the time since that run began. A run begins at submission, or where a held workload was
+    preempted back into the queue (the last transition into waiting from outside it)."""
+    began = (
+        WorkloadTransition.objects.filter(workload=OuterRef("workload"), to_state__in=WAITING)
+        .exclude(from_state__in=WAITING)
+        .filter(Q(at__lt=OuterRef("at")) | Q(at=OuterRef("at"), id__lt=OuterRef("id")))
+        .order_by("-at", "-id")
+        .values("at")[:1]
+    )
+    start = Coalesce(Subquery(began, output_field=DateTimeField()), F("workload__submitted_at"))
+    return (
+        WorkloadTransition.objects.filter(from_state__in=WAITING)
+        .exclude(to_state__in=WAITING)
+        .annotate(wait=interval(F("at"), start))
+    )
+
+
+def wait_durations(buckets=WAIT_BUCKETS):
+    """Completed waits by team, resource class and how they ended (Admitted, Cancelled, Failed): count,
+    total seconds and cumulative counts at or under each bucket bound (a Prometheus histogram's shape)."""
+    bucket_counts = {
+        f"le_{i}": Count("id", filter=Q(wait__lte=timedelta(seconds=bound))) for i, bound in enumerate(buckets)
+    }
+    rows = (
+        ends_of_waiting()
+        .annotate(outcome=F("to_state"), **workload_labels())
+        .values("team", "resource_class", "outcome")
+        .annotate(count=Count("id"), total=Sum("wait"), **bucket_counts)
+        .order_by("team", "resource_class", "outcome")
+    )
+    return [
+        {
+            "team": r["team"],
+            "resource_class": r["resource_class"],
+            "outcome": r["outcome"],
+            "count": r["count"],
+            "sum_seconds": seconds(r["total"]),
+            "buckets": [(bound, r[f"le_{i}"]) for i, bound in enumerate(buckets)],
+        }
+        for r in rows
+    ]
+
+
+def explained_stretches(now):
+    """ExplanationChange rows, each with `held`: how long its reason stood. A reason stands until the
+    workload's next change, or until it left the queue (admitted, cancelled, failed), or until `now` for a
+    workload still waiting."""
+    next_change = (
+        ExplanationChange.objects.filter(workload=OuterRef("workload"))
+        .filter(Q(at__gt=OuterRef("at")) | Q(at=OuterRef("at"), id__gt=OuterRef("id")))
+        .order_by("at", "id")
+        .values("at")[:1]
+    )
+    next_exit = (
+        WorkloadTransition.objects.filter(workload=OuterRef("workload"), at__gte=OuterRef("at"), from_state__in=WAITING)
+        .exclude(to_state__in=WAITING)
+        .order_by("at", "id")
+        .values("at")[:1]
+    )
+    # Spelled out rather than Least(): SQLite's MIN() is NULL as soon as one side is.
+    end = Case(
+        When(
+            next_change__isnull=True,
+            next_exit__isnull=True,
+            then=Case(When(workload__state__in=WAITING, then=Value(now)), default=F("at")),
+        ),
+        When(next_exit__isnull=True, then=F("next_change")),
+        When(next_change__isnull=True, then=F("next_exit")),
+        When(next_change__lt=F("next_exit"), then=F("next_change")),
+        default=F("next_exit"),
+        output_field=DateTimeField(),
+    )
+    return (
+        ExplanationChange.objects.exclude(reason__in=NOT_A_WAIT)
+        .annotate(
+            next_change=Subquery(next_change, output_field=DateTimeField()),
+            next_exit=Subquery(next_exit, output_field=DateTimeField()),
+        )
+        .annotate(held=interval(end, F("at")))
+    )
+
+
+def pending_seconds_by_reason(now):
+    """Seconds spent waiting under each reason code, by team and resource class, over all history."""
+    rows = (
+        explained_stretches(now)
+        .annotate(**workload_labels())
+        .values("reason", "team", "resource_class")
+        .annotate(total=Sum("held"))
+        .order_by("reason", "team", "resource_class")
+    )
+    return [
+        {
+            "reason": r["reason"],
+            "team": r["team"],
+            "resource_class": r["resource_class"],
+            "seconds": seconds(r["total"]),
+        }
+        for r in rows
+    ]
+
+
+def workloads_pended_by_reason():
+    """How often: the number of distinct workloads that ever waited under each reason code."""
+    rows = (
+        ExplanationChange.objects.exclude(reason__in=NOT_A_WAIT)
+        .annotate(**workload_labels())
+        .values("reason", "team", "resource_class")
+        .annotate(count=Count("workload", distinct=True))
+        .order_by("reason", "team", "resource_class")
+    )
+    return [dict(r) for r in rows]
+
+
+# --- the wrong class ---------------------------------------------------------------------------------------
+
+
+def first_requested_class():
+    """The device class a workload asked for first: its first pod set's own fallback list, else its
+    resource class's (the lowest rank), as a name."""
+    own = (
+        PodSet.objects.filter(workload=OuterRef("pk"))
+        .order_by("id")
+        .annotate(first=KeyTextTransform("0", "device_classes"))
+        .values("first")[:1]
+    )
+    menu = (
+        ResourceClassDeviceClass.objects.filter(resource_class=OuterRef("resource_class"))
+        .order_by("rank")
+        .values("device_class__name")[:1]
+    )
+    return Coalesce(
+        Subquery(own, output_field=CharField()), Subquery(menu, output_field=CharField()), output_field=CharField()
+    )
+
+
+def wrong_class_requests():
+    """Requests for the wrong class, by kind, team and resource class:
+    - InvalidRequest / NotEntitled: workloads ever explained so (it can never run; the team may not use it);
+    - FallbackUsed: workloads admitted on a device class other than the first one they asked for;
+    - FitsSmallerClass: the governance engine's `guidance.wrong_class` audit events about a workload."""
+    rows = []
+    explained = (
+        ExplanationChange.objects.filter(reason__in=WRONG_CLASS_REASONS)
+        .annotate(**workload_labels())
+        .values("reason", "team", "resource_class")
+        .annotate(count=Count("workload", distinct=True))
+        .order_by("reason", "team", "resource_class")
+    )
+    rows += [
+        {"kind": r["reason"], "team": r["team"], "resource_class": r["resource_class"], "count": r["count"]}
+        for r in explained
+    ]
+    fallback = (
+        Workload.objects.filter(chosen_device_class__isnull=False)
+        .annotate(first_class=first_requested_class())
+        .filter(first_class__isnull=False)
+        .exclude(chosen_device_class__name=F("first_class"))
+        .annotate(**own_labels())
+        .values("team_label", "class_label")
+        .annotate(count=Count("id"))
+        .order_by("team_label", "class_label")
+    )
+    rows += [
+        {"kind": FALLBACK_USED, "team": r["team_label"], "resource_class": r["class_label"], "count": r["count"]}
+        for r in fallback
+    ]
+    rows += [{"kind": FITS_SMALLER_CLASS, **r} for r in wrong_class_guidance()]
+    return rows
+
+
+def wrong_class_guidance():
+    """`guidance.wrong_class` audit events by the team and resource class of the workload they name."""
+
+    def of_target(field):
+        target = Workload.objects.filter(pk=Cast(OuterRef("target_id"), BigIntegerField())).values(field)[:1]
+        # Only a workload's target_id is a workload key; the CASE keeps the cast away from other rows.
+        return Coalesce(
+            Case(When(target_type=Workload._meta.label_lower, then=Subquery(target, output_field=CharField()))),
+            Value(""),
+            output_field=CharField(),
+        )
+
+    return list(
+        AuditEvent.objects.filter(action=WRONG_CLASS_GUIDANCE_ACTION)
+        .annotate(team=of_target("team__name"), resource_class=of_target("resource_class__name"))
+        .values("team", "resource_class")
+        .annotate(count=Count("id"))
+        .order_by("team", "resource_class")
+    )
+
+
+# --- stranded capacity -------------------------------------------------------------------------------------
+
+
+def latest_capacity():
+    """The latest capacity sample of each device class (a sample holds until the next one)."""
+    latest = CapacitySample.objects.filter(device_class=OuterRef("device_class")).order_by("-at").values("at")[:1]
+    rows = (
+        CapacitySample.objects.filter(at=Subquery(latest))
+        .values("device_class__name", "at", "total", "unhealthy", "reserved_unused", "stranded")
+        .order_by("device_class__name")
+    )
+    return [
+        {
+            "device_class": r["device_class__name"],
+            "at": r["at"],
+            "total": r["total"],
+            "unhealthy": r["unhealthy"],
+            "reserved_unused": r["reserved_unused"],
+            "stranded": r["stranded"],
+        }
+        for r in rows
+    ]
+
+
+def stranded_device_seconds(now):
+    """{device class: stranded device-seconds since the first sample}. Each sample's stranded count holds
+    until the class's next sample, the last one until `now`. SQL sums the time per (class, count); the
+    multiplication by the count is done here so the SQL stays plain interval arithmetic."""
+    following = (
+        CapacitySample.objects.filter(device_class=OuterRef("device_class"), at__gt=OuterRef("at"), at__lte=now)
+        .order_by("at")
+        .values("at")[:1]
+    )
+    end = Coalesce(Subquery(following, output_field=DateTimeField()), Value(now, output_field=DateTimeField()))
+    rows = (
+        CapacitySample.objects.filter(at__lte=now)
+        .annotate(held=interval(end, F("at")))
+        .values("device_class__name", "stranded")
+        .annotate(total=Sum("held"))
+        .order_by("device_class__name")
+    )
+    out = {}
+    for r in rows:
+        name = r["device_class__name"]
+        out[name] = out.get(name, 0.0) + r["stranded"] * seconds(r["total"])
+    return out
+
+
+# --- manual interventions ---------------------------------------------------------------------------------
+
+
+def actor_role():
+    """The actor's most privileged role; "system" for events no person made."""
+    membership = get_user_model().groups.through.objects
+
+    def holds(role):
+        return Exists(membership.filter(user_id=OuterRef("actor_id"), group__name=role))
+
+    # A user removed since keeps actor_name but loses actor: still a person, role unknown.
+    return Case(
+        When(actor__isnull=True, actor_name__in=[SYSTEM, ""], then=Value(SYSTEM)),
+        When(actor__isnull=True, then=Value("unknown")),
+        When(actor__is_superuser=True, then=Value(roles.ADMIN)),
+        *[When(holds(role), then=Value(role)) for role in ROLE_ORDER],
+        default=Value("none"),
+        output_field=CharField(),
+    )
+
+
+def manual_interventions():
+    """Audit events marked as a manual intervention, by action and the actor's role."""
+    rows = (
+        AuditEvent.objects.filter(manual_intervention=True)
+        .annotate(role=actor_role())
+        .values("action", "role")
+        .annotate(count=Count("id"))
+        .order_by("action", "role")
+    )
+    return [dict(r) for r in rows]
+
+
+# --- placement topology and runtime ------------------------------------------------------------------------
+
+
+def level_domain(level_name, depth):
+    """The id of the allocated device's domain on `level_name`: the node's own domain or one of its
+    ancestors, whichever sits on that level (nodes hang off the finest level, `depth` levels deep)."""
+    whens = []
+    path = "device__node__domain"
+    for _ in range(depth):
+        whens.append(When(**{f"{path}__level__name": level_name}, then=F(f"{path}_id")))
+        path += "__parent"
+    return Case(*whens, default=None, output_field=BigIntegerField())
+
+
+def span_of_last_placement(level_name, depth):
+    """Subquery: how many domains of the level the workload's latest placement covered. The latest
+    placement is the allocations made at or after its last admission (a requeued workload had others)."""
+    distinct = F("device__node_id") if level_name == NODE_LEVEL else level_domain(level_name, depth)
+    spans = (
+        Allocation.objects.filter(workload=OuterRef("pk"), allocated_at__gte=OuterRef("admitted_at"))
+        .values("workload")
+        .annotate(span=Count(distinct, distinct=True))
+        .values("span")
+    )
+    return Subquery(spans, output_field=BigIntegerField())
+
+
+def runtime_by_span():
+    """Succeeded workloads by how many domains of each level their pods spanned: count and total runtime
+    (started -> finished), so the mean runtime per span is sum / count."""
+    levels = list(TopologyLevel.objects.order_by("order").values_list("name", flat=True))
+    finished = Workload.objects.filter(
+        state=State.SUCCEEDED, admitted_at__isnull=False, started_at__isnull=False, finished_at__isnull=False
+    )
+    out = []
+    for level_name in [*levels, NODE_LEVEL]:
+        rows = (
+            finished.annotate(span=span_of_last_placement(level_name, len(levels)))
+            .filter(span__gt=0)
+            .values("span")
+            .annotate(count=Count("id"), total=Sum(interval(F("finished_at"), F("started_at"))))
+            .order_by("span")
+        )
+        out += [
+            {"level": level_name, "span": r["span"], "count": r["count"], "sum_seconds": seconds(r["total"])}
+            for r in rows
+        ]
+    return out
+
+
+# --- operational gauges ------------------------------------------------------------------------------------
+
+
+def cycles():
+    return SchedulingCycle.objects.filter(cluster=settings.CLUSTER_NAME)
+
+
+def cycles_by_outcome():
+    rows = cycles().values("outcome").annotate(count=Count("id")).order_by("outcome")
+    return {r["outcome"]: r["count"] for r in rows}
+
+
+def last_cycle():
+    """The last finished cycle's timings (milliseconds, as stored), or None before the first."""
+    return (
+        cycles()
+        .filter(finished_at__isnull=False)
+        .order_by("-finished_at", "-id")
+        .values("id", "outcome", "finished_at", "load_ms", "decide_ms", "commit_ms", "pending_count", "admitted_count")
+        .first()
+    )
+
+
+def decide_time_totals():
+    """Committed cycles: how many, and their decide time summed (milliseconds)."""
+    committed = cycles().filter(outcome=SchedulingCycle.Outcome.COMMITTED)
+    totals = committed.aggregate(count=Count("id"), ms=Sum("decide_ms"))
+    return {"count": totals["count"], "sum_ms": totals["ms"] or 0.0}
+
+
+def devices_by_health():
+    rows = Device.objects.values("health").annotate(count=Count("id")).order_by("health")
+    return {r["health"]: r["count"] for r in rows}
+
+
+def workloads_by_state():
+    rows = Workload.objects.values("state").annotate(count=Count("id")).order_by("state")
+    return {r["state"]: r["count"] for r in rows}
