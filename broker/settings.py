@@ -58,6 +58,7 @@ INSTALLED_APPS = [
     "broker.cycle",
     "broker.costs",
     "broker.metrics",
+    "broker.governance",
     "dashboard",
 ]
 
@@ -131,6 +132,7 @@ CLUSTER_NAME = os.getenv("CLUSTER_NAME", "default")
 CELERY_BEAT_SCHEDULE = {
     "scheduling-cycle": {"task": "broker.cycle.tasks.run_cycle", "schedule": CYCLE_INTERVAL_SECONDS},
     "simulated-executor": {"task": "broker.cycle.tasks.advance_executor", "schedule": CYCLE_INTERVAL_SECONDS},
+    "governance": {"task": "broker.governance.tasks.governance_tick", "schedule": CYCLE_INTERVAL_SECONDS},
 }
 
 # The simulated executor's clock runs this many times faster than the wall clock.

@@ -93,6 +93,8 @@ def submit(request):
             form.add_service_errors(error.errors)
         else:
             messages.success(request, f"Submitted {workload.name}; the next cycle decides where it runs.")
+            for advice in workload.guidance:  # wrong-class advice from broker.governance.guidance
+                messages.warning(request, advice["message"])
             return redirect("dashboard:workload", pk=workload.pk)
     classes = [
         {"rc": rc, "words": plain_words(rc), "price": rc_price(rc)} for rc in entitled_resource_classes(request.user)

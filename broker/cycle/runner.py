@@ -22,6 +22,7 @@ from broker.cycle.executor import get_executor
 from broker.cycle.loader import load_snapshot
 from broker.cycle.locks import cycle_transaction
 from broker.cycle.triggers import request_cycle_after_commit, wait_for_request
+from broker.governance.tasks import tick as governance_tick
 from broker.scheduler.cycle import decide
 from broker.workloads.models import SchedulingCycle
 
@@ -118,6 +119,7 @@ class Runner(threading.Thread):
         for name, action in (
             ("replay", lambda: self.replay.tick(now) if self.replay else None),
             ("executor", lambda: executor.advance(now)),
+            ("governance", lambda: governance_tick(now)),
             ("cycle", run_once),
         ):
             try:

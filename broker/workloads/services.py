@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from broker.audit.models import record
 from broker.cycle.triggers import request_cycle_after_commit
+from broker.governance import approvals, guidance
 from broker.inventory.models import TopologyLevel
 from broker.policy import roles
 from broker.policy.models import DeviceClass, Queue, ResourceClass
@@ -149,12 +150,16 @@ def submission_errors(submission, actor):
 
 
 def submit_workload(submission, actor):
-    """Store the workload and its pod sets, waiting for approval or pending; returns the workload."""
+    """Store the workload and its pod sets, waiting for approval or pending; returns the workload with
+    `guidance` set to the wrong-class advice for it (a list, usually empty)."""
     errors = submission_errors(submission, actor)
     if errors:
         raise InvalidSubmission(errors)
     resource_class = submission.resource_class
-    needs_approval = resource_class.needs_approval(submission.total_devices)
+    approval_reasons = approvals.approval_reasons(resource_class, submission.total_devices)
+    needs_approval = bool(approval_reasons)
+    # Before the workload exists, so its own row does not count in the team's history.
+    advice = guidance.for_submission(submission)
     with transaction.atomic():
         workload = Workload.objects.create(
             name=submission.name,
@@ -203,7 +208,11 @@ def submit_workload(submission, actor):
                 "devices": submission.total_devices,
             },
         )
+        if needs_approval:
+            approvals.open_request(workload, approval_reasons)
+        guidance.count(workload, actor, advice)
         request_cycle_after_commit(f"workload {workload.pk} submitted")
+    workload.guidance = advice
     return workload
 
 
@@ -252,21 +261,24 @@ def decide(workload, actor, comment, approval):
     workload.save(update_fields=["approval", "approval_decided_by", "approval_decided_at", "approval_comment"])
 
 
-def approve_workload(workload, actor, comment):
-    """Approve a request: it joins its queue as Pending; returns the workload."""
+def approve_workload(workload, actor, comment, not_before=None, not_after=None, reserve=False):
+    """Approve a request: it joins its queue as Pending; returns the workload. An approval may carry a
+    window (the workload is schedulable only inside it) and reserve the devices for the team over it."""
     with transaction.atomic():
         workload = locked(workload)
         decision_checks(workload, actor, comment)
         decide(workload, actor, comment, ApprovalState.APPROVED)
         workload.transition(State.PENDING, actor=actor, reason=f"approved: {workload.approval_comment}")
+        granted = approvals.grant(workload, actor, comment, not_before, not_after, reserve)
         record(
             "workload.approve",
             workload,
             actor=actor,
             before={"approval": ApprovalState.REQUESTED, "state": State.AWAITING_APPROVAL},
-            after={"approval": workload.approval, "state": workload.state},
+            after={"approval": workload.approval, "state": workload.state, **approvals.grant_summary(granted)},
             reason=workload.approval_comment,
         )
+        approvals.notify.after_commit(approvals.notify.APPROVERS, "approval.decided", workload.pk)
         request_cycle_after_commit(f"workload {workload.pk} approved")
     return workload
 
@@ -285,6 +297,7 @@ def reject_workload(workload, actor, comment):
             after={"approval": workload.approval, "state": workload.state},
             reason=workload.approval_comment,
         )
+        approvals.notify.after_commit(approvals.notify.APPROVERS, "approval.decided", workload.pk)
     return workload
 
 

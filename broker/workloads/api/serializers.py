@@ -84,6 +84,22 @@ class WorkloadSerializer(serializers.ModelSerializer):
         return WorkloadExplanationSerializer(explanation).data
 
 
+class GuidanceSerializer(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=["cheaper_class", "smaller_class", "rarely_succeeds"])
+    resource_class = serializers.CharField()
+    message = serializers.CharField()
+
+
+class SubmittedWorkloadSerializer(WorkloadSerializer):
+    """The answer to a submission: the workload, and advice when another class would suit it better."""
+
+    guidance = GuidanceSerializer(many=True, read_only=True)
+
+    class Meta(WorkloadSerializer.Meta):
+        fields = [*WorkloadSerializer.Meta.fields, "guidance"]
+        read_only_fields = fields
+
+
 class PodSetRequestSerializer(serializers.Serializer):
     name = serializers.SlugField(max_length=63, default="main")
     replicas = serializers.IntegerField(min_value=1)

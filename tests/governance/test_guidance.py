@@ -1,0 +1,113 @@
+"""Wrong-class guidance at submission: said in the API answer and on the page, counted in the audit log."""
+
+import pytest
+from django.urls import reverse
+
+from broker.audit.models import AuditEvent
+from broker.governance.guidance import AUDIT_ACTION
+from broker.policy.models import DeviceClass
+from broker.workloads.states import State
+from tests.builders import make_resource_class, make_workload
+
+
+@pytest.fixture
+def budget(cluster):
+    """A cheaper class (A100 at $2) that only team-a may use."""
+    a100 = DeviceClass.objects.create(
+        name="a100", selector='device.attributes["gpu.example.com"].model == "A100"', price_per_hour="2.00"
+    )
+    budget = make_resource_class("budget-training", cluster.training.priority_class, [a100], max_devices=16)
+    budget.allowed_teams.add(cluster.team_a)
+    return budget
+
+
+def submit(api_client, user, name, resource_class, replicas=1, devices_per_pod=1):
+    api_client.force_authenticate(user)
+    response = api_client.post(
+        "/api/workloads/",
+        {
+            "name": name,
+            "resource_class": resource_class,
+            "pod_sets": [{"name": "main", "replicas": replicas, "devices_per_pod": devices_per_pod}],
+        },
+        format="json",
+    )
+    assert response.status_code == 201, response.content
+    return response.json()
+
+
+def test_it_points_to_a_cheaper_class_the_team_may_use(cluster, alice, api_client, budget):
+    body = submit(api_client, alice, "one-gpu", "distributed-training")
+
+    assert [(g["kind"], g["resource_class"]) for g in body["guidance"]] == [("cheaper_class", "budget-training")]
+    assert "$2.00 per device-hour instead of $4.00" in body["guidance"][0]["message"]
+    event = AuditEvent.objects.get(action=AUDIT_ACTION)
+    assert (event.target_id, event.actor, event.after["kinds"]) == (str(body["id"]), alice, ["cheaper_class"])
+
+
+def test_it_never_suggests_a_class_the_team_is_not_entitled_to(cluster, bob, api_client, budget):
+    body = submit(api_client, bob, "one-gpu", "distributed-training")
+
+    assert [(g["kind"], g["resource_class"]) for g in body["guidance"]] == [("smaller_class", "small-inference")]
+
+
+def test_it_says_nothing_when_the_request_fits_no_cheaper_or_smaller_class(cluster, alice, api_client):
+    body = submit(api_client, alice, "full-rack", "distributed-training", replicas=2, devices_per_pod=4)
+
+    assert body["guidance"] == []
+    assert not AuditEvent.objects.filter(action=AUDIT_ACTION).exists()
+
+
+def test_it_does_not_trade_a_class_without_approval_for_one_that_needs_it(cluster, alice, api_client):
+    cluster.inference.approval_required = True
+    cluster.inference.save()
+
+    body = submit(api_client, alice, "one-gpu", "distributed-training")
+
+    assert body["guidance"] == []
+
+
+@pytest.mark.parametrize(("failed", "succeeded", "warned"), [(3, 1, True), (2, 2, False), (2, 0, False)])
+def test_it_warns_about_a_class_the_team_rarely_succeeds_with(cluster, alice, api_client, failed, succeeded, warned):
+    for index in range(failed):
+        make_workload(cluster.queue_a, f"failed-{index}", resource_class=cluster.training, state=State.FAILED)
+    for index in range(succeeded):
+        make_workload(cluster.queue_a, f"ok-{index}", resource_class=cluster.training, state=State.SUCCEEDED)
+    make_workload(cluster.queue_b, "other-team-failed", resource_class=cluster.training, state=State.FAILED)
+
+    body = submit(api_client, alice, "again", "distributed-training", replicas=2, devices_per_pod=4)
+
+    kinds = [g["kind"] for g in body["guidance"]]
+    assert kinds == (["rarely_succeeds"] if warned else [])
+    if warned:
+        assert f"{succeeded} succeeded, {failed} failed" in body["guidance"][0]["message"]
+
+
+def test_it_counts_invalid_requests_as_failures(cluster, alice, api_client):
+    from broker.workloads.models import Explanation
+
+    for index in range(4):
+        workload = make_workload(cluster.queue_a, f"bad-{index}", resource_class=cluster.training, state=State.PENDING)
+        Explanation.objects.create(workload=workload, reason="InvalidRequest", message="no such device")
+
+    body = submit(api_client, alice, "again", "distributed-training", replicas=2, devices_per_pod=4)
+
+    assert "4 could never run here" in body["guidance"][0]["message"]
+
+
+def test_it_shows_the_guidance_after_a_submission_on_the_page(client, cluster, alice, budget):
+    client.force_login(alice)
+    response = client.post(
+        reverse("dashboard:submit"),
+        {
+            "name": "page-job",
+            "queue": cluster.queue_a.pk,
+            "resource_class": cluster.training.pk,
+            "replicas": 1,
+            "devices_per_pod": 1,
+        },
+        follow=True,
+    )
+
+    assert response.status_code == 200
+    assert "would also fit Budget training at $2.00 per device-hour" in response.content.decode()
