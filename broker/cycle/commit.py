@@ -23,6 +23,7 @@ from django.db import DatabaseError, IntegrityError, transaction
 from django.utils import timezone
 
 from broker.audit.models import record
+from broker.costs.sampling import record_cycle_capacity
 from broker.cycle.executor import move
 from broker.inventory.models import ClusterState, Device, Health
 from broker.workloads.models import Allocation, Explanation, ExplanationChange, SchedulingCycle, Workload
@@ -103,6 +104,8 @@ def commit_result(result, loaded, cycle):
         ),
     )
     transaction.on_commit(lambda: broadcast(delta.message()))
+    # After commit, so the sample sees the cycle's own allocations; a failed sample must not undo a cycle.
+    transaction.on_commit(lambda: record_cycle_capacity(loaded.now), robust=True)
     return delta
 
 

@@ -242,3 +242,17 @@ def in_another_connection(action):
     thread = threading.Thread(target=target)
     thread.start()
     thread.join(10)
+
+
+def test_it_samples_capacity_for_finance_after_a_committed_cycle(cluster, django_capture_on_commit_callbacks):
+    from broker.costs.models import CapacitySample
+
+    pending(cluster.queue_a, "fits", replicas=1, devices_per_pod=4, resource_class=cluster.training)
+    Device.objects.filter(pk=Device.objects.order_by("pk").last().pk).update(health=Health.UNHEALTHY)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        run_once()
+
+    sample = CapacitySample.objects.get(device_class=cluster.h100)
+    assert sample.total == 16
+    assert sample.unhealthy == 1
