@@ -13,7 +13,9 @@ Who may be a victim (each victim carries the rule that allowed it):
 Only workloads marked preemptible are ever victims, and they are evicted whole: a Pod-mode victim could
 in principle lose single pods, but evicting the whole workload keeps a gang from limping on half its pods.
 
-The victims must free room inside ONE domain of the preemptor's required level. The cheapest set wins:
+Device classes are tried in fallback order; the first class some victim set works for decides (as Kueue
+tries flavors in order). The victims must free room inside ONE domain of the preemptor's required level.
+The cheapest set wins:
 fewest victims, then lowest total priority, then the most recently started, then ids. Sets are searched
 exactly by increasing size (pruned by how many devices each can free) up to a budget, then greedily with
 every unneeded victim dropped. Devices of workloads already being evicted count as free at no cost.
