@@ -137,6 +137,8 @@ CELERY_BEAT_SCHEDULE = {
 
 # The simulated executor's clock runs this many times faster than the wall clock.
 SIMULATION_SPEED = envfloat("SIMULATION_SPEED", "60")
+# The trace replay submits jobs this many times more often than Philly did (see broker/cycle/replay.py).
+REPLAY_DENSITY = envfloat("REPLAY_DENSITY", "6")
 EXECUTOR = os.getenv("EXECUTOR", "simulated")
 DEMO_REPLAY = envbool("DEMO_REPLAY", "False")
 if DEMO_REPLAY:

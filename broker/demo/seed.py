@@ -7,9 +7,11 @@ Nodes and devices go in with bulk_create: the Alibaba inventory is 10k devices.
 
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from django.contrib.auth.models import Group, User
 from django.db import transaction
+from django.utils import timezone
 
 from broker.demo import inventory as demo
 from broker.inventory.models import ClusterState, Device, Domain, Node, TopologyLevel
@@ -20,6 +22,7 @@ from broker.policy.models import (
     PriorityClass,
     Queue,
     ReclaimPolicy,
+    Reservation,
     ResourceClass,
     ResourceClassDeviceClass,
     Team,
@@ -65,6 +68,8 @@ def seed(inventory="philly"):
         teams = ensure_teams_and_queues(demo.philly_virtual_clusters(), capacity, report)
         ensure_menu(inventory, classes, teams, report)
         report.logins = ensure_users(teams, report)
+        if report.created["nodes"]:
+            add_demo_conditions(inventory, classes, capacity, teams, report)
         if report.created["nodes"] or report.created["devices"]:
             # Running cycles must see their snapshot went stale.
             ClusterState.bump()
@@ -232,3 +237,60 @@ def ensure_user(username, role, report, superuser=False):
     user.groups.add(Group.objects.get_or_create(name=role)[0])
     report.created["users"] += 1
     return user
+
+
+# A real fleet is never all green: about 1 device in 100 is broken, one in 250 carries a taint, one
+# node is drained for maintenance, and the largest team holds a rack for a month. Chosen by position,
+# so the demo looks the same on every machine.
+UNHEALTHY_EVERY = 97
+TAINTED_EVERY = 251
+RESERVED_RACK_DEVICES = 16
+
+
+def add_demo_conditions(inventory, classes, capacity, teams, report):
+    devices = list(Device.objects.order_by("node__name", "name").values_list("pk", flat=True))
+    unhealthy = devices[UNHEALTHY_EVERY // 2 :: UNHEALTHY_EVERY]
+    tainted = [pk for pk in devices[TAINTED_EVERY // 2 :: TAINTED_EVERY] if pk not in set(unhealthy)]
+    Device.objects.filter(pk__in=unhealthy).update(health="Unhealthy")
+    Device.objects.filter(pk__in=tainted).update(
+        taints=[{"key": "gpu.example.com/ecc-errors", "value": "high", "effect": "NoSchedule"}]
+    )
+    report.created["unhealthy devices"] += len(unhealthy)
+    report.created["tainted devices"] += len(tainted)
+    drained = Node.objects.order_by("name").last()
+    Node.objects.filter(pk=drained.pk).update(cordoned=True, labels={**drained.labels, "maintenance": "demo"})
+    report.created["cordoned nodes"] += 1
+    add_demo_reservation(inventory, classes, capacity, teams, report)
+
+
+def add_demo_reservation(inventory, classes, capacity, teams, report):
+    """The team with the most quota holds RESERVED_RACK_DEVICES of the biggest class in one rack."""
+    class_name = max(classes, key=lambda name: (capacity.get(name, 0), name))
+    team = max((team for team, _ in teams.values()), key=lambda team: (teams[team.name][1], team.name))
+    rack = next(
+        (
+            domain
+            for domain in Domain.objects.filter(level__name="rack").order_by("name")
+            if rack_class(inventory, domain) == class_name
+        ),
+        None,
+    )
+    if rack is None:
+        return
+    now = timezone.now()
+    Reservation.objects.create(
+        name=f"{team.name}-demo-hold",
+        team=team,
+        device_class=classes[class_name],
+        count=RESERVED_RACK_DEVICES,
+        domain=rack,
+        start=now,
+        end=now + timedelta(days=30),
+        reason="Demo: a month of guaranteed capacity for the largest virtual cluster.",
+    )
+    report.created["reservations"] += 1
+
+
+def rack_class(inventory, rack):
+    attributes = Device.objects.filter(node__domain=rack).values_list("attributes", flat=True).first()
+    return demo.class_of(inventory, attributes) if attributes else None

@@ -97,3 +97,16 @@ def test_it_resumes_after_a_restart_without_repeating_or_skipping(replay_menu, t
     assert (pod_set.replicas, pod_set.devices_per_pod, pod_set.min_count) == (2, 8, 2)
     assert gang.resource_class.name == "distributed-training"
     assert Workload.objects.filter(trace_id__startswith="philly:").count() == 4
+
+
+def test_it_submits_denser_than_the_trace_by_the_replay_density(replay_menu, tmp_path, settings):
+    settings.SIMULATION_SPEED = 30
+    settings.REPLAY_DENSITY = 2
+    path = tmp_path / "philly.csv"
+    path.write_text(TRACE)
+    start = timezone.now()
+
+    # 1.5 wall seconds at 30x speed and 2x density are the same 90 trace seconds as 60x alone.
+    assert PhillyReplay.resume(path=path, now=start, start=None).tick(start + timedelta(seconds=1.5)) == 3
+    # Durations are not compressed: the executor still runs them at SIMULATION_SPEED.
+    assert Workload.objects.get(trace_id="philly:000000").expected_duration_seconds == 100

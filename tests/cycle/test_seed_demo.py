@@ -106,3 +106,27 @@ def test_it_lays_out_the_alibaba_inventory_with_real_models():
         by_rack.setdefault(p.rack, set()).add(p.machine.type_key)
     assert all(len(types) == 1 for types in by_rack.values())
     assert placed == demo.place(list(reversed(machines))), "the layout does not depend on the file's order"
+
+
+@pytest.mark.django_db
+def test_it_makes_the_demo_fleet_look_like_a_real_one():
+    from broker.policy.models import Reservation
+
+    seed()
+
+    unhealthy = Device.objects.filter(health="Unhealthy").count()
+    assert 2490 // 97 <= unhealthy <= 2490 // 97 + 1
+    assert Device.objects.exclude(taints=[]).count() >= 9
+    assert list(Node.objects.filter(cordoned=True).values_list("name", flat=True)) == ["m99"]
+    reservation = Reservation.objects.get()
+    assert (reservation.team.name, reservation.device_class.name, reservation.count) == ("ee9e8c", "gpu-24gb", 16)
+    assert reservation.domain.level.name == "rack"
+    assert set(reservation.domain.nodes.values_list("devices__attributes__model", flat=True)) == {"gpu-24gb"}
+
+
+@pytest.mark.django_db
+def test_it_leaves_operator_changes_alone_on_a_second_run():
+    seed()
+    Device.objects.update(health="Healthy")
+    seed()
+    assert not Device.objects.filter(health="Unhealthy").exists()
