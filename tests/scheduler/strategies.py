@@ -265,9 +265,11 @@ def naive_cheapest_victims(snapshot, workload):
                 others = replace(snapshot, running=tuple(r for r in snapshot.running if r not in chosen))
                 counts = free_devices(others, tolerations=pod_set.tolerations)
                 level = workload.topology_required
-                if naive_fits(others, counts, device_class, pod_set.count, pod_set.devices_per_pod, level):
-                    if best is None or cost_key(chosen) < cost_key(best):
-                        best = chosen
+                cheaper = best is None or cost_key(chosen) < cost_key(best)
+                if cheaper and naive_fits(
+                    others, counts, device_class, pod_set.count, pod_set.devices_per_pod, level
+                ):
+                    best = chosen
             if best is not None:
                 return best
     return None
