@@ -7,6 +7,8 @@ one readable line that says where, e.g. "pending[2].queue: unknown queue 'foo'".
 
 from __future__ import annotations
 
+import re
+
 import yaml
 
 from broker.scheduler.selectors import ClassMatcher, validate_selector
@@ -625,6 +627,31 @@ def result_to_json(snapshot: Snapshot, result: CycleResult) -> dict:
     for victim_id in preempted:
         workloads.append(_preempted_json(by_victim[victim_id]))
     return {"workloads": workloads, "preempted": preempted}
+
+
+def result_table(snapshot: Snapshot, result: CycleResult) -> str:
+    """A plain-text table of the decisions, for people."""
+    rows = [("WORKLOAD", "STATUS", "REASON", "WHERE / WHY")]
+    for workload in result_to_json(snapshot, result)["workloads"]:
+        if workload["status"] == "admitted":
+            nodes = sorted({pod["node"] for pod in workload["placement"]}, key=_natural)
+            where = ", ".join(f"{level} {name}" for level, name in workload["domain"].items())
+            detail = (
+                f"{where + ': ' if where else ''}{', '.join(nodes)} ({workload['details']['device_class']})"
+            )
+        else:
+            detail = workload["message"]
+            if workload["suggestions"]:
+                detail += " | try: " + "; ".join(s["description"] for s in workload["suggestions"])
+        rows.append((workload["name"], workload["status"], workload["reason"] or "-", detail))
+    widths = [max(len(row[column]) for row in rows) for column in range(3)]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True)) + "  " + row[3]
+             for row in rows]  # fmt: skip
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _natural(text: str) -> tuple:
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text))
 
 
 def _admitted_json(workload: PendingWorkload, admission) -> dict:

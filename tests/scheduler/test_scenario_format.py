@@ -1,0 +1,79 @@
+"""The what-if file format: what it accepts, the one-line errors it gives, and the `whatif` command."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from broker.scheduler.scenario import ScenarioError, load_scenario
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "tests" / "scenarios" / "preemption_queue_and_cohort.yaml"
+
+MINIMAL = """
+topology: [rack]
+device_classes: {h100: {match: {model: H100}}}
+nodes: [{name: n1, rack: r1, devices: 2, attributes: {model: H100}}]
+queues: [{name: q}]
+"""
+
+
+def test_it_names_devices_after_their_node():
+    snapshot = load_scenario(MINIMAL)
+    assert [device.id for device in snapshot.devices] == ["n1/0", "n1/1"]
+    assert snapshot.devices[0].driver == "gpu.example.com"
+    assert snapshot.queues[0].quota is None and snapshot.queues[0].within_queue == "Never"
+
+
+@pytest.mark.parametrize(
+    ("addition", "message"),
+    [
+        ("pending: [{name: a, queue: foo}]", "pending[0].queue: unknown queue 'foo'"),
+        ("pending: [{name: a, queue: q, pods: two}]", "pending[0].pods: expected a whole number, got 'two'"),
+        (
+            "pending: [{name: a, queue: q, device_class: tpu}]",
+            "pending[0].device_class: unknown device class 'tpu'",
+        ),
+        ("running: [{name: r, queue: q, pods: [{node: n9}]}]", "running[0].pods[0].node: unknown node 'n9'"),
+        ("running: [{name: r, queue: q, pods: [{node: n1, devices: 3}]}]", "node n1 has only 2 devices left"),
+        ("pending: [{name: a, queue: q, colour: red}]", "pending[0]: unknown key 'colour'"),
+        ("cohorts: {a: 1}", "cohorts: expected a list, got dict"),
+    ],
+)
+def test_it_rejects_malformed_scenarios_with_one_line(addition, message):
+    with pytest.raises(ScenarioError) as error:
+        load_scenario(MINIMAL + addition)
+    assert message in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_it_rejects_a_bad_selector_and_bad_yaml():
+    with pytest.raises(ScenarioError, match=r"device_classes.x.selector: invalid CEL selector"):
+        load_scenario("device_classes: {x: {selector: 'device.attributes['}}")
+    with pytest.raises(ScenarioError, match=r"invalid YAML at line 1"):
+        load_scenario("nodes: [")
+
+
+def whatif(*args):
+    return subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "whatif", *args], capture_output=True, text=True, cwd=ROOT
+    )
+
+
+def test_it_runs_the_whatif_command_as_json():
+    completed = whatif(str(EXAMPLE), "--json")
+    assert completed.returncode == 0, completed.stderr
+    output = json.loads(completed.stdout)
+    assert output["preempted"] == ["ads-b", "research-low"]
+    assert {workload["status"] for workload in output["workloads"]} == {"pending", "preempted"}
+
+
+def test_it_fails_the_whatif_command_with_one_line_and_exit_2(tmp_path):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(MINIMAL + "pending: [{name: a, queue: foo}]")
+    for path in (broken, tmp_path / "missing.yaml"):
+        completed = whatif(str(path))
+        assert completed.returncode == 2
+        assert len(completed.stderr.strip().splitlines()) == 1, completed.stderr
