@@ -31,7 +31,7 @@ from django.db.models import (
     When,
 )
 from django.db.models.fields.json import KeyTextTransform
-from django.db.models.functions import Cast, Coalesce
+from django.db.models.functions import Cast, Coalesce, Least
 
 from broker.audit.models import AuditEvent
 from broker.costs.models import CapacitySample
@@ -182,19 +182,11 @@ def explained_stretches(now):
         .order_by("at", "id")
         .values("at")[:1]
     )
-    # Spelled out rather than Least(): SQLite's MIN() is NULL as soon as one side is.
-    end = Case(
-        When(
-            next_change__isnull=True,
-            next_exit__isnull=True,
-            then=Case(When(workload__state__in=WAITING, then=Value(now)), default=F("at")),
-        ),
-        When(next_exit__isnull=True, then=F("next_change")),
-        When(next_change__isnull=True, then=F("next_exit")),
-        When(next_change__lt=F("next_exit"), then=F("next_change")),
-        default=F("next_exit"),
-        output_field=DateTimeField(),
-    )
+    # The earlier of the two that exist. Each Coalesce is never NULL, so Least behaves the same on SQLite
+    # (where one NULL makes it NULL) and PostgreSQL; and each subquery is referenced twice, not once per
+    # branch of a CASE, which would run it again for every branch.
+    cap = Case(When(workload__state__in=WAITING, then=Value(now)), default=F("at"), output_field=DateTimeField())
+    end = Least(Coalesce(F("next_change"), F("next_exit"), cap), Coalesce(F("next_exit"), F("next_change"), cap))
     return (
         ExplanationChange.objects.exclude(reason__in=NOT_A_WAIT)
         .annotate(
@@ -431,7 +423,8 @@ def runtime_by_span():
         state=State.SUCCEEDED, admitted_at__isnull=False, started_at__isnull=False, finished_at__isnull=False
     )
     out = []
-    for level_name in [*levels, NODE_LEVEL]:
+    # The node is always the finest level, whether or not the inventory names it as one.
+    for level_name in levels if NODE_LEVEL in levels else [*levels, NODE_LEVEL]:
         rows = (
             finished.annotate(span=span_of_last_placement(level_name, len(levels)))
             .filter(span__gt=0)
