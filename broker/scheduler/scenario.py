@@ -140,7 +140,10 @@ class _Reader:
     def nodes(self, levels) -> tuple[tuple[Node, ...], tuple[Device, ...]]:
         nodes, devices = [], []
         seen = set()
-        allowed = {"name", "devices", "attributes", "unhealthy", "cordoned", "taints", "labels", "capacity"}
+        allowed = {
+            "name", "devices", "attributes", "device_attributes", "unhealthy", "cordoned", "taints", "labels",
+            "capacity",
+        }  # fmt: skip
         for index, spec in enumerate(_list(self.data.get("nodes") or [], "nodes")):
             where = f"nodes[{index}]"
             spec = _mapping(spec, where)
@@ -161,6 +164,12 @@ class _Reader:
                     raise ScenarioError(f"{where}.unhealthy: no device {bad} on a node with {count} devices")
             taints = self.taints(spec.get("taints") or [], where + ".taints", count)
             attributes = dict(_mapping(spec.get("attributes") or {}, where + ".attributes"))
+            per_device = _mapping(spec.get("device_attributes") or {}, where + ".device_attributes")
+            for key in per_device:
+                if not isinstance(key, int) or not 0 <= key < count:
+                    raise ScenarioError(
+                        f"{where}.device_attributes: no device {key!r} on a node with {count} devices"
+                    )
             capacity = dict(_mapping(spec.get("capacity") or {}, where + ".capacity"))
             nodes.append(
                 Node(
@@ -176,7 +185,9 @@ class _Reader:
                         id=f"{name}/{device_index}",
                         node=name,
                         driver=DRIVER,
-                        attributes=attributes,
+                        attributes={**attributes, **_mapping(per_device.get(device_index) or {}, where)}
+                        if device_index in per_device
+                        else attributes,
                         capacity=capacity,
                         healthy=device_index not in unhealthy,
                         taints=tuple(
