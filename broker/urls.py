@@ -15,5 +15,6 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
     path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="redoc"),
     path("finance/", include("broker.costs.urls")),
+    path("governance/", include("broker.governance.urls")),
     path("", include("dashboard.urls")),
 ]
