@@ -12,7 +12,7 @@ from broker.scheduler.capacity import NODE_LEVEL, Access, CapacityState, View
 from broker.scheduler.ordering import FairShareOrder, ShareBook
 from broker.scheduler.placement import GangPlan, place_gang
 from broker.scheduler.quota import QuotaTree
-from broker.scheduler.requests import Request, approval_problem, entitlement_problem, resolve
+from broker.scheduler.requests import Request, all_levels, approval_problem, entitlement_problem, resolve
 from broker.scheduler.selectors import ClassMatcher
 from broker.scheduler.snapshot import (
     Admission,
@@ -61,6 +61,7 @@ class Cycle:
             "queues": {queue.name: queue for queue in snapshot.queues},
             "resource_classes": {rc.name: rc for rc in snapshot.resource_classes},
             "device_classes": {dc.name: dc for dc in snapshot.device_classes},
+            "levels": all_levels(snapshot),
         }
         self.running = {workload.id: workload for workload in snapshot.running}
         self.log = CycleLog()

@@ -88,7 +88,7 @@ def resolve(workload: PendingWorkload, snapshot: Snapshot, lookups: dict) -> Req
             return f"device class '{name}' is not offered by resource class '{resource_class.name}'"
     required = _own_or_default(workload.topology_required, resource_class, "topology_required")
     preferred = _own_or_default(workload.topology_preferred, resource_class, "topology_preferred")
-    levels = all_levels(snapshot)
+    levels = lookups.get("levels") or all_levels(snapshot)
     for level in (required, preferred):
         if level is not None and level not in levels:
             return f"unknown topology level '{level}' (levels: {', '.join(levels)})"
@@ -108,7 +108,11 @@ def resolve(workload: PendingWorkload, snapshot: Snapshot, lookups: dict) -> Req
     preemptible = workload.preemptible
     if preemptible is None:
         preemptible = resource_class.preemptible if resource_class else False
-    tolerations = tuple(sorted({t for pod_set in workload.pod_sets for t in pod_set.tolerations}, key=repr))
+    tolerations = ()
+    if any(pod_set.tolerations for pod_set in workload.pod_sets):
+        tolerations = tuple(
+            sorted({t for pod_set in workload.pod_sets for t in pod_set.tolerations}, key=repr)
+        )
     return Request(
         workload=workload,
         queue=queue,

@@ -36,8 +36,11 @@ def device_description(device: Device) -> tuple:
     return (device.driver, _frozen(device.attributes), _frozen(device.capacity))
 
 
-def _frozen(mapping: dict) -> tuple:
-    return tuple(sorted(mapping.items()))
+def _frozen(mapping: dict):
+    try:
+        return frozenset(mapping.items())
+    except TypeError:  # an unhashable attribute value (a list): fall back to its text
+        return frozenset((name, repr(value)) for name, value in mapping.items())
 
 
 class ClassMatcher:
@@ -51,17 +54,22 @@ class ClassMatcher:
             if device_class.selector
         }
         self._cache: dict[tuple, frozenset[str]] = {}
-        self._by_identity: dict[tuple, tuple] = {}
+        self._last: tuple | None = None
 
     def classes_of(self, device: Device) -> frozenset[str]:
         """Names of the classes `device` belongs to."""
-        # Devices built from one node description often share their attribute dicts: skip re-freezing.
-        shared_key = (device.driver, id(device.attributes), id(device.capacity))
-        shared = self._by_identity.get(shared_key)
-        if shared is not None and shared[0] is device.attributes and shared[1] is device.capacity:
-            return shared[2]
+        # Devices of one node usually come one after another with equal attributes: compare with the
+        # previous device (a C-level dict comparison) before freezing a description.
+        last = self._last
+        if (
+            last is not None
+            and last[0] == device.driver
+            and last[1] == device.attributes
+            and last[2] == device.capacity
+        ):
+            return last[3]
         matched = self._classes_of_description(device)
-        self._by_identity[shared_key] = (device.attributes, device.capacity, matched)
+        self._last = (device.driver, device.attributes, device.capacity, matched)
         return matched
 
     def _classes_of_description(self, device: Device) -> frozenset[str]:
