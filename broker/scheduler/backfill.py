@@ -82,10 +82,13 @@ def plan_protection(cycle, request) -> Protection | None:
     classes = cycle.quota_passing_classes(request)
     released: list = []
     events = release_timeline(cycle)[: cycle.config.estimate_horizon_events]
+    free_now = max((cycle.view(name, access).total() for name in classes), default=0)
     for position, (end, workload_id) in enumerate(events):
         released.extend(held_slots(cycle, workload_id, access))
         if position + 1 < len(events) and events[position + 1][0] == end:
             continue
+        if free_now + len(released) < request.needed:
+            continue  # not even the total is there yet: no placement to try
         for class_name in classes:
             plan = place_gang(
                 cycle.view(class_name, access, more=released), request.demands, required, preferred
