@@ -97,7 +97,7 @@
       trace.colorbar = { title: { text: METRICS[metric].label }, tickformat: ".0%" };
     }
     var layout = {
-      margin: { l: 90, r: 20, t: 10, b: 30 }, height: Math.max(260, 28 * g.rows.length + 60),
+      margin: { l: 130, r: 20, t: 10, b: 30 }, height: Math.max(260, 28 * g.rows.length + 60),
       xaxis: { title: { text: "rack in block" }, dtick: 1, showgrid: false },
       yaxis: { autorange: "reversed", showgrid: false, type: "category" },
       paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
