@@ -79,7 +79,7 @@ def plan_protection(cycle, request) -> Protection | None:
     required = levels.index(request.required) if request.required else None
     preferred = levels.index(request.preferred) if request.preferred else None
     access = request.access()
-    classes = cycle.quota_passing_classes(request)
+    classes = cycle.entitled_classes(request)
     released: list = []
     events = release_timeline(cycle)[: cycle.config.estimate_horizon_events]
     free_now = max((cycle.view(name, access).total() for name in classes), default=0)

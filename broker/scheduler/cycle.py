@@ -23,6 +23,8 @@ from broker.scheduler.snapshot import (
     Snapshot,
 )
 
+NOMINATED = "nominated:"  # slot holder prefix for devices held for a nominated preemptor
+
 
 def decide(snapshot: Snapshot) -> CycleResult:
     """Admissions, preemptions and an explanation for every pending workload not admitted."""
@@ -99,10 +101,13 @@ class Cycle:
                 continue
             self.requests[workload.id] = resolved
             by_queue.setdefault(workload.queue, []).append(workload)
+        # 3b. Devices a preemptor's victims freed are held for it until its turn (its nomination).
+        self._hold_nominated()
         # 4. Order: fair share between queues (recomputed after each admission), then priority, then age.
         for workload in FairShareOrder(by_queue, self.book):
             request = self.requests[workload.id]
             self.log.cluster_order.append(request.id)
+            self._release_nominated(request.id)
             # 5. Gates, quota and a placement of the whole gang, first device class that works.
             if not self._admit(request):
                 # 6. No room: look for the cheapest victims, else keep a place for the head of the line.
@@ -115,6 +120,33 @@ class Cycle:
             preemptions=tuple(sorted(self.log.preemptions, key=lambda p: (p.victim_id, p.preemptor_id))),
             pending=tuple(sorted(pending, key=lambda decision: decision.workload_id)),
         )
+
+    def _hold_nominated(self) -> None:
+        """Free devices named in a pending workload's `nominated_devices` are held for it (first
+        nominee wins a device named twice), so work ordered before it cannot take what its victims
+        freed; `_release_nominated` gives them back at its turn."""
+        self.nominated: dict[str, list] = {}
+        slots = self.state.slot_by_id
+        for workload in sorted(self.snapshot.pending, key=lambda workload: workload.id):
+            if not workload.nominated_devices or workload.id not in self.requests:
+                continue
+            held = {}
+            for device_id in workload.nominated_devices:
+                slot = slots.get(device_id)
+                if slot is not None and slot.holder is None:
+                    held[device_id] = slot
+            if held:
+                held = list(held.values())
+                self.state.hold(held, NOMINATED + workload.id)
+                self.nominated[workload.id] = held
+
+    def _release_nominated(self, workload_id: str) -> None:
+        held = self.nominated.pop(workload_id, None)
+        if held:
+            self.state.release(held)
+            # Free capacity grew: forget the placement failures memoised so far.
+            self._failed.clear()
+            self.preemption_failed.clear()
 
     def _charge(self, queue: str, device_class: str, amount: int) -> None:
         self.quota.add_usage(queue, device_class, amount)
@@ -185,7 +217,7 @@ class Cycle:
             if found is not None:
                 self._record_preemption(request, found)
                 return
-        if not self.quota_passing_classes(request):
+        if not self.entitled_classes(request):
             return
         if self.config.enable_backfill_protection and self.protection is None:
             self.protection = backfill.plan_protection(self, request)
@@ -208,6 +240,18 @@ class Cycle:
             class_name
             for class_name in request.classes
             if self.quota.check(request.queue.name, class_name, request.needed).fits
+        )
+
+    def entitled_classes(self, request: Request) -> tuple[str, ...]:
+        """Classes whose quota passes, or that stay within the queue's own nominal quota (a queue is
+        always entitled to its nominal, even while cohort borrowers hold it)."""
+        quota = self.quota
+        queue = request.queue.name
+        return tuple(
+            class_name
+            for class_name in request.classes
+            if quota.check(queue, class_name, request.needed).fits
+            or quota.usage(queue, class_name) + request.needed <= (quota.nominal(queue, class_name) or 0)
         )
 
     def excluded_for(self, request: Request) -> frozenset:

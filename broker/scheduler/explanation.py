@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from broker.scheduler import estimate
+from broker.scheduler import estimate, preemption
 from broker.scheduler.capacity import BLOCKED, NODE_LEVEL, TAINTED, CapacityState, View
 from broker.scheduler.placement import place_gang
 from broker.scheduler.requests import Request, approval_problem, entitlement_problem
@@ -97,7 +97,10 @@ class Assessor:
         details["quota"] = checks[0].details()
         passing = tuple(check.device_class for check in checks if check.fits)
         if not passing:
-            codes["QuotaExceeded"] = checks[0].message()
+            lent = preemption.lent_out(self.cycle, request, request.classes[0])
+            codes["QuotaExceeded"] = lent["message"] if lent else checks[0].message()
+            if lent:
+                details["lent_out"] = lent["borrowers"]
         capacity = self.capacity(request, passing or request.classes)
         details.update(capacity["details"])
         codes.update(capacity["codes"])
@@ -420,11 +423,12 @@ def _owners_text(reserved_by: dict) -> str:
 
 
 def _preemption_message(outcome) -> str:
-    if outcome.victims:
-        names = ", ".join(victim.workload.id for victim in outcome.victims)
-        return f"waiting for {len(outcome.victims)} preempted workload(s) to be evicted: {names}"
-    names = ", ".join(outcome.waiting_for_evictions)
-    return f"waiting for evictions already under way: {names}"
+    leaving = [
+        f"{victim.workload.id} ({victim.rule}, priority {victim.workload.priority})" for victim in outcome.victims
+    ]
+    leaving += [f"{workload_id} (being evicted)" for workload_id in outcome.waiting_for_evictions]
+    noun = "victim" if len(leaving) == 1 else "victims"
+    return f"waiting for {len(leaving)} {noun} to leave: {', '.join(leaving)}"
 
 
 def _largest_domain(view: View, level_index: int, level: str) -> dict:

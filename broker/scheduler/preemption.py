@@ -130,14 +130,16 @@ class VictimIndex:
         self.on_reserved: dict[str, set[str]] = {}
         for slot in cycle.state.slots:
             holder = cycle.running.get(slot.holder) if slot.holder else None
-            if (
-                holder is not None
-                and slot.owner is not None
-                and team_of_queue.get(holder.queue) != slot.owner
-            ):
+            if holder is not None and slot.owner is not None and team_of_queue.get(holder.queue) != slot.owner:
                 self.on_reserved.setdefault(slot.owner, set()).add(holder.id)
         evicting = {workload.id for workload in cycle.snapshot.running if workload.evicting}
         self.evicting_slots = [slot for slot in cycle.state.slots if slot.holder in evicting]
+        # An evicting workload's devices are for the workload it is evicted for while that one waits.
+        self.evicted_for = {
+            workload.id: workload.evicted_for
+            for workload in cycle.snapshot.running
+            if workload.evicting and workload.evicted_for in cycle.requests
+        }
         self.cohort_root = _cohort_roots(cycle.snapshot)
 
 
@@ -214,7 +216,7 @@ def _search_class(cycle, request, class_name: str, with_victims: bool = True) ->
     access = request.access()
     class_index = cycle.state.class_index[class_name]
     level_index = cycle.state.levels.index(request.required) if request.required else None
-    evicting = _by_scope(cycle, _evicting_slots(cycle, access), class_index, level_index)
+    evicting = _by_scope(cycle, _evicting_slots(cycle, access, request.id), class_index, level_index)
     victims = eligible_victims(cycle, request, class_name) if with_victims else []
     base_view = cycle.view(class_name, access)
     most = base_view.total() + sum(len(slots) for slots in evicting.values())
@@ -271,9 +273,13 @@ def _by_scope(cycle, slots, class_index: int, level_index: int | None) -> dict[t
     return groups
 
 
-def _evicting_slots(cycle, access) -> list:
+def _evicting_slots(cycle, access, request_id=None) -> list:
+    index = _index(cycle)
     slots = []
-    for slot in _index(cycle).evicting_slots:
+    for slot in index.evicting_slots:
+        nominee = index.evicted_for.get(slot.holder)
+        if nominee is not None and nominee != request_id:
+            continue
         if slot.holder not in cycle.chosen_victims:
             rank = access.rank(slot)
             if rank is not None:
@@ -383,3 +389,61 @@ def _greedy(ordered, gains, deficit, feasible):
         if sum(gains[other.workload.id] for other in trial) >= deficit and feasible(trial):
             chosen = list(trial)
     return tuple(chosen)
+
+
+def lent_out(cycle, request, class_name: str) -> dict | None:
+    """When the request stays within its queue's own nominal quota but cohort borrowers hold that quota
+    and the policy does not let this request reclaim it now: the borrowers and a message saying why.
+    None when the queue is not within its nominal or nobody in its cohort borrows above nominal."""
+    quota = cycle.quota
+    queue = request.queue
+    nominal = quota.nominal(queue.name, class_name)
+    used = quota.usage(queue.name, class_name)
+    if nominal is None or used + request.needed > nominal:
+        return None
+    roots = _index(cycle).cohort_root
+    root = roots.get(queue.name)
+    if root is None:
+        return None
+    running_by_queue: dict[str, list] = {}
+    for workload in cycle.snapshot.running:
+        if workload.device_class == class_name:
+            running_by_queue.setdefault(workload.queue, []).append(workload)
+    borrowers = []
+    for other in sorted(roots):
+        other_nominal = quota.nominal(other, class_name)
+        if other == queue.name or roots.get(other) != root or other_nominal is None:
+            continue
+        over = quota.usage(other, class_name) - other_nominal
+        if over > 0:
+            workloads = sorted(running_by_queue.get(other, ()), key=lambda w: (-w.priority, w.id))
+            borrowers.append({"queue": other, "over": over, "workloads": [w.id for w in workloads]})
+    if not borrowers:
+        return None
+    held = "; ".join(
+        f"queue {b['queue']} borrows {b['over']} above its nominal ({_names(b['workloads'])})" for b in borrowers
+    )
+    policy = queue.reclaim_within_cohort
+    priority = request.workload.priority
+    if policy == "Never":
+        why = f"queue {queue.name} may not reclaim (reclaim_within_cohort: Never), so it waits for them to end"
+    elif policy == "LowerPriority":
+        why = (
+            f"reclaim_within_cohort LowerPriority reclaims only preemptible borrowers of priority below "
+            f"{priority}, and there are not enough of those"
+        )
+    else:
+        why = (
+            f"reclaim_within_cohort Any reclaims only preemptible borrowers of priority up to {priority}, "
+            f"and there are not enough of those"
+        )
+    message = (
+        f"queue {queue.name} uses {used} of its nominal {nominal} {class_name} and needs {request.needed}, "
+        f"but that quota is lent out: {held}; {why}"
+    )
+    return {"message": message, "borrowers": borrowers}
+
+
+def _names(ids: list[str], most: int = 5) -> str:
+    shown = ", ".join(ids[:most])
+    return shown + (f" and {len(ids) - most} more" if len(ids) > most else "")

@@ -353,7 +353,7 @@ class _Reader:
         used: set[str] = set()
         allowed = {
             "name", "queue", "priority", "disruption", "device_class", "pods", "started", "expected_end",
-            "duration", "evicting", "preemptible",
+            "duration", "evicting", "evicted_for", "preemptible",
         }  # fmt: skip
         for index, spec in enumerate(_list(self.data.get("running") or [], "running")):
             where = f"running[{index}]"
@@ -390,6 +390,7 @@ class _Reader:
                     if expected_end is None
                     else _number(expected_end, where + ".expected_end"),
                     evicting=bool(spec.get("evicting", False)),
+                    evicted_for=_optional_str(spec.get("evicted_for")),
                 )
             )
         return tuple(running)
@@ -433,7 +434,7 @@ class _Reader:
         allowed = {
             "name", "queue", "team", "resource_class", "device_class", "device_classes", "topology", "pods",
             "min_count", "devices_per_pod", "match_attribute", "priority", "disruption", "submitted",
-            "approved", "duration", "preemptible", "tolerations", "pod_sets",
+            "approved", "duration", "preemptible", "tolerations", "pod_sets", "nominated",
         }  # fmt: skip
         for index, spec in enumerate(_list(self.data.get("pending") or [], "pending")):
             where = f"pending[{index}]"
@@ -474,9 +475,17 @@ class _Reader:
                     if spec.get("duration") is None
                     else _number(spec["duration"], where + ".duration"),
                     preemptible=None if spec.get("preemptible") is None else bool(spec["preemptible"]),
+                    nominated_devices=self.nominated(spec.get("nominated") or [], where + ".nominated", lookups),
                 )
             )
         return tuple(pending)
+
+    def nominated(self, raw, where, lookups) -> tuple[str, ...]:
+        ids = tuple(str(device_id) for device_id in _list(raw, where))
+        unknown = [device_id for device_id in ids if device_id not in lookups["devices"]]
+        if unknown:
+            raise ScenarioError(f"{where}: no device {unknown[0]}")
+        return ids
 
     def pod_sets(self, spec, where, lookups) -> tuple[PodSet, ...]:
         if spec.get("pod_sets") is None:

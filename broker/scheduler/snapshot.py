@@ -236,6 +236,9 @@ class PendingWorkload:
     submitted: submission time. approved: None = not decided, False = rejected, True = approved.
     expected_duration: seconds it is expected to run (None = unknown).
     preemptible: None = the resource class's default (False without one).
+    nominated_devices: devices its victims freed (or are freeing) for it (kube-scheduler's nominated
+      node, Kueue's preemptor): while free they are held for it until its turn in the cycle, so work
+      ordered before it cannot take them; at its turn they are free for anyone, itself first.
     """
 
     id: str
@@ -251,6 +254,7 @@ class PendingWorkload:
     approved: bool | None = None
     expected_duration: float | None = None
     preemptible: bool | None = None
+    nominated_devices: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -269,7 +273,9 @@ class RunningWorkload:
 
     device_class: the class it was admitted with (its quota usage is counted there).
     started: admission time; expected_end: when it should finish (None = unknown).
-    evicting: already chosen as a victim and shutting down; it still holds its devices.
+    evicting: already chosen as a victim and shutting down; it still holds its devices (and its quota),
+      is never chosen again, and its devices are held for `evicted_for` while it leaves.
+    evicted_for: id of the workload it is being evicted for (its nominated preemptor), None = unknown.
     """
 
     id: str
@@ -282,6 +288,7 @@ class RunningWorkload:
     started: float = 0.0
     expected_end: float | None = None
     evicting: bool = False
+    evicted_for: str | None = None
 
     @property
     def device_count(self) -> int:
