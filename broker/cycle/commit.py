@@ -24,7 +24,9 @@ from django.utils import timezone
 
 from broker.audit.models import record
 from broker.costs.sampling import record_cycle_capacity
+from broker.cycle.bulk import column_in, insert_rows, pk_in
 from broker.cycle.executor import move
+from broker.cycle.loader import as_text
 from broker.inventory.models import ClusterState, Device, Health
 from broker.workloads.models import Allocation, Explanation, ExplanationChange, SchedulingCycle, Workload
 from broker.workloads.states import HOLDING_STATES, State
@@ -45,6 +47,10 @@ EXPLANATION_FIELDS = (
     "estimated_start",
     "suggestions",
 )
+
+ALLOCATION_COLUMNS = ("workload_id", "device_id", "device_class_id", "pod_set", "pod_index", "cycle_id", "allocated_at",
+                      "released_at")  # fmt: skip
+HISTORY_COLUMNS = ("workload_id", "cycle_id", "reason", "message", "at")
 
 
 class StaleSnapshot(Exception):
@@ -153,7 +159,7 @@ def check_fresh(result, loaded):
 def check_workloads(ids, allowed, verb):
     if not ids:
         return
-    states = dict(Workload.objects.select_for_update().filter(pk__in=ids).values_list("id", "state"))
+    states = dict(Workload.objects.select_for_update().filter(**pk_in(ids)).values_list("id", "state"))
     for pk in ids:
         if states.get(pk) not in allowed:
             raise StaleSnapshot(f"workload {pk} was {verb} but is now {states.get(pk, 'gone')}")
@@ -172,15 +178,19 @@ def check_devices(result, loaded):
         raise StaleSnapshot("the result places one device twice")
     rows = (
         Device.objects.select_for_update(no_key=True, of=("self",))
-        .filter(pk__in=wanted)
-        .values_list("id", "node__name", "name", "health", "taints", "node__cordoned")
+        .filter(**pk_in(wanted))
+        .values_list("id", "node__name", "name", "health", as_text("taints"), "node__cordoned")
     )
+    taint_texts = {}
     seen = set()
     for pk, node, name, health, taints, cordoned in rows:
         seen.add(pk)
         if health != Health.HEALTHY:
             raise StaleSnapshot(f"device {node}/{name} is now {health}")
-        if taints != loaded.device_taints.get(pk):
+        if taints not in taint_texts:
+            # A handful of distinct taint lists among tens of thousands of devices: decode each once.
+            taint_texts[taints] = json.loads(taints) if taints is not None else None
+        if taint_texts[taints] != loaded.device_taints.get(pk):
             raise StaleSnapshot(f"device {node}/{name} has new taints")
         if cordoned:
             raise StaleSnapshot(f"node {node} was cordoned")
@@ -188,7 +198,7 @@ def check_devices(result, loaded):
         raise StaleSnapshot("an admitted device was removed")
     victims = pks({p.victim_id for p in result.preemptions})
     held = (
-        Allocation.objects.filter(device_id__in=wanted, released_at__isnull=True)
+        Allocation.objects.filter(released_at__isnull=True, **column_in("device", wanted))
         .exclude(workload_id__in=victims)
         .values_list("device__node__name", "device__name")
         .first()
@@ -244,6 +254,7 @@ def admit(admissions, loaded, cycle, now):
         return []
     allocations = []
     by_class = defaultdict(list)
+    device_pks = loaded.device_pks
     for admission in admissions:
         workload_id = int(admission.workload_id)
         class_pk = loaded.device_class_pks[admission.device_class]
@@ -251,29 +262,22 @@ def admit(admissions, loaded, cycle, now):
         for pod in admission.pods:
             for device_id in pod.device_ids:
                 allocations.append(
-                    Allocation(
-                        workload_id=workload_id,
-                        device_id=loaded.device_pks[device_id],
-                        device_class_id=class_pk,
-                        pod_set=pod.pod_set,
-                        pod_index=pod.index,
-                        cycle=cycle,
-                        allocated_at=now,
-                    )
+                    (workload_id, device_pks[device_id], class_pk, pod.pod_set, pod.index, cycle.pk, now, None)
                 )
-    Allocation.objects.bulk_create(allocations, batch_size=2000)
+    insert_rows(Allocation, ALLOCATION_COLUMNS, allocations)
     admitted = []
     for class_pk, ids in by_class.items():
-        move(ids, State.PENDING, State.ADMITTED, now, f"admitted in cycle {cycle.pk}")
-        Workload.objects.filter(pk__in=ids).update(admitted_at=now, chosen_device_class_id=class_pk)
+        move(
+            ids, State.PENDING, State.ADMITTED, now, f"admitted in cycle {cycle.pk}",
+            admitted_at=now, chosen_device_class_id=class_pk,
+        )  # fmt: skip
         admitted.extend(ids)
-    ExplanationChange.objects.bulk_create(
-        ExplanationChange(
-            workload_id=int(a.workload_id), cycle=cycle, reason="Admitted", message=admitted_message(a), at=now
-        )
-        for a in admissions
+    insert_rows(
+        ExplanationChange,
+        HISTORY_COLUMNS,
+        ((int(a.workload_id), cycle.pk, "Admitted", admitted_message(a), now) for a in admissions),
     )
-    Explanation.objects.filter(workload_id__in=admitted).delete()
+    Explanation.objects.filter(**column_in("workload", admitted)).delete()
     return sorted(admitted)
 
 
@@ -332,11 +336,7 @@ def explain(decisions, admitted, cycle, now):
             continue
         upserts.append(Explanation(workload_id=pk, cycle=cycle, updated_at=now, **values))
         if before is None or (before["reason"], before["message"]) != (values["reason"], values["message"]):
-            history.append(
-                ExplanationChange(
-                    workload_id=pk, cycle=cycle, reason=values["reason"], message=values["message"], at=now
-                )
-            )
+            history.append((pk, cycle.pk, values["reason"], values["message"], now))
     Explanation.objects.bulk_create(
         upserts,
         batch_size=2000,
@@ -344,7 +344,7 @@ def explain(decisions, admitted, cycle, now):
         unique_fields=["workload"],
         update_fields=[*EXPLANATION_FIELDS, "cycle", "updated_at"],
     )
-    ExplanationChange.objects.bulk_create(history, batch_size=2000)
+    insert_rows(ExplanationChange, HISTORY_COLUMNS, history)
     return sorted(e.workload_id for e in upserts)
 
 

@@ -29,6 +29,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 
+from broker.cycle.bulk import insert_rows, pk_in
 from broker.workloads.models import Allocation, Workload, WorkloadTransition
 from broker.workloads.states import State, can_transition
 
@@ -106,20 +107,23 @@ class SimulatedExecutor(Executor):
         return list(workload_ids)
 
 
-def move(ids, source, target, now, reason):
-    """Bulk state change with one transition row each; the state machine still has the last word."""
+def move(ids, source, target, now, reason, **also):
+    """Bulk state change with one transition row each; the state machine still has the last word.
+    `also`: more fields to set in the same UPDATE (one pass over the rows instead of two)."""
     if not ids:
         return 0
     if not can_transition(source, target):
         raise ValueError(f"{source} -> {target} is not a workload transition")
-    fields = {"state": target, "state_changed_at": now}
+    fields = {**also, "state": target, "state_changed_at": now}
     if target == State.RUNNING:
         fields["started_at"] = now
     if target in (State.SUCCEEDED, State.FAILED):
         fields["finished_at"] = now
-    count = Workload.objects.filter(pk__in=ids, state=source).update(**fields)
-    WorkloadTransition.objects.bulk_create(
-        WorkloadTransition(workload_id=pk, from_state=source, to_state=target, at=now, reason=reason) for pk in ids
+    count = Workload.objects.filter(state=source, **pk_in(ids)).update(**fields)
+    insert_rows(
+        WorkloadTransition,
+        ("workload_id", "from_state", "to_state", "at", "reason"),
+        ((pk, source, target, now, reason) for pk in ids),
     )
     return count
 
