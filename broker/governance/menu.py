@@ -100,3 +100,18 @@ def describe_all(classes):
         higher = [name for name, other in ladder if other > value]
         rows.append((resource_class, describe(resource_class, higher), price_per_hour(resource_class)))
     return rows
+
+
+def may_preempt(preemptor, victim):
+    """Whether work of class `preemptor` may ever evict work of class `victim`: only strictly higher
+    priority, and only victims whose class and priority class are preemptible. Queue policies
+    (within-queue and cohort reclaim) narrow this further per queue; they never widen it."""
+    if not victim.preemptible or not victim.priority_class.preemptible:
+        return False
+    return preemptor.priority_class.value > victim.priority_class.value
+
+
+def preemption_matrix(classes):
+    """[(preemptor, [(victim, may it preempt)])], highest priority first: the promise the menu makes."""
+    ordered = sorted(classes, key=lambda rc: (-rc.priority_class.value, rc.name))
+    return [(row, [(column, may_preempt(row, column)) for column in ordered]) for row in ordered]

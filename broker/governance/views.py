@@ -38,9 +38,11 @@ def require(allowed, message):
 @login_required
 @require_GET
 def menu_page(request):
-    classes = menu.describe_all(menu.classes_for(request.user))
+    visible = list(menu.classes_for(request.user))
+    classes = menu.describe_all(visible)
     context = {
         "classes": classes,
+        "preemption": menu.preemption_matrix(visible),
         "is_operator": roles.is_operator(request.user),
         "whole_menu": menu.sees_whole_menu(request.user),
     }

@@ -218,3 +218,35 @@ def test_it_answers_a_gone_row_for_a_decided_request(client, cluster, alice, apr
     client.force_login(april)
     row = client.get(reverse("governance:approval-row", args=[workload.pk])).content.decode()
     assert 'data-gone="true"' in row
+
+
+def test_it_derives_who_may_preempt_whom_from_priorities_and_preemptibility(cluster):
+    classes = [cluster.training, cluster.inference, cluster.reserved]
+    allowed = {
+        (row.name, column.name) for row, cells in menu.preemption_matrix(classes) for column, may in cells if may
+    }
+    assert allowed == {
+        ("small-inference", "distributed-training"),
+        ("large-reserved-training", "distributed-training"),
+    }
+
+
+def test_it_follows_an_operators_priority_change(cluster):
+    cluster.training.priority_class.value = 5000
+    cluster.training.priority_class.save()
+    cluster.inference.preemptible = True
+    cluster.inference.priority_class.preemptible = True
+    cluster.inference.priority_class.save()
+    cluster.inference.save()
+
+    assert menu.may_preempt(cluster.training, cluster.inference)
+    assert not menu.may_preempt(cluster.inference, cluster.training)
+
+
+def test_it_shows_the_preemption_matrix_on_the_menu_page(client, cluster, olivia):
+    client.force_login(olivia)
+    html = client.get(reverse("governance:menu")).content.decode()
+    assert 'id="preemption-matrix"' in html
+    row = html.split('<tr data-preemptor="small-inference">')[-1].split("</tr>")[0]
+    assert 'data-victim="distributed-training">may preempt' in row
+    assert 'data-victim="large-reserved-training">—' in row
