@@ -141,6 +141,9 @@ SIMULATION_SPEED = envfloat("SIMULATION_SPEED", "60")
 # The trace replay submits jobs this many times more often than Philly did (see broker/cycle/replay.py).
 REPLAY_DENSITY = envfloat("REPLAY_DENSITY", "6")
 EXECUTOR = os.getenv("EXECUTOR", "simulated")
+# A preemption victim keeps its devices this many seconds (simulated time under the simulated executor,
+# so SIMULATION_SPEED times shorter on the wall clock) while it shuts down, before it is requeued.
+EVICTION_GRACE_SECONDS = envfloat("EVICTION_GRACE_SECONDS", "10")
 DEMO_REPLAY = envbool("DEMO_REPLAY", "False")
 if DEMO_REPLAY:
     # Celery mode's Philly replay; the embedded default replays inside `manage.py serve` instead.

@@ -215,12 +215,16 @@ def apply(result, loaded, cycle):
     delta = CommitDelta(cycle=cycle.pk)
     delta.preempted = evict(result.preemptions, cycle, now)
     delta.admitted = admit(result.admissions, loaded, cycle, now)
+    renominate(result, delta.admitted)
     delta.explanations = explain(result.pending, delta.admitted, cycle, now)
     return delta
 
 
 def evict(preemptions, cycle, now):
-    """Victims are evicted whole and requeued: Preempted, devices released, back to Pending."""
+    """Victims are asked to leave, not removed: each keeps its state and its devices, marked evicting
+    for its preemptor with the rule and message, until the executor has stopped it gracefully
+    (executor.complete_evictions releases the devices and requeues it). The preemptor is nominated
+    for the victims' devices, so the cycle that sees them free holds them for it until its turn."""
     by_victim = {}
     for preemption in preemptions:
         by_victim.setdefault(int(preemption.victim_id), preemption)
@@ -228,25 +232,63 @@ def evict(preemptions, cycle, now):
         return []
     ids = sorted(by_victim)
     victims = Workload.objects.select_related("team").in_bulk(ids)
-    for state in HOLDING_STATES:
-        chosen = [pk for pk in ids if victims[pk].state == state]
-        move(chosen, state, State.PREEMPTED, now, f"preempted in cycle {cycle.pk}")
-    Allocation.objects.filter(workload_id__in=ids, released_at__isnull=True).update(released_at=now)
-    move(ids, State.PREEMPTED, State.PENDING, now, "requeued after preemption")
+    preemptors = Workload.objects.select_related("team").in_bulk({int(p.preemptor_id) for p in by_victim.values()})
+    history = []
     for pk in ids:
         preemption = by_victim[pk]
+        preemptor = preemptors[int(preemption.preemptor_id)]
+        Workload.objects.filter(pk=pk).update(
+            eviction_requested_at=now,
+            evicted_for=preemptor,
+            eviction_rule=preemption.rule,
+            eviction_message=preemption.message,
+        )
         record(
             "workload.preempt",
             victims[pk],
             before={"state": victims[pk].state},
-            after={"state": State.PENDING, "preemptor": int(preemption.preemptor_id), "rule": preemption.rule},
+            after={"state": victims[pk].state, "evicting": True, "preemptor": preemptor.pk, "rule": preemption.rule},
             reason=f"{preemption.rule}: {preemption.message}",
         )
-    ExplanationChange.objects.bulk_create(
-        ExplanationChange(workload_id=pk, cycle=cycle, reason="Preempted", message=by_victim[pk].message, at=now)
-        for pk in ids
-    )
+        history.append(
+            ExplanationChange(
+                workload_id=pk, cycle=cycle, reason="Preempted", message=preempted_text(preemptor, preemption), at=now
+            )
+        )
+    ExplanationChange.objects.bulk_create(history)
+    nominated = defaultdict(set)
+    for workload_id, device_pk in Allocation.objects.filter(workload_id__in=ids, released_at__isnull=True).values_list(
+        "workload_id", "device_id"
+    ):
+        nominated[int(by_victim[workload_id].preemptor_id)].add(device_pk)
+    for pk, devices in nominated.items():
+        preemptor = preemptors[pk]
+        Workload.objects.filter(pk=pk).update(nominated_devices=sorted(set(preemptor.nominated_devices) | devices))
     return ids
+
+
+def preempted_text(preemptor, preemption):
+    """What the victim is told: who, at what priority, under which rule and why."""
+    why = preemption.message.split("): ", 1)[-1]  # the core's "preempted for <id> (<rule>): <why>"
+    return (
+        f"Preempted by {preemptor} (priority {preemptor.priority}) under rule {preemption.rule}: {why}; "
+        "it keeps its devices while it shuts down, then goes back to its queue"
+    )
+
+
+def renominate(result, admitted):
+    """An admitted workload's nomination and eviction record are done with; a pending one keeps its
+    nomination only while it is still PreemptionPending (kube-scheduler clears a nomination that no
+    longer helps)."""
+    if admitted:
+        Workload.objects.filter(pk__in=admitted).update(
+            nominated_devices=[], eviction_requested_at=None, evicted_for=None, eviction_rule="", eviction_message=""
+        )
+    waiting = {int(d.workload_id) for d in result.pending if d.reason == "PreemptionPending"}
+    nominated = Workload.objects.filter(state=State.PENDING).exclude(nominated_devices=[]).values_list("id", flat=True)
+    stale = [pk for pk in nominated if pk not in waiting]
+    if stale:
+        Workload.objects.filter(pk__in=stale).update(nominated_devices=[])
 
 
 def admit(admissions, loaded, cycle, now):

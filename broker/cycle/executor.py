@@ -16,8 +16,15 @@ The Kubernetes seam (not built; settings.EXECUTOR selects an implementation):
   DeviceClass and whose status.allocation is pre-filled with the devices in the Allocation rows (the
   broker is the allocator), then the pods bound to the allocation's nodes; -> Running when the pods are.
 - advance: watch the PodGroups; pods Succeeded/Failed -> Succeeded/Failed, release the allocations.
-- stop: delete the PodGroup with a grace period (graceful eviction, DisruptionTarget condition) and
-  release the allocations once the pods are gone.
+- stop: for each preemption victim (the cycle set `eviction_requested_at`, it still holds its devices)
+  add the DisruptionTarget condition to its pods and delete the PodGroup with
+  gracePeriodSeconds=EVICTION_GRACE_SECONDS; cancellations likewise.
+- advance: once a victim's pods are gone (or the grace period has passed and they were killed) call
+  `complete_evictions`: allocations released, Preempted, requeued Pending, audited with the rule.
+
+Graceful eviction here: `stop` only acknowledges; `advance` completes the eviction of every victim
+whose grace period (EVICTION_GRACE_SECONDS of simulated time) is over. Until then the victim keeps its
+devices, the cycle sees it as evicting and its preemptor waits with PreemptionPending.
 - wall_seconds: durations are already wall-clock seconds there.
 """
 
@@ -31,13 +38,14 @@ from django.db import transaction
 
 from broker.cycle.bulk import insert_rows, pk_in
 from broker.workloads.models import Allocation, Workload, WorkloadTransition
-from broker.workloads.states import State, can_transition
+from broker.workloads.states import HOLDING_STATES, State, can_transition
 
 
 @dataclass
 class Progress:
     started: list = field(default_factory=list)
     completed: list = field(default_factory=list)
+    evicted: list = field(default_factory=list)
 
 
 class Executor(ABC):
@@ -71,7 +79,7 @@ class SimulatedExecutor(Executor):
         with transaction.atomic():
             ids = list(
                 Workload.objects.select_for_update(skip_locked=True)
-                .filter(pk__in=list(workload_ids), state=State.ADMITTED)
+                .filter(pk__in=list(workload_ids), state=State.ADMITTED, eviction_requested_at__isnull=True)
                 .values_list("id", flat=True)
             )
             move(ids, State.ADMITTED, State.RUNNING, now, "simulated executor started it")
@@ -79,6 +87,7 @@ class SimulatedExecutor(Executor):
 
     def advance(self, now):
         progress = Progress()
+        progress.evicted = self.finish_evictions(now)
         admitted = Workload.objects.filter(state=State.ADMITTED).values_list("id", flat=True)
         progress.started = self.start(list(admitted), now)
         with transaction.atomic():
@@ -102,9 +111,68 @@ class SimulatedExecutor(Executor):
         return started is not None and started + timedelta(seconds=self.wall_seconds(duration)) <= now
 
     def stop(self, workload_ids, now):
-        # Nothing runs outside the database here: the commit that preempted or cancelled the workload
-        # already released its devices, so there is nothing left to tear down.
+        # Nothing runs outside the database here: a victim "shuts down" for EVICTION_GRACE_SECONDS of
+        # simulated time, and `advance` completes its eviction after that (a cancellation's commit
+        # already released its devices).
         return list(workload_ids)
+
+    def finish_evictions(self, now):
+        """Victims whose grace period is over have stopped: complete their evictions."""
+        grace = timedelta(seconds=self.wall_seconds(settings.EVICTION_GRACE_SECONDS))
+        with transaction.atomic():
+            ids = list(
+                Workload.objects.select_for_update(skip_locked=True)
+                .filter(state__in=HOLDING_STATES, eviction_requested_at__lte=now - grace)
+                .values_list("id", flat=True)
+            )
+            complete_evictions(ids, now)
+        return ids
+
+
+def complete_evictions(ids, now):
+    """Victims that have stopped: devices released, Preempted, then requeued Pending, audited with the
+    rule that allowed the preemption; a cycle is requested so the preemptor gets the devices."""
+    if not ids:
+        return []
+    from broker.audit.models import record
+    from broker.cycle.triggers import request_cycle_after_commit
+    from broker.workloads.models import ExplanationChange
+
+    victims = Workload.objects.select_related("team", "evicted_for__team").in_bulk(ids)
+    ids = sorted(victims)
+    for state in HOLDING_STATES:
+        chosen = [pk for pk in ids if victims[pk].state == state]
+        move(chosen, state, State.PREEMPTED, now, "evicted: stopped after its grace period")
+    Allocation.objects.filter(workload_id__in=ids, released_at__isnull=True).update(released_at=now)
+    move(ids, State.PREEMPTED, State.PENDING, now, "requeued after preemption")
+    history = []
+    for pk in ids:
+        victim = victims[pk]
+        preemptor = victim.evicted_for
+        record(
+            "workload.evicted",
+            victim,
+            before={"state": victim.state, "evicting": True},
+            after={
+                "state": State.PENDING,
+                "preemptor": preemptor.pk if preemptor else None,
+                "rule": victim.eviction_rule,
+            },
+            reason=f"{victim.eviction_rule}: {victim.eviction_message}",
+        )
+        by = f" for {preemptor} (priority {preemptor.priority})" if preemptor else ""
+        history.append(
+            ExplanationChange(
+                workload_id=pk,
+                reason="Requeued",
+                message=f"evicted{by} under rule {victim.eviction_rule}; its devices are released and it is "
+                "back in its queue",
+                at=now,
+            )
+        )
+    ExplanationChange.objects.bulk_create(history)
+    request_cycle_after_commit(f"{len(ids)} victims evicted")
+    return ids
 
 
 def move(ids, source, target, now, reason, **also):

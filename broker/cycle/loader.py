@@ -362,13 +362,16 @@ def load_pending(loaded, approval_rules):
             "approval",
             "expected_duration_seconds",
             "preemptible",
+            "nominated_devices",
         )
     )
     pod_sets = load_pod_sets_for_state(WAITING)
     executor = get_executor()
     pending = []
     for row in rows:
-        pk, state, queue, team, rc, required, preferred, priority, disruption, submitted, approval, duration, pre = row
+        pk, state, queue, team, rc, required, preferred, priority, disruption, submitted, approval, duration = row[:12]
+        pre = row[12]
+        nominated = row[13]
         sets = tuple(pod_sets.get(pk, ()))
         devices = sum(p.count * p.devices_per_pod for p in sets)
         loaded.pending_states[pk] = state
@@ -387,9 +390,18 @@ def load_pending(loaded, approval_rules):
                 approved=approved_flag(state, approval, approval_rules.get(rc), devices),
                 expected_duration=executor.wall_seconds(duration),
                 preemptible=pre,
+                nominated_devices=nominated_ids(nominated, loaded),
             )
         )
     return tuple(pending)
+
+
+def nominated_ids(device_pks, loaded):
+    """Snapshot ids of the devices a preemptor's victims freed for it (unknown pks are skipped)."""
+    if not device_pks:
+        return ()
+    known = loaded.devices_by_pk
+    return tuple(known[pk][0] for pk in device_pks if pk in known)
 
 
 def load_pod_sets_for_state(states):
@@ -461,12 +473,15 @@ def load_running(loaded):
             "admitted_at",
             "started_at",
             "expected_duration_seconds",
+            "eviction_requested_at",
+            "evicted_for_id",
         )
     }
     executor = get_executor()
     running = []
     for workload_id in sorted(pods):
-        queue, priority, disruption, preemptible, state, admitted_at, started_at, duration = info[workload_id]
+        queue, priority, disruption, preemptible, state, admitted_at, started_at, duration = info[workload_id][:8]
+        eviction_requested_at, evicted_for = info[workload_id][8:]
         loaded.running_ids.add(workload_id)
         started = started_at or admitted_at or loaded.now
         expected = executor.wall_seconds(duration)
@@ -485,6 +500,10 @@ def load_running(loaded):
                 preemptible=preemptible and state in (State.ADMITTED, State.RUNNING),
                 started=started.timestamp(),
                 expected_end=None if expected is None else started.timestamp() + expected,
+                # A victim shutting down keeps its devices; the core neither preempts it again nor
+                # counts its devices as free, and holds them for `evicted_for`.
+                evicting=eviction_requested_at is not None,
+                evicted_for=None if evicted_for is None else str(evicted_for),
             )
         )
     return tuple(running)

@@ -58,6 +58,20 @@ class Workload(models.Model):
         help_text="The device class the cycle chose from the fallback list.",
     )
     trace_id = models.CharField(max_length=64, blank=True, help_text="Source job when replayed from a trace.")
+    # Graceful eviction (issue 5): a cycle that picks this workload as a victim sets these; it keeps its
+    # devices while the executor stops it, then is requeued. Cleared when it is admitted again.
+    eviction_requested_at = models.DateTimeField(
+        null=True, blank=True, db_index=True, help_text="Chosen as a preemption victim and asked to leave."
+    )
+    evicted_for = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="evictions",
+        help_text="The preemptor this workload is (or was last) evicted for.",
+    )  # fmt: skip
+    eviction_rule = models.CharField(max_length=32, blank=True)
+    eviction_message = models.TextField(blank=True)
+    nominated_devices = models.JSONField(
+        default=list, blank=True, help_text="Device pks its victims free for it; held for it until it is admitted."
+    )
 
     class Meta:
         ordering = ["submitted_at", "id"]
@@ -74,6 +88,10 @@ class Workload(models.Model):
     @property
     def holds_devices(self):
         return self.state in HOLDING_STATES
+
+    @property
+    def evicting(self):
+        return self.eviction_requested_at is not None and self.state in HOLDING_STATES
 
     def transition(self, target, actor=None, reason="", at=None):
         """Move to `target` if the state machine allows it; records and returns the transition."""

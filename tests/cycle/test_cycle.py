@@ -115,32 +115,75 @@ def test_it_leaves_nothing_applied_when_the_commit_fails_midway(cluster, monkeyp
     assert not workload.transitions.filter(to_state=State.ADMITTED).exists()
 
 
-def test_it_preempts_and_requeues_victims_with_an_audit_event(cluster):
+def test_it_evicts_victims_gracefully_and_admits_the_preemptor_once_they_are_gone(cluster, settings):
+    from datetime import timedelta
+
+    from broker.cycle.executor import SimulatedExecutor
     from broker.policy.models import WithinQueuePolicy
 
+    settings.EVICTION_GRACE_SECONDS = 60  # one second of wall time at 60x
     cluster.queue_a.within_queue_preemption = WithinQueuePolicy.LOWER_PRIORITY
     cluster.queue_a.nominal_quota = None
     cluster.queue_a.save()
-    everything = list(Device.objects.order_by("node__name", "name"))
-    hog = running(cluster.queue_a, "hog", everything, cluster.h100, resource_class=cluster.training, priority=1)
+    rack_1 = list(Device.objects.filter(node__domain__name="r1").order_by("node__name", "name"))
+    rack_2 = list(Device.objects.filter(node__domain__name="r2").order_by("node__name", "name"))
+    hog = running(cluster.queue_a, "hog", rack_1, cluster.h100, resource_class=cluster.training, priority=1)
+    running(cluster.queue_a, "steady", rack_2, cluster.h100, priority=500, preemptible=False)
     claimant = pending(
         cluster.queue_a, "claimant", replicas=2, devices_per_pod=4, resource_class=cluster.training, priority=100
     )
+    start = timezone.now()
 
-    run = run_once()
+    # 1. The cycle chooses the victim: it is asked to leave and keeps its devices meanwhile.
+    run = run_once(now=start)
 
     assert run.preempted == (hog.pk,)
+    hog.refresh_from_db()
+    assert hog.state == State.RUNNING and hog.evicting
+    assert (hog.evicted_for, hog.eviction_rule) == (claimant, "WithinQueue")
+    assert Allocation.objects.filter(workload=hog, released_at__isnull=True).count() == 8
+    event = AuditEvent.objects.get(action="workload.preempt", target_id=str(hog.pk))
+    assert event.reason.startswith("WithinQueue")
+    assert event.after["preemptor"] == claimant.pk
+    told = ExplanationChange.objects.get(workload=hog, reason="Preempted").message
+    assert told.startswith("Preempted by team-a/claimant (priority 100) under rule WithinQueue: ")
+    claimant.refresh_from_db()
+    assert claimant.nominated_devices == sorted(device.pk for device in rack_1)
+    explanation = Explanation.objects.get(workload=claimant)
+    assert explanation.reason == "PreemptionPending"
+    assert f"waiting for 1 victim to leave: {hog.pk} (WithinQueue, priority 1)" in explanation.message
+
+    # 2. While it shuts down the core sees it evicting for the claimant: no new victims, still waiting.
+    snapshot, _ = load_snapshot(start + timedelta(milliseconds=500))
+    leaving = next(workload for workload in snapshot.running if workload.id == str(hog.pk))
+    assert (leaving.evicting, leaving.evicted_for) == (True, str(claimant.pk))
+    second = run_once(now=start + timedelta(milliseconds=500))
+    assert (second.preempted, second.admitted) == ((), ())
+    explanation = Explanation.objects.get(workload=claimant)
+    assert explanation.reason == "PreemptionPending"
+    assert f"{hog.pk} (being evicted)" in explanation.message
+
+    # 3. The executor stops it after the grace period: devices released, Preempted, requeued, audited.
+    executor = SimulatedExecutor(speed=60)
+    assert executor.advance(start + timedelta(milliseconds=900)).evicted == []
+    assert executor.advance(start + timedelta(seconds=1)).evicted == [hog.pk]
     hog.refresh_from_db()
     assert hog.state == State.PENDING
     assert not Allocation.objects.filter(workload=hog, released_at__isnull=True).exists()
     assert list(hog.transitions.values_list("to_state", flat=True))[-2:] == [State.PREEMPTED, State.PENDING]
-    event = AuditEvent.objects.get(action="workload.preempt", target_id=str(hog.pk))
-    assert event.reason.startswith("WithinQueue")
-    assert event.after["preemptor"] == claimant.pk
-    assert Explanation.objects.get(workload=claimant).reason == "PreemptionPending"
+    evicted = AuditEvent.objects.get(action="workload.evicted", target_id=str(hog.pk))
+    assert (evicted.after["rule"], evicted.after["preemptor"]) == ("WithinQueue", claimant.pk)
 
-    second = run_once()
-    assert claimant.pk in second.admitted
+    # 4. A rival ordered first (its queue uses nothing) may not take the devices freed for the claimant.
+    rival = pending(cluster.queue_b, "rival", replicas=2, devices_per_pod=4, resource_class=cluster.training)
+    third = run_once(now=start + timedelta(seconds=2))
+    assert third.admitted == (claimant.pk,)
+    assert Explanation.objects.get(workload=rival).reason != "PreemptionPending"
+    claimant.refresh_from_db()
+    assert claimant.nominated_devices == []
+    assert set(Allocation.objects.filter(workload=claimant).values_list("device_id", flat=True)) == {
+        device.pk for device in rack_1
+    }
 
 
 def test_it_broadcasts_a_compact_delta_after_commit(cluster, django_capture_on_commit_callbacks, monkeypatch):
