@@ -200,3 +200,26 @@ def test_it_finds_naive_fit_helper_sane():
     assert naive_fits(snapshot, counts, "h100", 2, 3, "rack")
     assert not naive_fits(snapshot, counts, "h100", 1, 4, "rack")
     assert QUIET.enable_backfill_protection is False
+
+
+@FAST
+@given(snapshots(quotas=False), st.data())
+def test_it_keeps_devices_freed_for_a_nominated_preemptor_until_its_turn(snapshot, data):
+    """Nominate a workload for the devices it would get alone: whatever else waits, and whatever the
+    fair-share order, nobody ordered before it takes them, so it starts (issue 5, graceful eviction)."""
+    from hypothesis import assume
+
+    nominee = data.draw(st.sampled_from(snapshot.pending))
+    alone = decide(replace(snapshot, pending=(nominee,)))
+    assume(alone.admissions)
+    devices = tuple(device for pod in alone.admissions[0].pods for device in pod.device_ids)
+    crowded = replace(
+        snapshot,
+        pending=tuple(
+            replace(workload, nominated_devices=devices) if workload.id == nominee.id else workload
+            for workload in snapshot.pending
+        ),
+    )
+    result = decide(crowded)
+    assert_valid_result(crowded, result)
+    assert nominee.id in {admission.workload_id for admission in result.admissions}
