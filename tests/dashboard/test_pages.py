@@ -239,3 +239,15 @@ def test_it_shows_action_forms_with_a_confirmation_only_to_those_allowed(client,
     assert "Set priority" not in content
     client.force_login(olivia)
     assert "Set priority" in client.get(url).content.decode()
+
+
+def test_it_tells_an_evicting_workload_who_it_is_evicted_for(client, scene, alice):
+    from django.utils import timezone
+
+    Workload.objects.filter(pk=scene.a_run.pk).update(
+        eviction_requested_at=timezone.now(), evicted_for=scene.a_wait, eviction_rule="WithinQueue"
+    )
+    client.force_login(alice)
+    content = client.get(reverse("dashboard:workload", args=[scene.a_run.pk])).content.decode()
+    assert f"Being evicted for <a href=\"{reverse('dashboard:workload', args=[scene.a_wait.pk])}\">" in content
+    assert "under rule WithinQueue" in content
