@@ -123,23 +123,16 @@ class CapacityState:
         names = set(known) | {device.node for device in snapshot.devices}
         self.node_names = sorted(names, key=natural_key)
         self.node_index = {name: index for index, name in enumerate(self.node_names)}
-        self.node_schedulable = [
-            known[name].schedulable if name in known else True for name in self.node_names
-        ]
+        self.node_schedulable = [known[name].schedulable if name in known else True for name in self.node_names]
         # Domains are keyed by their path from the coarsest level, so equal rack names under different
         # blocks stay different racks.
-        self.node_domains: list[list[tuple]] = []
-        for level_index in range(len(self.levels)):
-            keys = []
-            for name in self.node_names:
-                domains = known[name].domains if name in known else {}
-                keys.append(
-                    tuple(
-                        str(domains.get(level, name if level == NODE_LEVEL else "-"))
-                        for level in self.levels[: level_index + 1]
-                    )
-                )
-            self.node_domains.append(keys)
+        self.node_domains: list[list[tuple]] = [[] for _ in self.levels]
+        for name in self.node_names:
+            domains = known[name].domains if name in known else {}
+            path = ()
+            for level, keys in zip(self.levels, self.node_domains, strict=True):
+                path = path + (str(domains.get(level, name if level == NODE_LEVEL else "-")),)
+                keys.append(path)
         self.domain_nodes: list[dict[tuple, list[int]]] = []
         for keys in self.node_domains:
             members: dict[tuple, list[int]] = {}
@@ -149,26 +142,31 @@ class CapacityState:
 
     def _index_devices(self, snapshot: Snapshot, matcher: ClassMatcher) -> None:
         class_sets: dict[frozenset, tuple[int, ...]] = {}
-        devices = sorted(
-            snapshot.devices, key=lambda device: (self.node_index[device.node], _device_key(device.id))
-        )
+        node_index = self.node_index
+        schedulable = self.node_schedulable
+        classes_of = matcher.classes_of
+        slots = self.slots
+        slot_by_id = self.slot_by_id
+        devices = sorted(snapshot.devices, key=lambda device: (node_index[device.node], _device_key(device.id)))
         for order, device in enumerate(devices):
-            names = matcher.classes_of(device)
+            names = classes_of(device)
             indices = class_sets.get(names)
             if indices is None:
                 indices = tuple(sorted(self.class_index[name] for name in names if name in self.class_index))
                 class_sets[names] = indices
-            node = self.node_index[device.node]
-            blocking = tuple(taint for taint in device.taints if taint.effect in NO_SCHEDULE_EFFECTS)
-            if not device.healthy or not self.node_schedulable[node]:
+            node = node_index[device.node]
+            blocking = (
+                tuple(taint for taint in device.taints if taint.effect in NO_SCHEDULE_EFFECTS) if device.taints else ()
+            )
+            if not device.healthy or not schedulable[node]:
                 category = BLOCKED
             elif blocking:
                 category = TAINTED
             else:
                 category = PLAIN
             slot = Slot(order, device.id, node, indices, device.attributes, category, blocking)
-            self.slots.append(slot)
-            self.slot_by_id[device.id] = slot
+            slots.append(slot)
+            slot_by_id[device.id] = slot
 
     def _hold_running(self, snapshot: Snapshot) -> None:
         for workload in snapshot.running:
@@ -199,8 +197,7 @@ class CapacityState:
             # The owner's own running work counts first, then free devices, then devices other teams
             # hold with preemptible work (the owner may reclaim those).
             tiers = [
-                (_reservation_tier(slot, reservation.team, team_of_holder, preemptible), slot)
-                for slot in in_domain
+                (_reservation_tier(slot, reservation.team, team_of_holder, preemptible), slot) for slot in in_domain
             ]
             tiers.sort(key=lambda entry: (entry[0], entry[1].order))
             for _, slot in [entry for entry in tiers if entry[0] < 3][: reservation.count]:
@@ -390,9 +387,7 @@ class View:
         return self.state.node_free[self.class_index][node] + (len(extra) if extra else 0)
 
     def total(self) -> int:
-        total = self.state.total_free[self.class_index] + sum(
-            len(slots) for slots in self.extra_by_node.values()
-        )
+        total = self.state.total_free[self.class_index] + sum(len(slots) for slots in self.extra_by_node.values())
         for node in self.excluded:
             total -= self.state.node_free[self.class_index][node]
         return total
@@ -432,11 +427,7 @@ class View:
         if node in self.excluded:
             return []
         class_index = self.class_index
-        ranked = [
-            (RANK_PLAIN, slot.order, slot)
-            for slot in self.state.free_plain[node]
-            if class_index in slot.classes
-        ]
+        ranked = [(RANK_PLAIN, slot.order, slot) for slot in self.state.free_plain[node] if class_index in slot.classes]
         extra = self.extra_by_node.get(node)
         if extra:
             ranked.extend((rank, slot.order, slot) for rank, slot in extra)
