@@ -6,16 +6,21 @@ already is a snapshot. A dozen queries in all, each a flat values_list (no model
 because this has to read 100k devices and 20k pending workloads in about a second.
 """
 
+import gc
 import json
 import re
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from django.conf import settings
-from django.db.models import F, TextField
+from django.db import connection
+from django.db.models import F, FloatField, TextField
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Cast
 
+from broker.cycle.bulk import pk_in
 from broker.cycle.executor import get_executor
 from broker.governance.approvals import outside_window
 from broker.inventory.models import ClusterState, Device, Domain, Health, Node, TopologyLevel
@@ -66,8 +71,34 @@ def as_text(field_name):
     return Cast(F(field_name), output_field=TextField())
 
 
+def epoch(field_name):
+    """A Workload timestamp column as Unix seconds, computed by PostgreSQL (parsing 80k timestamps in
+    Python costs a second); elsewhere the column itself, and `seconds` converts it."""
+    if connection.vendor != "postgresql":
+        return field_name
+    column = Workload._meta.get_field(field_name).column
+    return RawSQL(f'EXTRACT(EPOCH FROM "{Workload._meta.db_table}"."{column}")::float8', (), output_field=FloatField())
+
+
+def seconds(value):
+    """Unix seconds from what `epoch` selected (a float, a datetime or None)."""
+    return value.timestamp() if isinstance(value, datetime) else value
+
+
 def load_snapshot(now, config=None):
     """(Snapshot, LoadedState) for the instant `now` (an aware datetime)."""
+    # Hundreds of thousands of long-lived small objects: the cycle collector's passes over them are
+    # pure overhead here (see broker.scheduler.cycle.decide); it resumes when the snapshot is built.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _load_snapshot(now, config)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _load_snapshot(now, config):
     started = time.perf_counter()
     generation = ClusterState.current_generation(settings.CLUSTER_NAME)
     levels = tuple(TopologyLevel.objects.order_by("order").values_list("name", flat=True))
@@ -358,7 +389,7 @@ def load_pending(loaded, approval_rules):
             "topology_preferred",
             "priority",
             "disruption_mode",
-            "submitted_at",
+            epoch("submitted_at"),
             "approval",
             "expected_duration_seconds",
             "preemptible",
@@ -386,7 +417,7 @@ def load_pending(loaded, approval_rules):
                 topology_preferred=preferred or None,
                 priority=priority,
                 disruption=disruption,
-                submitted=submitted.timestamp(),
+                submitted=seconds(submitted),
                 approved=approved_flag(state, approval, approval_rules.get(rc), devices),
                 expected_duration=executor.wall_seconds(duration),
                 preemptible=pre,
@@ -463,27 +494,29 @@ def load_running(loaded):
         return ()
     info = {
         row[0]: row[1:]
-        for row in Workload.objects.filter(pk__in=list(pods)).values_list(
+        for row in Workload.objects.filter(**pk_in(pods)).values_list(
             "id",
             "queue__name",
             "priority",
             "disruption_mode",
             "preemptible",
             "state",
-            "admitted_at",
-            "started_at",
+            epoch("admitted_at"),
+            epoch("started_at"),
             "expected_duration_seconds",
             "eviction_requested_at",
             "evicted_for_id",
         )
     }
     executor = get_executor()
+    now = loaded.now.timestamp()
     running = []
     for workload_id in sorted(pods):
         queue, priority, disruption, preemptible, state, admitted_at, started_at, duration = info[workload_id][:8]
         eviction_requested_at, evicted_for = info[workload_id][8:]
         loaded.running_ids.add(workload_id)
-        started = started_at or admitted_at or loaded.now
+        started = seconds(started_at if started_at is not None else admitted_at)
+        started = now if started is None else started
         expected = executor.wall_seconds(duration)
         running.append(
             s.RunningWorkload(
@@ -498,8 +531,8 @@ def load_running(loaded):
                 disruption=disruption,
                 # A workload in a final state still holding devices (a bug elsewhere) must not be a victim.
                 preemptible=preemptible and state in (State.ADMITTED, State.RUNNING),
-                started=started.timestamp(),
-                expected_end=None if expected is None else started.timestamp() + expected,
+                started=started,
+                expected_end=None if expected is None else started + expected,
                 # A victim shutting down keeps its devices; the core neither preempts it again nor
                 # counts its devices as free, and holds them for `evicted_for`.
                 evicting=eviction_requested_at is not None,
