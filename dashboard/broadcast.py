@@ -1,9 +1,10 @@
 """Deltas for the live socket, built from the database (the truth), filtered per user.
 
 The cycle glue sends `{"type": "cycle.committed", "cycle": id, "admitted": [...], "preempted": [...],
-"changed": [...]}` to the "cycle" group after every commit; operator actions here send
-`{"type": "inventory.changed", "racks": [...]}` to the "inventory" group. Each consumer turns either into
-one delta for its user: full rows for workloads the user may read, bare counts for the rest.
+"explanations": [...]}` (broker.cycle.commit.CommitDelta.message) to the "cycle" group after every
+commit; operator actions here send `{"type": "inventory.changed", "racks": [...]}` to the "inventory"
+group. Each consumer turns either into one delta for its user: full rows for workloads the user may
+read, bare counts for the rest.
 """
 
 from __future__ import annotations
@@ -104,7 +105,11 @@ def counts_hidden(user, ids):
 def cycle_delta(user, event):
     """One user's view of a committed cycle."""
     user = fresh_user(user)
-    admitted, preempted, changed = _ids(event.get("admitted")), _ids(event.get("preempted")), _ids(event.get("changed"))
+    admitted, preempted, changed = (
+        _ids(event.get("admitted")),
+        _ids(event.get("preempted")),
+        _ids(event.get("explanations")),
+    )
     moved = list(dict.fromkeys([*admitted, *preempted, *changed]))
     shared = shared_state(("cycle", event.get("cycle")))
     return {

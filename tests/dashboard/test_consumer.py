@@ -11,6 +11,7 @@ from django.contrib.auth.models import AnonymousUser
 from django.test import Client
 
 from broker.asgi import application
+from broker.cycle.commit import CommitDelta
 from broker.inventory.models import Device, Node
 from broker.workloads.models import Allocation, Explanation
 from broker.workloads.states import State
@@ -51,13 +52,10 @@ def admit_big_a(scene, cluster):
             cycle=scene.cycle,
         )
     Explanation.objects.filter(workload=scene.b_wait).update(reason="InsufficientCapacity", message="cluster full")
-    return {
-        "type": "cycle.committed",
-        "cycle": scene.cycle.pk,
-        "admitted": [scene.a_wait.pk],
-        "preempted": [],
-        "changed": [scene.b_wait.pk],
-    }
+    # The event exactly as the cycle commit broadcasts it.
+    return CommitDelta(
+        cycle=scene.cycle.pk, admitted=[scene.a_wait.pk], preempted=[], explanations=[scene.b_wait.pk]
+    ).message()
 
 
 async def receive_after_hello(communicator):
