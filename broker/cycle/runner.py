@@ -21,7 +21,7 @@ from broker.cycle.commit import StaleSnapshot, commit_result
 from broker.cycle.executor import get_executor
 from broker.cycle.loader import load_snapshot
 from broker.cycle.locks import cycle_transaction
-from broker.cycle.triggers import request_cycle_after_commit, wait_for_request
+from broker.cycle.triggers import follow_up_requests, request_cycle_after_commit, requests_so_far, wait_for_request
 from broker.governance.tasks import tick as governance_tick
 from broker.scheduler.cycle import decide
 from broker.workloads.models import SchedulingCycle
@@ -51,10 +51,12 @@ class CycleRun:
 
 def run_once(now=None, decider=decide):
     """Run one cycle; returns CycleRun, or None when another cycle holds the lock."""
+    seen = requests_so_far()
     with cycle_transaction() as acquired:
         if not acquired:
             return None
         now = now or timezone.now()
+        transaction.on_commit(lambda: follow_up_requests(seen), robust=True)
         cycle = SchedulingCycle.objects.create(cluster=settings.CLUSTER_NAME, started_at=timezone.now())
         snapshot, loaded = load_snapshot(now)
         started = time.perf_counter()

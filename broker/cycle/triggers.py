@@ -49,12 +49,18 @@ def first_in_window():
         return True
 
 
+def requests_key():
+    return f"capacity-broker:{settings.CLUSTER_NAME}:cycle-requests"
+
+
 def request_cycle(reason=""):
     """Returns True when this request scheduled (or woke) a cycle, False when an earlier one covers it."""
     if settings.CYCLE_MODE != "celery":
         _wake.set()
         return True
     try:
+        # Counted even when debounced: a cycle already past its snapshot must know to run once more.
+        redis_client().incr(requests_key())
         if not first_in_window():
             return False
         from broker.cycle.tasks import run_cycle
@@ -65,6 +71,27 @@ def request_cycle(reason=""):
         log.warning("could not request a scheduling cycle (%s)", reason, exc_info=True)
         return False
     return True
+
+
+def requests_so_far():
+    """Read before a cycle opens its transaction: every request counted here committed before the
+    cycle's snapshot, so the cycle covers it. None outside celery mode or when Redis is unreachable."""
+    if settings.CYCLE_MODE != "celery":
+        return None
+    try:
+        return int(redis_client().get(requests_key()) or 0)
+    except Exception:
+        log.warning("could not read the cycle request counter", exc_info=True)
+        return None
+
+
+def follow_up_requests(seen):
+    """After a cycle commits: requests counted since `seen` may have come after its snapshot (their own
+    task was debounced, or found this cycle holding the lock), so they get one more cycle.
+    Returns True when it asked for one."""
+    if seen is None or requests_so_far() in (None, seen):
+        return False
+    return request_cycle("changes arrived during the previous cycle")
 
 
 def request_cycle_after_commit(reason=""):
