@@ -4,6 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 PORT ?= 8000
+# The demo's clock: 4 simulated minutes per second, so the replayed cluster fills up within minutes.
+DEMO_SIMULATION_SPEED ?= 240
 
 # The test suite runs the production stack for real.
 TEST_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/postgres
@@ -31,7 +33,7 @@ system-deps:
 run: install
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py seed_demo --if-empty
-	$(PY) manage.py serve --port $(PORT)
+	SIMULATION_SPEED=$${SIMULATION_SPEED:-$(DEMO_SIMULATION_SPEED)} $(PY) manage.py serve --port $(PORT)
 
 test: install system-deps
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest $(PYTEST_ARGS)
