@@ -175,6 +175,7 @@ STATIC_URL = "static/"
 PLOTLY_JS_DIR = Path(plotly.__file__).resolve().parent / "package_data"
 STATICFILES_DIRS = [BASE_DIR / "static", ("vendor", PLOTLY_JS_DIR)]
 STATIC_ROOT = Path(os.getenv("STATIC_ROOT", DATA_DIR / "staticfiles"))
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 WHITENOISE_USE_FINDERS = True
 
 REST_FRAMEWORK = {

@@ -1,16 +1,17 @@
 from django.contrib import admin
 
+from broker.audit.admin_mixins import AuditedAdminMixin
 from broker.inventory.models import ClusterState, Device, Domain, Node, TopologyLevel
 
 
 @admin.register(TopologyLevel)
-class TopologyLevelAdmin(admin.ModelAdmin):
+class TopologyLevelAdmin(AuditedAdminMixin, admin.ModelAdmin):
     list_display = ("name", "order")
     ordering = ("order",)
 
 
 @admin.register(Domain)
-class DomainAdmin(admin.ModelAdmin):
+class DomainAdmin(AuditedAdminMixin, admin.ModelAdmin):
     list_display = ("name", "level", "parent")
     list_filter = ("level",)
     search_fields = ("name",)
@@ -26,7 +27,9 @@ class DeviceInline(admin.TabularInline):
 
 
 @admin.register(Node)
-class NodeAdmin(admin.ModelAdmin):
+class NodeAdmin(AuditedAdminMixin, admin.ModelAdmin):
+    manual_intervention = True
+
     list_display = ("name", "domain", "cordoned", "device_count")
     list_filter = ("cordoned", "domain__level", "domain")
     search_fields = ("name", "domain__name")
@@ -40,7 +43,9 @@ class NodeAdmin(admin.ModelAdmin):
 
 
 @admin.register(Device)
-class DeviceAdmin(admin.ModelAdmin):
+class DeviceAdmin(AuditedAdminMixin, admin.ModelAdmin):
+    manual_intervention = True
+
     list_display = ("qualified_name", "driver", "health", "model", "parent")
     list_filter = ("health", "driver", "node__domain")
     search_fields = ("name", "node__name", "pool")

@@ -1,5 +1,6 @@
 from django.contrib import admin
 
+from broker.audit.admin_mixins import AuditedAdminMixin
 from broker.policy.models import (
     Cohort,
     DeviceClass,
@@ -13,33 +14,37 @@ from broker.policy.models import (
 
 
 @admin.register(Team)
-class TeamAdmin(admin.ModelAdmin):
+class TeamAdmin(AuditedAdminMixin, admin.ModelAdmin):
     list_display = ("name", "display_name")
     search_fields = ("name", "display_name")
     filter_horizontal = ("members",)
 
 
 @admin.register(PriorityClass)
-class PriorityClassAdmin(admin.ModelAdmin):
+class PriorityClassAdmin(AuditedAdminMixin, admin.ModelAdmin):
     list_display = ("name", "value", "preemptible")
     list_filter = ("preemptible",)
     search_fields = ("name",)
 
 
 @admin.register(DeviceClass)
-class DeviceClassAdmin(admin.ModelAdmin):
+class DeviceClassAdmin(AuditedAdminMixin, admin.ModelAdmin):
     list_display = ("name", "selector", "price_per_hour")
     search_fields = ("name", "selector")
 
 
 @admin.register(Cohort)
-class CohortAdmin(admin.ModelAdmin):
+class CohortAdmin(AuditedAdminMixin, admin.ModelAdmin):
+    manual_intervention = True
+
     list_display = ("name", "parent")
     search_fields = ("name",)
 
 
 @admin.register(Queue)
-class QueueAdmin(admin.ModelAdmin):
+class QueueAdmin(AuditedAdminMixin, admin.ModelAdmin):
+    manual_intervention = True
+
     list_display = ("name", "team", "cohort", "fair_share_weight", "within_queue_preemption", "reclaim_within_cohort")
     list_filter = ("cohort", "within_queue_preemption", "reclaim_within_cohort")
     search_fields = ("name", "team__name")
@@ -53,7 +58,7 @@ class DeviceClassChoiceInline(admin.TabularInline):
 
 
 @admin.register(ResourceClass)
-class ResourceClassAdmin(admin.ModelAdmin):
+class ResourceClassAdmin(AuditedAdminMixin, admin.ModelAdmin):
     list_display = ("name", "display_name", "priority_class", "preemptible", "approval_required", "topology_required")
     list_filter = ("approval_required", "preemptible", "sharing", "allowed_teams")
     search_fields = ("name", "display_name", "cost_label")
@@ -62,7 +67,7 @@ class ResourceClassAdmin(admin.ModelAdmin):
 
 
 @admin.register(Reservation)
-class ReservationAdmin(admin.ModelAdmin):
+class ReservationAdmin(AuditedAdminMixin, admin.ModelAdmin):
     list_display = ("name", "team", "device_class", "count", "domain", "start", "end")
     list_filter = ("team", "device_class")
     search_fields = ("name", "team__name", "reason")
