@@ -39,9 +39,7 @@ class Protection:
             where = f"{self.level} {self.scope[-1]}"
         else:
             names = sorted(state.node_names[node] for node in self.nodes)
-            where = (
-                "nodes " + ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-            )
+            where = "nodes " + ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
         head = f"{where} is held for {self.workload_id} (priority {self.priority}, ahead in line)"
         if self.planned_start is None:
             return f"{head}; it has waited too long and durations are unknown, so no start is planned"
@@ -90,9 +88,7 @@ def plan_protection(cycle, request) -> Protection | None:
         if free_now + len(released) < request.needed:
             continue  # not even the total is there yet: no placement to try
         for class_name in classes:
-            plan = place_gang(
-                cycle.view(class_name, access, more=released), request.demands, required, preferred
-            )
+            plan = place_gang(cycle.view(class_name, access, more=released), request.demands, required, preferred)
             if plan is not None:
                 return _protection(cycle, request, plan.scope, {pod.node for pod in plan.pods}, end)
     if cycle.snapshot.now - request.workload.submitted < cycle.config.backfill_wait_seconds:

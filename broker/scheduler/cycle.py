@@ -296,9 +296,7 @@ class Cycle:
         extra = self.extras_for(access) if access.uses_extras(self.state, self.reserved_teams) else []
         return View(self.state, self.state.class_index[class_name], extra + list(more), excluded)
 
-    def find_plan(
-        self, request: Request, class_name: str, access: Access | None = None, excluded=frozenset()
-    ):
+    def find_plan(self, request: Request, class_name: str, access: Access | None = None, excluded=frozenset()):
         """Placement of `request` with one class on the current free state; failures are memoised
         because free capacity only shrinks during a cycle."""
         access = access or request.access()

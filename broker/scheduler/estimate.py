@@ -35,18 +35,12 @@ def estimated_starts(cycle, waiting: list[str], reasons: dict[str, str]) -> dict
         if workload.expected_end is None and not workload.evicting and workload.id not in cycle.chosen_victims
     )
     unknown += sum(
-        1
-        for workload_id in cycle.log.admitted
-        if cycle.requests[workload_id].workload.expected_duration is None
+        1 for workload_id in cycle.log.admitted if cycle.requests[workload_id].workload.expected_duration is None
     )
     started = _simulate(cycle, remaining)
     for request in remaining:
         when = started.get(request.id)
-        if (
-            protection is not None
-            and protection.workload_id == request.id
-            and protection.planned_start is not None
-        ):
+        if protection is not None and protection.workload_id == request.id and protection.planned_start is not None:
             when = protection.planned_start if when is None else min(when, protection.planned_start)
         if when is not None:
             estimates[request.id] = (when, "from the expected ends of running work and the work ahead of it")

@@ -39,9 +39,7 @@ def invalid_decision(workload_id: str, message: str) -> PendingDecision:
 
 def explain_all(cycle) -> list[PendingDecision]:
     decisions = [cycle.pending_decision_for_invalid(workload_id) for workload_id in sorted(cycle.log.invalid)]
-    waiting = [
-        workload_id for workload_id in cycle.log.cluster_order if workload_id not in cycle.log.admitted
-    ]
+    waiting = [workload_id for workload_id in cycle.log.cluster_order if workload_id not in cycle.log.admitted]
     assessor = Assessor(cycle)
     assessed = {workload_id: assessor.decide(cycle.log.outcomes[workload_id]) for workload_id in waiting}
     # Last: the simulation behind estimated starts consumes the cycle's free-capacity state.
@@ -91,9 +89,7 @@ class Assessor:
         awaiting = approval_problem(request)
         if awaiting:
             codes["AwaitingApproval"] = awaiting
-        checks = [
-            self.cycle.quota.check(request.queue.name, name, request.needed) for name in request.classes
-        ]
+        checks = [self.cycle.quota.check(request.queue.name, name, request.needed) for name in request.classes]
         details["quota"] = checks[0].details()
         passing = tuple(check.device_class for check in checks if check.fits)
         if not passing:
@@ -284,9 +280,7 @@ class Assessor:
     def _fallback_class(self, request: Request, codes) -> Suggestion | None:
         offered = request.resource_class.device_classes if request.resource_class else self.cycle.class_names
         prices = {dc.name: dc.price_per_hour for dc in self.cycle.snapshot.device_classes}
-        others = sorted(
-            (name for name in offered if name not in request.classes), key=lambda n: (prices[n], n)
-        )
+        others = sorted((name for name in offered if name not in request.classes), key=lambda n: (prices[n], n))
         for name in others:
             if self.starts_now(request.with_classes((name,))):
                 return Suggestion(
@@ -370,8 +364,7 @@ def apply_suggestion(snapshot: Snapshot, workload_id: str, suggestion: Suggestio
         )
         return replace(snapshot, queues=queues)
     pending = tuple(
-        _changed_workload(workload, change) if workload.id == workload_id else workload
-        for workload in snapshot.pending
+        _changed_workload(workload, change) if workload.id == workload_id else workload for workload in snapshot.pending
     )
     return replace(snapshot, pending=pending)
 

@@ -80,9 +80,7 @@ def domains_with_room(view: View, level_index: int, needed: int, within: tuple) 
     depth = len(within)
     counts = view.domain_counts(level_index)
     fitting = [
-        (count, key)
-        for key, count in counts.items()
-        if count >= needed and (not depth or key[:depth] == within)
+        (count, key) for key, count in counts.items() if count >= needed and (not depth or key[:depth] == within)
     ]
     fitting.sort()
     return [key for _, key in fitting]
@@ -170,9 +168,7 @@ class _Packer:
             return
         if self.scope == ROOT:
             widest_extra = max((len(extra) for extra in view.extra_by_node.values()), default=0)
-            candidates = set(
-                state.buckets[view.class_index].nodes_with_at_least(max(1, per_pod - widest_extra))
-            )
+            candidates = set(state.buckets[view.class_index].nodes_with_at_least(max(1, per_pod - widest_extra)))
             candidates.update(view.extra_by_node)
         else:
             candidates = state.nodes_of(self.scope)

@@ -93,9 +93,7 @@ def find_victims(cycle, request) -> Found | None:
 def _may_preempt(cycle, request) -> bool:
     queue = request.queue
     return (
-        queue.within_queue != "Never"
-        or queue.reclaim_within_cohort != "Never"
-        or request.team in cycle.reserved_teams
+        queue.within_queue != "Never" or queue.reclaim_within_cohort != "Never" or request.team in cycle.reserved_teams
     )
 
 
@@ -223,9 +221,7 @@ def _search_class(cycle, request, class_name: str, with_victims: bool = True) ->
     if most + sum(victim.workload.device_count for victim in victims) < request.needed:
         return None
     freed = {
-        victim.workload.id: _by_scope(
-            cycle, _freed_slots(cycle, victim.workload, access), class_index, level_index
-        )
+        victim.workload.id: _by_scope(cycle, _freed_slots(cycle, victim.workload, access), class_index, level_index)
         for victim in victims
     }
     # Scopes in order of the fewest victims they could possibly need; stop once a found set is smaller.
@@ -332,9 +328,7 @@ class _ScopeSearch:
         for workload in [victim.workload for victim in chosen] + self.evicting_workloads:
             if workload.device_class == self.class_name:
                 released[workload.queue] = released.get(workload.queue, 0) + workload.device_count
-        quota = self.cycle.quota.check(
-            self.request.queue.name, self.class_name, self.request.needed, released
-        )
+        quota = self.cycle.quota.check(self.request.queue.name, self.class_name, self.request.needed, released)
         if not quota.fits:
             return False
         more = list(self.evicting_here)

@@ -221,9 +221,7 @@ class QuotaTree:
 
     # --- questions the cycle asks ---
 
-    def check(
-        self, queue: str, device_class: str, requested: int, released: dict | None = None
-    ) -> QuotaCheck:
+    def check(self, queue: str, device_class: str, requested: int, released: dict | None = None) -> QuotaCheck:
         """Quota numbers for `requested` devices; `released` (queue -> devices of this class) is usage
         that would be given back first, e.g. by preemption victims."""
         node = self._queue_nodes.get(queue)

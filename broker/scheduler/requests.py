@@ -93,9 +93,7 @@ def resolve(workload: PendingWorkload, snapshot: Snapshot, lookups: dict) -> Req
         if level is not None and level not in levels:
             return f"unknown topology level '{level}' (levels: {', '.join(levels)})"
     demands = tuple(
-        PodDemand(
-            pod_set.name, pod_set.count, pod_set.gang_size, pod_set.devices_per_pod, pod_set.match_attribute
-        )
+        PodDemand(pod_set.name, pod_set.count, pod_set.gang_size, pod_set.devices_per_pod, pod_set.match_attribute)
         for pod_set in workload.pod_sets
     )
     if resource_class is not None and resource_class.max_devices is not None:
@@ -110,9 +108,7 @@ def resolve(workload: PendingWorkload, snapshot: Snapshot, lookups: dict) -> Req
         preemptible = resource_class.preemptible if resource_class else False
     tolerations = ()
     if any(pod_set.tolerations for pod_set in workload.pod_sets):
-        tolerations = tuple(
-            sorted({t for pod_set in workload.pod_sets for t in pod_set.tolerations}, key=repr)
-        )
+        tolerations = tuple(sorted({t for pod_set in workload.pod_sets for t in pod_set.tolerations}, key=repr))
     return Request(
         workload=workload,
         queue=queue,

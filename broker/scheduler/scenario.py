@@ -154,9 +154,7 @@ class _Reader:
             seen.add(name)
             missing = [level for level in levels if level not in spec]
             if missing:
-                raise ScenarioError(
-                    f"{where}: node '{name}' has no {missing[0]} (topology: {', '.join(levels)})"
-                )
+                raise ScenarioError(f"{where}: node '{name}' has no {missing[0]} (topology: {', '.join(levels)})")
             count = _int(spec.get("devices", 0), where + ".devices")
             unhealthy = set(_list(spec.get("unhealthy") or [], where + ".unhealthy", int))
             for bad in sorted(unhealthy):
@@ -167,9 +165,7 @@ class _Reader:
             per_device = _mapping(spec.get("device_attributes") or {}, where + ".device_attributes")
             for key in per_device:
                 if not isinstance(key, int) or not 0 <= key < count:
-                    raise ScenarioError(
-                        f"{where}.device_attributes: no device {key!r} on a node with {count} devices"
-                    )
+                    raise ScenarioError(f"{where}.device_attributes: no device {key!r} on a node with {count} devices")
             capacity = dict(_mapping(spec.get("capacity") or {}, where + ".capacity"))
             nodes.append(
                 Node(
@@ -190,9 +186,7 @@ class _Reader:
                         else attributes,
                         capacity=capacity,
                         healthy=device_index not in unhealthy,
-                        taints=tuple(
-                            taint for taint, indices in taints if indices is None or device_index in indices
-                        ),
+                        taints=tuple(taint for taint, indices in taints if indices is None or device_index in indices),
                     )
                 )
         return tuple(nodes), tuple(devices)
@@ -293,9 +287,7 @@ class _Reader:
             where = f"resource_classes[{index}]"
             spec = _mapping(spec, where)
             _keys(where, spec, allowed)
-            device_classes = tuple(
-                _class_list(spec.get("device_classes"), where + ".device_classes", class_names)
-            )
+            device_classes = tuple(_class_list(spec.get("device_classes"), where + ".device_classes", class_names))
             required, preferred = _topology(spec.get("topology"), where + ".topology")
             teams = spec.get("teams")
             classes.append(
@@ -306,9 +298,7 @@ class _Reader:
                     topology_preferred=preferred,
                     teams=None if teams is None else tuple(_list(teams, where + ".teams", str)),
                     approval_required=bool(spec.get("approval", spec.get("approval_required", False))),
-                    default_priority=_int(
-                        spec.get("default_priority", spec.get("priority", 0)), where + ".priority"
-                    ),
+                    default_priority=_int(spec.get("default_priority", spec.get("priority", 0)), where + ".priority"),
                     preemptible=bool(spec.get("preemptible", False)),
                     max_devices=None if spec.get("max_devices") is None else _int(spec["max_devices"], where),
                 )
@@ -339,9 +329,7 @@ class _Reader:
                     queue=queue,
                     device_class=device_class,
                     count=_int(spec.get("count", 0), where + ".count"),
-                    domain=None
-                    if domain is None
-                    else {k: str(v) for k, v in _mapping(domain, where).items()},
+                    domain=None if domain is None else {k: str(v) for k, v in _mapping(domain, where).items()},
                     start=_number(spec.get("start", float("-inf")), where + ".start"),
                     end=_number(spec.get("end", float("inf")), where + ".end"),
                 )
@@ -386,9 +374,7 @@ class _Reader:
                     disruption=disruption,
                     preemptible=bool(spec.get("preemptible", True)),
                     started=started,
-                    expected_end=None
-                    if expected_end is None
-                    else _number(expected_end, where + ".expected_end"),
+                    expected_end=None if expected_end is None else _number(expected_end, where + ".expected_end"),
                     evicting=bool(spec.get("evicting", False)),
                     evicted_for=_optional_str(spec.get("evicted_for")),
                 )
@@ -418,9 +404,7 @@ class _Reader:
                 count = _int(devices, here + ".devices")
                 ids = [device_id for device_id in on_node if device_id not in used][:count]
                 if len(ids) < count:
-                    raise ScenarioError(
-                        f"{here}.devices: node {node} has only {len(ids)} devices left, not {count}"
-                    )
+                    raise ScenarioError(f"{here}.devices: node {node} has only {len(ids)} devices left, not {count}")
             taken = [device_id for device_id in ids if device_id in used]
             if taken:
                 raise ScenarioError(f"{here}.devices: {taken[0]} is already held by another running pod")
@@ -450,9 +434,7 @@ class _Reader:
             resource_class = _optional_str(spec.get("resource_class"))
             if resource_class is not None and resource_class not in lookups["resource_classes"]:
                 raise ScenarioError(f"{where}.resource_class: unknown resource class '{resource_class}'")
-            default_priority = (
-                lookups["resource_classes"][resource_class].default_priority if resource_class else 0
-            )
+            default_priority = lookups["resource_classes"][resource_class].default_priority if resource_class else 0
             required, preferred = _topology(spec.get("topology"), where + ".topology")
             disruption = str(spec.get("disruption", "PodGroup"))
             if disruption not in DISRUPTION_MODES:
@@ -500,9 +482,7 @@ class _Reader:
                 {"name", "pods", "min_count", "devices_per_pod", "device_class", "device_classes",
                  "match_attribute", "tolerations"},
             )  # fmt: skip
-            merged = {
-                key: spec[key] for key in ("device_class", "device_classes", "tolerations") if key in spec
-            }
+            merged = {key: spec[key] for key in ("device_class", "device_classes", "tolerations") if key in spec}
             merged.update(raw)
             pod_sets.append(self.pod_set(merged, here, lookups, str(raw.get("name", f"set{index}"))))
         return tuple(pod_sets)
@@ -563,9 +543,7 @@ def _list(value, where, item_type=None) -> list:
             if item_type is int:
                 _int(item, f"{where}[{index}]")
             elif not isinstance(item, item_type):
-                raise ScenarioError(
-                    f"{where}[{index}]: expected {item_type.__name__}, got {type(item).__name__}"
-                )
+                raise ScenarioError(f"{where}[{index}]: expected {item_type.__name__}, got {type(item).__name__}")
     return value
 
 
@@ -656,9 +634,7 @@ def result_table(snapshot: Snapshot, result: CycleResult) -> str:
         if workload["status"] == "admitted":
             nodes = sorted({pod["node"] for pod in workload["placement"]}, key=_natural)
             where = ", ".join(f"{level} {name}" for level, name in workload["domain"].items())
-            detail = (
-                f"{where + ': ' if where else ''}{', '.join(nodes)} ({workload['details']['device_class']})"
-            )
+            detail = f"{where + ': ' if where else ''}{', '.join(nodes)} ({workload['details']['device_class']})"
         else:
             detail = workload["message"]
             if workload["suggestions"]:
@@ -711,8 +687,7 @@ def _pending_json(decision) -> dict:
         "position": {"queue": decision.position_in_queue, "cluster": decision.position_in_cluster},
         "estimated_start": decision.estimated_start,
         "suggestions": [
-            {"kind": s.kind, "description": s.description, "change": _plain(s.change)}
-            for s in decision.suggestions
+            {"kind": s.kind, "description": s.description, "change": _plain(s.change)} for s in decision.suggestions
         ],
     }
 

@@ -58,9 +58,7 @@ def synthetic_snapshot(
         device_classes=(
             DeviceClass("h100", match={"model": "H100"}, price_per_hour=4.0),
             DeviceClass("a100", match={"model": "A100"}, price_per_hour=2.0),
-            DeviceClass(
-                "big-memory", selector=f'device.attributes["{DRIVER}"].memory >= 80', price_per_hour=3.5
-            ),
+            DeviceClass("big-memory", selector=f'device.attributes["{DRIVER}"].memory >= 80', price_per_hour=3.5),
         ),
         cohorts=cohorts,
         queues=queues,
