@@ -1,0 +1,134 @@
+"""Section "cycle": the full scheduling cycle on PostgreSQL (load + decide + commit, runner.run_once).
+
+For each size the bench database is emptied and filled with the same synthetic cluster the decide
+section uses (bench.db.populate), then three cycles run:
+
+- first:   the snapshot as written: most pending gangs fit, so this is the heavy-commit case
+           (thousands of admissions, allocations and transitions);
+- refill:  pending work is topped up to the size's pending count again (new gangs of the same mix)
+           on an almost full cluster: few admissions, an explanation written for every pending gang;
+- steady:  nothing changed since `refill`: the cycle every beat runs on a long, stable queue.
+
+Times are the cycle row's own phases (SchedulingCycle.load_ms / decide_ms / commit_ms) plus the wall
+time of run_once, whose difference is the after-commit work (broadcast, capacity sample).
+"""
+
+from __future__ import annotations
+
+import time
+
+from bench import db
+
+CASES = ((125, 1_000), (1_250, 10_000), (12_500, 20_000))
+QUICK_CASES = ((125, 1_000),)
+TARGET_SECONDS = 2.0  # load + decide + commit at 100k devices / 20k pending (issue 3)
+
+# What the database holds now: (nodes, pending) after `prepare`, or None.
+STATE = {"size": None}
+
+
+def synthetic(nodes: int, pending: int, seed: int = 1):
+    from bench.bench_decide import philly_sizes
+    from bench.decide import DEVICES_PER_NODE, philly_path
+    from broker.scheduler.synthetic import synthetic_snapshot
+
+    return synthetic_snapshot(
+        nodes=nodes, devices_per_node=DEVICES_PER_NODE, pending=pending, seed=seed, sizes=philly_sizes(philly_path())
+    )
+
+
+def one_cycle() -> dict:
+    from broker.cycle.runner import run_once
+    from broker.workloads.models import SchedulingCycle
+
+    started = time.perf_counter()
+    run = run_once()
+    wall = (time.perf_counter() - started) * 1000
+    if run is None:
+        return {"error": "another cycle held the lock"}
+    row = SchedulingCycle.objects.get(pk=run.cycle_id)
+    total = row.load_ms + row.decide_ms + row.commit_ms
+    return {
+        "outcome": row.outcome,
+        "pending_loaded": row.pending_count,
+        "admitted": row.admitted_count,
+        "preempted": row.preempted_count,
+        "load_ms": round(row.load_ms, 1),
+        "decide_ms": round(row.decide_ms, 1),
+        "commit_ms": round(row.commit_ms, 1),
+        "cycle_ms": round(total, 1),
+        "run_once_wall_ms": round(wall, 1),
+        "after_commit_ms": round(wall - total, 1),
+        "detail": row.detail,
+    }
+
+
+def pending_count() -> int:
+    from broker.workloads.models import Workload
+    from broker.workloads.states import State
+
+    return Workload.objects.filter(state=State.PENDING).count()
+
+
+def prepare(nodes: int, pending: int) -> dict:
+    """Empty the database and write the synthetic cluster of this size."""
+    db.reset()
+    started = time.perf_counter()
+    snapshot = synthetic(nodes, pending)
+    build = time.perf_counter() - started
+    counts = db.populate(snapshot)
+    STATE["size"] = (nodes, pending)
+    return {"snapshot_build_seconds": round(build, 2), "rows": counts}
+
+
+def refill(pending: int, seed: int = 2) -> int:
+    """Top pending work up to `pending` gangs with fresh draws of the same mix."""
+    missing = pending - pending_count()
+    if missing <= 0:
+        return 0
+    extra = synthetic(1, missing, seed=seed).pending
+    return db.add_pending(extra)
+
+
+def run_size(nodes: int, pending: int) -> dict:
+    out = {"nodes": nodes, "devices": nodes * 8, "pending": pending}
+    out["populate"] = prepare(nodes, pending)
+    out["first"] = one_cycle()
+    out["refill_added"] = refill(pending)
+    out["refill"] = one_cycle()
+    out["steady"] = one_cycle()
+    worst = max(out[k]["cycle_ms"] for k in ("first", "refill", "steady") if "cycle_ms" in out[k])
+    out["worst_cycle_ms"] = worst
+    out["within_target"] = worst <= TARGET_SECONDS * 1000
+    return out
+
+
+def ensure(nodes: int, pending: int) -> None:
+    """The database at this size with explanations written (for the pages and browser sections)."""
+    if STATE["size"] == (nodes, pending):
+        return
+    prepare(nodes, pending)
+    one_cycle()
+    refill(pending)
+    one_cycle()
+
+
+def section(quick: bool) -> dict:
+    cases = [run_size(nodes, pending) for nodes, pending in (QUICK_CASES if quick else CASES)]
+    by_size = {(c["nodes"], c["pending"]): c for c in cases}
+    largest = by_size.get(CASES[-1])
+    target = {
+        "what": "load + decide + commit of each cycle (first, refill, steady) at 100,000 devices / 20,000 pending",
+        "seconds": TARGET_SECONDS,
+    }
+    ratios = {}
+    if largest:
+        target["measured_seconds"] = {k: round(largest[k]["cycle_ms"] / 1000, 3) for k in ("first", "refill", "steady")}
+        target["pass"] = largest["within_target"]
+        if by_size.get(CASES[1]):
+            mid = by_size[CASES[1]]
+            ratios["steady_100k_over_10k"] = round(largest["steady"]["cycle_ms"] / mid["steady"]["cycle_ms"], 2)
+            ratios["first_100k_over_10k"] = round(largest["first"]["cycle_ms"] / mid["first"]["cycle_ms"], 2)
+    else:
+        target["pass"] = None
+    return {"cases": cases, "ratios": ratios, "target": target}

@@ -1,0 +1,84 @@
+"""Section "pages": server time of the operator's pages and the JSON calls behind them.
+
+Django's test Client, logged in as an operator, in this process against the bench database at the
+largest size (after the cycle section, or filled here): one warm-up request per URL, then N timed
+requests; p50 / p95 / max in milliseconds. This is the server's time (middleware, views, queries,
+templates, JSON), no network and no browser.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from bench import cycle, db
+
+URLS = (
+    ("overview page", "/"),
+    ("queue page", "/queue/"),
+    ("overview JSON", "/dashboard/api/overview/"),
+    ("queue JSON", "/dashboard/api/queue/"),
+    ("heatmap JSON (racks)", "/dashboard/api/heatmap/"),
+    ("live catch-up JSON", "/dashboard/api/live/"),
+    ("pending list API", "/api/explanations/"),
+    ("workloads API", "/api/workloads/"),
+    ("pending workloads API", "/api/workloads/?state=Pending"),
+)
+TARGET_P95_MS = 300.0
+
+
+def percentile(values, fraction):
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(fraction * len(ordered) + 0.5) - 1))
+    return ordered[index]
+
+
+def time_url(client, url: str, requests: int) -> dict:
+    response = client.get(url)  # warm-up: connection, caches, first template compile
+    timings = []
+    size = len(response.content)
+    for _ in range(requests):
+        started = time.perf_counter()
+        response = client.get(url)
+        timings.append((time.perf_counter() - started) * 1000)
+    return {
+        "url": url,
+        "status": response.status_code,
+        "bytes": size,
+        "requests": requests,
+        "p50_ms": round(statistics.median(timings), 1),
+        "p95_ms": round(percentile(timings, 0.95), 1),
+        "max_ms": round(max(timings), 1),
+        "within_target": percentile(timings, 0.95) <= TARGET_P95_MS and response.status_code == 200,
+    }
+
+
+def section(quick: bool, size: tuple[int, int]) -> dict:
+    from django.test import Client
+
+    from broker.inventory.models import Device
+    from broker.workloads.models import Explanation, Workload
+    from broker.workloads.states import WAITING_STATES
+
+    cycle.ensure(*size)
+    client = Client()
+    client.force_login(db.ensure_operator())
+    requests = 3 if quick else 20
+    results = {name: time_url(client, url, requests) for name, url in URLS}
+    worst = max(results.values(), key=lambda r: r["p95_ms"])
+    return {
+        "size": {
+            "devices": Device.objects.count(),
+            "pending": Workload.objects.filter(state__in=WAITING_STATES).count(),
+            "explanations": Explanation.objects.count(),
+            "workloads": Workload.objects.count(),
+        },
+        "as": "operator (sees every team)",
+        "urls": results,
+        "target": {
+            "what": "p95 server time of every page and JSON call above",
+            "p95_ms": TARGET_P95_MS,
+            "worst": {"name": next(n for n, r in results.items() if r is worst), "p95_ms": worst["p95_ms"]},
+            "pass": all(r["within_target"] for r in results.values()),
+        },
+    }

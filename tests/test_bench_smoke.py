@@ -1,0 +1,54 @@
+"""`python -m bench.run` still runs and writes a report of the documented shape (no timings checked:
+speed targets live in the benchmark, not in tests)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_it_writes_a_quick_report_of_the_decide_and_replay_sections(tmp_path):
+    out = tmp_path / "report.json"
+    completed = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--quick", "--only", "decide,replay", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    report = json.loads(out.read_text())
+    assert set(report) >= {"machine", "sections", "quick", "total_seconds"}
+    assert report["quick"] is True
+    assert {"cores", "python", "load_average_at_start"} <= set(report["machine"])
+    assert set(report["sections"]) == {"decide", "replay"}
+
+    decide = report["sections"]["decide"]
+    assert "error" not in decide, decide
+    assert len(decide["cases"]) == 2
+    for case in decide["cases"]:
+        assert "error" not in case, case
+        assert case["devices"] == case["nodes"] * 8
+        assert case["decide_seconds_median"] > 0
+        assert case["tracemalloc_peak_mb"] > 0
+        assert case["admitted"] + sum(case["pending_reasons"].values()) == case["pending"]
+    assert set(decide["target"]) >= {"seconds", "pass"}
+
+    replay = report["sections"]["replay"]
+    assert "error" not in replay, replay
+    assert replay["slice"]["cluster"] == {"machines": 552, "devices": 2490}
+    for key in ("protection_on", "protection_off"):
+        run = replay[key]
+        assert run["jobs_arrived"] == replay["slice"]["jobs"] > 0
+        assert 0 < run["utilisation"] <= 1
+        assert run["jobs_started"] + run["jobs_never_started"] == run["jobs_arrived"]
+        assert set(run["large_gangs"]) >= {"arrived", "never_started", "max_wait_including_unstarted_s"}
+        assert set(run["estimated_start"]) >= {"abs_error_median_s", "abs_error_p90_s", "measured"}
+    assert replay["protection_on"]["backfill_protection"] is True
+    assert replay["protection_off"]["backfill_protection"] is False
+    assert set(replay["ratios"]) >= {"utilisation_on_over_off"}
+    assert isinstance(replay["target"]["pass"], bool)
+    assert "decide" in completed.stdout and "replay" in completed.stdout
