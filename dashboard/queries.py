@@ -16,6 +16,7 @@ from django.utils import timezone
 from broker.inventory.models import Device, Domain, Health, Node, TopologyLevel
 from broker.policy.models import Queue, ResourceClass, Team
 from broker.policy.roles import sees_all_workloads, team_ids
+from broker.scheduler.snapshot import REASON_CODES
 from broker.workloads.models import (
     Allocation,
     Explanation,
@@ -28,18 +29,6 @@ from broker.workloads.models import (
 from broker.workloads.states import HOLDING_STATES, WAITING_STATES, State
 from dashboard.inventory_state import STATES, inventory_state
 
-REASON_CODES = (
-    "InvalidRequest",
-    "NotEntitled",
-    "AwaitingApproval",
-    "QuotaExceeded",
-    "DeviceUnhealthy",
-    "Reserved",
-    "InsufficientCapacity",
-    "TopologyFragmented",
-    "Priority",
-    "PreemptionPending",
-)
 QUEUE_PAGE_SIZE = 100
 
 

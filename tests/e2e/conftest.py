@@ -1,9 +1,5 @@
-"""The production stack for browser tests: daphne and a Celery worker on the pytest test database and
-Redis, and Debian's Chromium through Playwright (never a downloaded browser).
-
-test_dashboard_browser.py keeps its own copies of `stack` and `browser` (a module's fixtures win over
-these); new browser tests use these and the helpers below.
-"""
+"""The production stack for end-to-end tests: daphne and a Celery worker on the pytest test database
+and Redis, and Debian's Chromium through Playwright (never a downloaded browser)."""
 
 import os
 import socket

@@ -6,165 +6,16 @@ cancels the blocker; the member's page shows the workload admitted without a rel
 from rack to device. Screenshots go to test-artifacts/.
 """
 
-import os
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
-
 import pytest
-from django.conf import settings
-from django.db import connection
 
 from broker.workloads.models import Allocation, Workload
 from broker.workloads.states import State
 from tests.builders import make_workload
+from tests.e2e.conftest import log_in, shot
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True, serialized_rollback=True)]
 
-ROOT = Path(__file__).resolve().parents[2]
-ARTIFACTS = ROOT / "test-artifacts"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-component-update",
-    "--disable-sync",
-]
 REASONS = ("InsufficientCapacity", "TopologyFragmented", "QuotaExceeded", "Priority", "DeviceUnhealthy", "Reserved")
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for_port(port, process, timeout=30):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the server exited with {process.returncode}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"nothing listens on {port} after {timeout} s")
-
-
-def stack_env():
-    db = connection.settings_dict
-    url = f"postgresql://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-    if db.get("PASSWORD"):
-        url = (
-            f"postgresql://{db['USER']}:{db['PASSWORD']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-        )
-    return {
-        **os.environ,
-        "DATABASE_URL": url,
-        "REDIS_URL": settings.REDIS_URL,
-        "CYCLE_MODE": "celery",
-        "CYCLE_DEBOUNCE_SECONDS": "0.2",
-        "DJANGO_SETTINGS_MODULE": "broker.settings",
-        "PYTHONUNBUFFERED": "1",
-    }
-
-
-def stop(process):
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-@pytest.fixture
-def stack(cluster, tmp_path):
-    """(base url, processes): daphne and a Celery worker on the test database and Redis."""
-    if not settings.REDIS_URL or connection.vendor != "postgresql":
-        pytest.fail("the end-to-end test runs the production stack: set DATABASE_URL (PostgreSQL) and REDIS_URL")
-    if not (ROOT / "broker" / "cycle" / "tasks.py").exists():
-        pytest.fail("broker/cycle/tasks.py is missing: there is no Celery cycle to run")
-    env = stack_env()
-    port = free_port()
-    bin_dir = Path(sys.executable).parent
-    logs = {name: open(tmp_path / f"{name}.log", "w") for name in ("daphne", "celery")}  # noqa: SIM115
-    server = subprocess.Popen(
-        [str(bin_dir / "daphne"), "-b", "127.0.0.1", "-p", str(port), "broker.asgi:application"],
-        cwd=ROOT,
-        env=env,
-        stdout=logs["daphne"],
-        stderr=subprocess.STDOUT,
-    )
-    worker = subprocess.Popen(
-        [
-            str(bin_dir / "celery"),
-            "-A",
-            "broker",
-            "worker",
-            "--pool=solo",
-            "--loglevel=INFO",
-            "--without-heartbeat",
-            "--without-gossip",
-            "--without-mingle",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=logs["celery"],
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        wait_for_port(port, server)
-        yield f"http://127.0.0.1:{port}", tmp_path
-    finally:
-        stop(worker)
-        stop(server)
-        for log in logs.values():
-            log.close()
-        for name in ("daphne", "celery"):
-            text = (tmp_path / f"{name}.log").read_text()
-            ARTIFACTS.mkdir(exist_ok=True)
-            (ARTIFACTS / f"e2e-{name}.log").write_text(text)
-
-
-@pytest.fixture
-def browser(monkeypatch):
-    from playwright.sync_api import sync_playwright
-
-    # Playwright's sync API keeps an event loop on this thread; the ORM calls here stay synchronous.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"Debian's chromium is not installed at {CHROMIUM} (make chromium)")
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
-
-
-def log_in(browser, base, username):
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = context.new_page()
-    page.set_default_timeout(20000)
-    page.goto(f"{base}/login/")
-    page.fill("input[name=username]", username)
-    page.fill("input[name=password]", "password")
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{base}/")
-    page.wait_for_selector('#live-status[data-state="live"]')
-    return page
-
-
-def shot(page, name):
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
 
 
 def hold(workload, nodes, device_class):

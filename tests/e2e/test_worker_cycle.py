@@ -20,26 +20,12 @@ from django.db import connection
 from broker.workloads.models import Allocation, SchedulingCycle, Workload
 from broker.workloads.states import State
 from tests.cycle.helpers import pending
+from tests.e2e.conftest import stack_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True, serialized_rollback=True)]
 
 ROOT = Path(__file__).resolve().parents[2]
 DONE = re.compile(r"Task broker\.cycle\.tasks\.run_cycle\[[^\]]+\] succeeded in [0-9.]+s: (.*)")
-
-
-def worker_env():
-    """The worker must open the database pytest-django created, not the one DATABASE_URL names."""
-    db = connection.settings_dict
-    auth = db["USER"] + (f":{db['PASSWORD']}" if db.get("PASSWORD") else "")
-    return {
-        **os.environ,
-        "DATABASE_URL": f"postgresql://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
-        "REDIS_URL": settings.REDIS_URL,
-        "CYCLE_MODE": "celery",
-        "CYCLE_DEBOUNCE_SECONDS": "0.2",
-        "DJANGO_SETTINGS_MODULE": "broker.settings",
-        "PYTHONUNBUFFERED": "1",
-    }
 
 
 class Workers:
@@ -66,7 +52,7 @@ class Workers:
                 "--without-mingle",
             ],
             cwd=ROOT,
-            env=worker_env(),
+            env=stack_env(),
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
