@@ -70,6 +70,7 @@ def seed(inventory="philly"):
         report.logins = ensure_users(teams, report)
         if report.created["nodes"]:
             add_demo_conditions(inventory, classes, capacity, teams, report)
+            add_demo_requests(inventory, teams, report)
         if report.created["nodes"] or report.created["devices"]:
             # Running cycles must see their snapshot went stale.
             ClusterState.bump()
@@ -294,3 +295,33 @@ def add_demo_reservation(inventory, classes, capacity, teams, report):
 def rack_class(inventory, rack):
     attributes = Device.objects.filter(node__domain=rack).values_list("attributes", flat=True).first()
     return demo.class_of(inventory, attributes) if attributes else None
+
+
+# Standing requests that show, from the first cycle on, what the replayed trace alone rarely does: a
+# large run waiting for an approver, a team asking for a class it may not use, a pod no node can hold,
+# and a rack-sized gang in a busy cluster. (name, team rank by quota, resource class, pods, devices per pod)
+DEMO_REQUESTS = (
+    ("llm-pretrain-256", 0, "large-reserved-training", 32, 8),
+    ("borrowed-ambition", -1, "large-reserved-training", 8, 8),
+    ("one-pod-16-gpus", 1, "distributed-training", 1, 16),
+    ("rack-sized-gang", 2, "distributed-training", 8, 8),
+)
+
+
+def add_demo_requests(inventory, teams, report):
+    from broker.workloads import services
+
+    ranked = sorted((team for team, nodes in teams.values() if nodes), key=lambda t: (-teams[t.name][1], t.name))
+    for name, rank, class_name, pods, per_pod in DEMO_REQUESTS:
+        team = ranked[rank]
+        queue = Queue.objects.get(name=team.name)
+        member = User.objects.get(username=f"member-{team.name}")
+        submission = services.Submission(
+            name=name,
+            queue=queue,
+            resource_class=ResourceClass.objects.get(name=class_name),
+            pod_sets=(services.PodSetRequest(name="main", replicas=pods, devices_per_pod=per_pod, min_count=pods),),
+            expected_duration_seconds=6 * 3600,
+        )
+        services.submit_workload(submission, member)
+        report.created["demo requests"] += 1

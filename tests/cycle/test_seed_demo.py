@@ -130,3 +130,21 @@ def test_it_leaves_operator_changes_alone_on_a_second_run():
     Device.objects.update(health="Healthy")
     seed()
     assert not Device.objects.filter(health="Unhealthy").exists()
+
+
+@pytest.mark.django_db
+def test_it_leaves_standing_requests_that_show_the_reasons_from_the_first_cycle():
+    from broker.cycle.runner import run_once
+    from broker.workloads.models import Workload
+
+    seed()
+    run_once()
+
+    reasons = {
+        workload.name: getattr(workload, "explanation", None) and workload.explanation.reason
+        for workload in Workload.objects.filter(trace_id="").select_related("explanation")
+    }
+    assert reasons["llm-pretrain-256"] == "AwaitingApproval"
+    assert reasons["borrowed-ambition"] == "NotEntitled"
+    assert reasons["one-pod-16-gpus"] == "InvalidRequest"
+    assert Workload.objects.get(name="rack-sized-gang").state == "Admitted"
