@@ -179,14 +179,17 @@ class Cycle:
             self.log.outcomes[request.id] = Outcome(request)
             return False
         excluded = self.excluded_for(request)
+        quota = self.quota
+        queue = request.queue.name
+        needed = request.needed
         for class_name in request.classes:
-            check = self.quota.check(request.queue.name, class_name, request.needed)
-            if not check.fits:
+            available = quota.available(queue, class_name)
+            if available is not None and needed > available:
                 continue
             plan = self.find_plan(request, class_name, excluded=excluded)
             if plan is None:
                 continue
-            plan = _trim_to_quota(plan, request, check.available)
+            plan = _trim_to_quota(plan, request, available)
             self._commit(request, class_name, plan)
             return True
         self.log.outcomes[request.id] = Outcome(request)
@@ -249,7 +252,7 @@ class Cycle:
         return tuple(
             class_name
             for class_name in request.classes
-            if self.quota.check(request.queue.name, class_name, request.needed).fits
+            if self.quota.fits(request.queue.name, class_name, request.needed)
         )
 
     def entitled_classes(self, request: Request) -> tuple[str, ...]:
@@ -260,7 +263,7 @@ class Cycle:
         return tuple(
             class_name
             for class_name in request.classes
-            if quota.check(queue, class_name, request.needed).fits
+            if quota.fits(queue, class_name, request.needed)
             or quota.usage(queue, class_name) + request.needed <= (quota.nominal(queue, class_name) or 0)
         )
 

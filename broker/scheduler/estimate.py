@@ -136,7 +136,7 @@ def _try_start(cycle, request, held: frozenset):
     required = levels.index(request.required) if request.required else None
     preferred = levels.index(request.preferred) if request.preferred else None
     for class_name in request.classes:
-        if not cycle.quota.check(request.queue.name, class_name, request.needed).fits:
+        if not cycle.quota.fits(request.queue.name, class_name, request.needed):
             continue
         excluded = held if cycle.protection and request.id != cycle.protection.workload_id else frozenset()
         view = cycle.view(class_name, request.access(), excluded)

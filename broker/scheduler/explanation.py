@@ -244,7 +244,7 @@ class Assessor:
         at its turn in a re-run it sees at least this much free capacity and quota."""
         excluded = self.cycle.excluded_for(request)
         for class_name in request.classes:
-            if not self.cycle.quota.check(request.queue.name, class_name, request.needed).fits:
+            if not self.cycle.quota.fits(request.queue.name, class_name, request.needed):
                 continue
             if self._fits(request, class_name, request.access(), excluded):
                 return True

@@ -107,7 +107,7 @@ class QuotaTree:
             if queue.cohort:
                 self._attach(node, self._cohort_node(queue.cohort))
         self._subtree_cache: dict = {}
-        self._usage_cache: dict = {}
+        self._constant_cache: dict = {}
 
     def _cohort_node(self, name: str) -> _QuotaNode:
         # A cohort named only by its members exists implicitly with no quota of its own, as in Kueue.
@@ -132,9 +132,20 @@ class QuotaTree:
 
     def add_usage(self, queue: str, device_class: str, amount: int) -> None:
         node = self._queue_nodes.get(queue)
-        if node is not None:
-            node.usage[device_class] = node.usage.get(device_class, 0) + amount
-            self._usage_cache.clear()
+        if node is None:
+            return
+        # A cohort's usage (its children's usage above their guaranteed quota) is kept up to date here,
+        # walking up only as far as a child's contribution changes, instead of being recomputed per query.
+        old = node.usage.get(device_class, 0)
+        new = old + amount
+        node.usage[device_class] = new
+        while node.parent is not None and old != new:
+            guaranteed = self._constants(node, device_class)[0]
+            contributed = max(0, new - guaranteed) - max(0, old - guaranteed)
+            node = node.parent
+            old = node.usage.get(device_class, 0)
+            new = old + contributed
+            node.usage[device_class] = new
 
     def usage(self, queue: str, device_class: str) -> int:
         node = self._queue_nodes.get(queue)
@@ -167,37 +178,32 @@ class QuotaTree:
             return 0
         return max(0, self._subtree_quota(node, device_class) - limit)
 
-    def _usage(self, node: _QuotaNode, device_class: str) -> int:
-        if not node.children:
-            return node.usage.get(device_class, 0)
+    def _constants(self, node: _QuotaNode, device_class: str) -> tuple:
+        """(guaranteed quota, subtree quota, borrowing limit or None) of `node`: fixed for the cycle."""
         key = (id(node), device_class)
-        cached = self._usage_cache.get(key)
-        if cached is None:
-            cached = sum(
-                max(0, self._usage(child, device_class) - self._guaranteed(child, device_class))
-                for child in node.children
+        constants = self._constant_cache.get(key)
+        if constants is None:
+            constants = (
+                self._guaranteed(node, device_class),
+                self._subtree_quota(node, device_class),
+                (node.borrowing_limit or {}).get(device_class),
             )
-            self._usage_cache[key] = cached
-        return cached
+            self._constant_cache[key] = constants
+        return constants
+
+    def _usage(self, node: _QuotaNode, device_class: str) -> int:
+        # A queue's own usage; for a cohort, its children's usage above their guaranteed quota (see add_usage).
+        return node.usage.get(device_class, 0)
 
     def _available(self, node: _QuotaNode, device_class: str) -> int:
-        key = ("available", id(node), device_class)
-        cached = self._usage_cache.get(key)
-        if cached is None:
-            cached = self._compute_available(node, device_class)
-            self._usage_cache[key] = cached
-        return cached
-
-    def _compute_available(self, node: _QuotaNode, device_class: str) -> int:
+        guaranteed, subtree, limit = self._constants(node, device_class)
+        usage = node.usage.get(device_class, 0)
         if node.parent is None:
-            return self._subtree_quota(node, device_class) - self._usage(node, device_class)
-        guaranteed = self._guaranteed(node, device_class)
-        usage = self._usage(node, device_class)
+            return subtree - usage
         local = max(0, guaranteed - usage)
         from_parent = self._available(node.parent, device_class)
-        limit = (node.borrowing_limit or {}).get(device_class)
         if limit is not None:
-            stored_in_parent = self._subtree_quota(node, device_class) - guaranteed
+            stored_in_parent = subtree - guaranteed
             used_in_parent = max(0, usage - guaranteed)
             from_parent = min(from_parent, stored_in_parent - used_in_parent + limit)
         return local + from_parent
@@ -241,6 +247,16 @@ class QuotaTree:
                     self.add_usage(name, device_class, amount)
         borrowable = max(0, available - max(0, nominal - used))
         return QuotaCheck(queue, device_class, used, nominal, borrowable, available, maximum, requested)
+
+    def available(self, queue: str, device_class: str) -> int | None:
+        """What `check(...).available` says, without building the check: None for an unlimited queue."""
+        node = self._queue_nodes.get(queue)
+        return None if node is None else max(0, self._available(node, device_class))
+
+    def fits(self, queue: str, device_class: str, requested: int) -> bool:
+        """`check(queue, device_class, requested).fits`, without building the check."""
+        node = self._queue_nodes.get(queue)
+        return node is None or requested <= max(0, self._available(node, device_class))
 
     def is_borrowing(self, queue: str, device_class: str) -> bool:
         node = self._queue_nodes.get(queue)
