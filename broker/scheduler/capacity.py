@@ -229,6 +229,7 @@ class CapacityState:
                 self.free_plain[slot.node].append(slot)
                 for class_index in slot.classes:
                     self.node_free[class_index][slot.node] += 1
+        self.node_keys = list(zip(*self.node_domains, strict=True))  # per node: its domain key at each level
         self.domain_free: list[list[dict[tuple, int]]] = []
         for class_index in range(len(self.class_names)):
             per_level = []
@@ -254,10 +255,20 @@ class CapacityState:
             slot.holder = holder
             if slot.category == PLAIN:
                 changed.setdefault(slot.node, []).append(slot)
+        free_plain = self.free_plain
         for node, taken in changed.items():
-            free = self.free_plain[node]
-            taken_ids = {id(slot) for slot in taken}
-            self.free_plain[node] = [slot for slot in free if id(slot) not in taken_ids]
+            free = free_plain[node]
+            count = len(taken)
+            if free[:count] == taken:  # the usual case: the node's first free devices, in order
+                free_plain[node] = free[count:]
+            else:
+                taken_ids = {id(slot) for slot in taken}
+                free_plain[node] = [slot for slot in free if id(slot) not in taken_ids]
+            classes = taken[0].classes
+            if all(slot.classes is classes for slot in taken):
+                for class_index in classes:
+                    self._shift(class_index, node, -count)
+                continue
             for class_index in range(len(self.class_names)):
                 removed = sum(1 for slot in taken if class_index in slot.classes)
                 if removed:
@@ -284,9 +295,8 @@ class CapacityState:
         old = counts[node]
         counts[node] = old + delta
         self.total_free[class_index] += delta
-        per_level = self.domain_free[class_index]
-        for level_index, keys in enumerate(self.node_domains):
-            per_level[level_index][keys[node]] += delta
+        for totals, key in zip(self.domain_free[class_index], self.node_keys[node], strict=True):
+            totals[key] += delta
         self.buckets[class_index].move(node, old, old + delta)
 
     # --- questions ---

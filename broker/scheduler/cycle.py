@@ -9,9 +9,9 @@ import gc
 from dataclasses import dataclass, field
 
 from broker.scheduler import backfill, explanation, preemption
-from broker.scheduler.capacity import NODE_LEVEL, Access, CapacityState, View
+from broker.scheduler.capacity import NODE_LEVEL, ROOT, Access, CapacityState, View
 from broker.scheduler.ordering import FairShareOrder, ShareBook
-from broker.scheduler.placement import GangPlan, place_gang
+from broker.scheduler.placement import GangPlan, PlannedPod, place_gang
 from broker.scheduler.quota import QuotaTree
 from broker.scheduler.requests import Request, all_levels, approval_problem, entitlement_problem, resolve
 from broker.scheduler.selectors import ClassMatcher
@@ -80,6 +80,7 @@ class Cycle:
         self.protection: backfill.Protection | None = None
         self._failed: set = set()
         self._extras_cache: dict = {}
+        self._access_keys: dict = {}
         self._empty_state: CapacityState | None = None
         self.chosen_victims: set[str] = set()
         self.preemption_failed: set = set()
@@ -196,19 +197,32 @@ class Cycle:
         return False
 
     def _commit(self, request: Request, class_name: str, plan: GangPlan) -> None:
-        self.state.hold(list(plan.slots()), request.id)
-        devices = sum(len(pod.slots) for pod in plan.pods)
-        self._charge(request.queue.name, class_name, devices)
+        planned = plan.pods
+        slots = [slot for pod in planned for slot in pod.slots]
+        self.state.hold(slots, request.id)
+        self._charge(request.queue.name, class_name, len(slots))
         node_names = self.state.node_names
+        if len(planned) > 1:
+            planned = sorted(planned, key=lambda pod: (pod.pod_set, pod.index))
         pods = tuple(
-            PodPlacement(pod.pod_set, pod.index, node_names[pod.node], tuple(slot.id for slot in pod.slots))
-            for pod in sorted(plan.pods, key=lambda pod: (pod.pod_set, pod.index))
+            PodPlacement(pod.pod_set, pod.index, node_names[pod.node], tuple([slot.id for slot in pod.slots]))
+            for pod in planned
         )
         self.log.admitted[request.id] = Admission(request.id, class_name, pods, self.common_domain(plan))
         self.log.admitted_plans[request.id] = plan
 
     def common_domain(self, plan: GangPlan) -> dict:
         """Levels (coarse to fine, node excluded) on which all pods share one domain."""
+        pods = plan.pods
+        if len(pods) == 1 or all(pod.node == pods[0].node for pod in pods):
+            # One node: it shares every level's domain with itself.
+            node = pods[0].node
+            shared = {}
+            for level, keys in zip(self.state.levels, self.state.node_domains, strict=True):
+                if level == NODE_LEVEL:
+                    break
+                shared[level] = keys[node][-1]
+            return shared
         domain = {}
         for level_index, level in enumerate(self.state.levels):
             if level == NODE_LEVEL:
@@ -274,14 +288,29 @@ class Cycle:
 
     def access_key(self, access: Access) -> tuple:
         """The parts of `access` that can change the answer on this cluster (more sharing of memos)."""
-        reserved = bool(self.reserved_teams)
-        return (
-            access.team if access.team in self.reserved_teams else None,
-            access.preemptible and reserved,
-            access.tolerations if self.has_taints else (),
-            access.healed,
-            access.unreserved and reserved,
-        )
+        known = self._access_keys.get(access.key)
+        if known is None:
+            reserved = bool(self.reserved_teams)
+            known = (
+                (
+                    access.team if access.team in self.reserved_teams else None,
+                    access.preemptible and reserved,
+                    access.tolerations if self.has_taints else (),
+                    access.healed,
+                    access.unreserved and reserved,
+                ),
+                access.uses_extras(self.state, self.reserved_teams),
+            )
+            self._access_keys[access.key] = known
+        return known[0]
+
+    def uses_extras(self, access: Access) -> bool:
+        """`access.uses_extras(...)` for this cycle (it depends only on the access and the snapshot)."""
+        known = self._access_keys.get(access.key)
+        if known is None:
+            self.access_key(access)
+            known = self._access_keys[access.key]
+        return known[1]
 
     def extras_for(self, access: Access) -> list:
         key = self.access_key(access)
@@ -296,13 +325,13 @@ class Cycle:
         return [(rank, slot) for rank, slot in candidates if slot.holder is None]
 
     def view(self, class_name: str, access: Access, excluded=frozenset(), more=()) -> View:
-        extra = self.extras_for(access) if access.uses_extras(self.state, self.reserved_teams) else []
+        extra = self.extras_for(access) if self.uses_extras(access) else []
         return View(self.state, self.state.class_index[class_name], extra + list(more), excluded)
 
     def find_plan(self, request: Request, class_name: str, access: Access | None = None, excluded=frozenset()):
         """Placement of `request` with one class on the current free state; failures are memoised
         because free capacity only shrinks during a cycle."""
-        access = access or request.access()
+        access = access or request.default_access
         key = (
             class_name,
             request.demands,
@@ -313,16 +342,43 @@ class Cycle:
         )
         if key in self._failed:
             return None
-        levels = self.state.levels
-        plan = place_gang(
-            self.view(class_name, access, excluded),
-            request.demands,
-            levels.index(request.required) if request.required else None,
-            levels.index(request.preferred) if request.preferred else None,
-        )
+        if request.simple and not excluded and not self.uses_extras(access):
+            plan = self._simple_plan(self.state.class_index[class_name], request.demands[0])
+        else:
+            levels = self.state.levels
+            plan = place_gang(
+                self.view(class_name, access, excluded),
+                request.demands,
+                levels.index(request.required) if request.required else None,
+                levels.index(request.preferred) if request.preferred else None,
+            )
         if plan is None:
             self._failed.add(key)
         return plan
+
+    def _simple_plan(self, class_index: int, demand) -> GangPlan | None:
+        """`place_gang` for a simple request (see Request.simple) on plain devices only, nothing excluded:
+        the same plan, straight from the nodes bucketed by free count, fullest (fewest free) first."""
+        state = self.state
+        per_pod = demand.per_pod
+        wanted = demand.min_count
+        if state.total_free[class_index] < per_pod * wanted:
+            return None
+        buckets = state.buckets[class_index]
+        if buckets.pods_that_fit(per_pod) < wanted:
+            return None
+        free_plain = state.free_plain
+        name = demand.name
+        pods = []
+        for node in buckets.nodes_with_at_least(per_pod):
+            slots = [slot for slot in free_plain[node] if class_index in slot.classes]
+            start = 0
+            while start + per_pod <= len(slots):
+                pods.append(PlannedPod(name, len(pods), node, tuple(slots[start : start + per_pod])))
+                if len(pods) == wanted:
+                    return GangPlan(class_index, ROOT, tuple(pods))
+                start += per_pod
+        return None  # cannot happen: the buckets said enough pods fit
 
     def slots_held_by(self, workload_id: str) -> list:
         plan = self.log.admitted_plans.get(workload_id) or self.simulated_plans.get(workload_id)
@@ -351,6 +407,9 @@ class Cycle:
 def _trim_to_quota(plan: GangPlan, request: Request, available: int | None) -> GangPlan:
     """Drop optional pods (beyond min_count) until the plan fits the quota still available."""
     if available is None:
+        return plan
+    total = sum(len(pod.slots) for pod in plan.pods)
+    if total <= available:
         return plan
     minimum = {demand.name: demand.min_count for demand in request.demands}
     pods = list(plan.pods)

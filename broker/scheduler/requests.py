@@ -7,6 +7,7 @@ Defaults from the resource class are filled in here once, and anything that can 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from broker.scheduler.capacity import NODE_LEVEL, Access
 from broker.scheduler.placement import PodDemand, minimum_devices
@@ -32,9 +33,26 @@ class Request:
     def id(self) -> str:
         return self.workload.id
 
-    @property
+    @cached_property
     def needed(self) -> int:
         return minimum_devices(self.demands)
+
+    @cached_property
+    def simple(self) -> bool:
+        """One pod set whose pods all must start, no matchAttribute, no topology: placement's common case."""
+        demands = self.demands
+        return (
+            len(demands) == 1
+            and demands[0].count == demands[0].min_count
+            and not demands[0].match_attribute
+            and self.required is None
+            and self.preferred is None
+        )
+
+    @cached_property
+    def default_access(self) -> Access:
+        """`access()` made once (an Access is never changed after it is made)."""
+        return self.access()
 
     def access(self, healed=False, unreserved=False) -> Access:
         return Access(self.team, self.preemptible, self.tolerations, healed=healed, unreserved=unreserved)
