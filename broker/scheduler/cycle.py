@@ -6,7 +6,9 @@ The steps are numbered in the comments of `Cycle.run`, as Kueue's scheduler.go n
 from __future__ import annotations
 
 import gc
+from collections import Counter
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from broker.scheduler import backfill, explanation, preemption
 from broker.scheduler.capacity import NODE_LEVEL, ROOT, Access, CapacityState, View
@@ -95,18 +97,25 @@ class Cycle:
         # 1. Index the snapshot: classes per distinct device description, free counts per node and
         #    domain, devices held by running work, reservations materialised on concrete devices.
         self.state = CapacityState(self.snapshot, self.matcher, self.class_names)
-        self.reserved_teams = frozenset(slot.owner for slot in self.state.slots if slot.owner is not None)
-        self.has_taints = any(slot.taints for slot in self.state.slots)
-        # 2. Charge running workloads (evicting ones too: they still hold devices) to quota and fair share.
+        # Reserved and tainted devices are never plain: the extras hold all of them.
+        self.reserved_teams = frozenset(slot.owner for slot in self.state.extras if slot.owner is not None)
+        self.has_taints = any(slot.taints for slot in self.state.extras)
+        # 2. Charge running workloads (evicting ones too: they still hold devices) to quota and fair share,
+        #    summed per queue and class first (usage is a sum, so the totals are what each charge adds up to).
         self.quota = QuotaTree(self.snapshot.queues, self.snapshot.cohorts)
         self.book = ShareBook(self.snapshot.queues, self._class_capacity())
+        charges: dict[tuple, int] = {}
         for workload in sorted(self.snapshot.running, key=lambda workload: workload.id):
-            self._charge(workload.queue, workload.device_class, workload.device_count)
+            key = (workload.queue, workload.device_class)
+            charges[key] = charges.get(key, 0) + workload.device_count
+        for (queue, device_class), amount in charges.items():
+            self._charge(queue, device_class, amount)
         # 3. Resolve pending workloads against the policy; the impossible ones are InvalidRequest now.
         by_queue: dict[str, list] = {}
         self.requests: dict[str, Request] = {}
+        shapes: dict = {}
         for workload in sorted(self.snapshot.pending, key=lambda workload: workload.id):
-            resolved = resolve(workload, self.snapshot, self.lookups)
+            resolved = resolve(workload, self.snapshot, self.lookups, shapes)
             if isinstance(resolved, str):
                 self.log.invalid[workload.id] = resolved
                 continue
@@ -165,9 +174,9 @@ class Cycle:
 
     def _class_capacity(self) -> dict[str, int]:
         capacity = dict.fromkeys(self.class_names, 0)
-        for slot in self.state.slots:
-            for class_index in slot.classes:
-                capacity[self.class_names[class_index]] += 1
+        for classes, count in Counter(map(attrgetter("classes"), self.state.slots)).items():
+            for class_index in classes:
+                capacity[self.class_names[class_index]] += count
         return capacity
 
     # --- step 5 ---

@@ -7,11 +7,26 @@ Defaults from the resource class are filled in here once, and anything that can 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 
 from broker.scheduler.capacity import NODE_LEVEL, Access
 from broker.scheduler.placement import PodDemand, minimum_devices
 from broker.scheduler.snapshot import PendingWorkload, Queue, ResourceClass, Snapshot
+
+
+class _once:
+    """A property computed on first use and kept in the instance (functools.cached_property without its
+    lock, which costs more than these small computations)."""
+
+    def __init__(self, function):
+        self.function = function
+        self.name = function.__name__
+        self.__doc__ = function.__doc__
+
+    def __get__(self, instance, owner=None):
+        if instance is None:
+            return self
+        value = instance.__dict__[self.name] = self.function(instance)
+        return value
 
 
 @dataclass(frozen=True)
@@ -33,11 +48,11 @@ class Request:
     def id(self) -> str:
         return self.workload.id
 
-    @cached_property
+    @_once
     def needed(self) -> int:
         return minimum_devices(self.demands)
 
-    @cached_property
+    @_once
     def simple(self) -> bool:
         """One pod set whose pods all must start, no matchAttribute, no topology: placement's common case."""
         demands = self.demands
@@ -49,7 +64,7 @@ class Request:
             and self.preferred is None
         )
 
-    @cached_property
+    @_once
     def default_access(self) -> Access:
         """`access()` made once (an Access is never changed after it is made)."""
         return self.access()
@@ -79,8 +94,44 @@ def all_levels(snapshot: Snapshot) -> tuple[str, ...]:
     return levels if NODE_LEVEL in levels else levels + (NODE_LEVEL,)
 
 
-def resolve(workload: PendingWorkload, snapshot: Snapshot, lookups: dict) -> Request | str:
-    """A Request, or the InvalidRequest message saying what can never be met."""
+def resolve(workload: PendingWorkload, snapshot: Snapshot, lookups: dict, memo: dict | None = None) -> Request | str:
+    """A Request, or the InvalidRequest message saying what can never be met.
+
+    With `memo` (one dict per cycle), workloads of one shape (queue, resource class, pod sets, topology,
+    team, preemptible: everything resolution reads) are resolved once; each gets a copy of the shape's
+    Request with its own workload, sharing what was already computed from the shape (needed, access)."""
+    if memo is None:
+        return _resolve(workload, snapshot, lookups)
+    key = (
+        workload.queue,
+        workload.resource_class,
+        workload.pod_sets,
+        workload.topology_required,
+        workload.topology_preferred,
+        workload.preemptible,
+        workload.team,
+    )
+    try:
+        shape = memo.get(key)
+    except TypeError:  # something unhashable in the pod sets: resolve this one on its own
+        return _resolve(workload, snapshot, lookups)
+    if shape is None:
+        shape = memo[key] = _resolve(workload, snapshot, lookups)
+        if isinstance(shape, str):
+            return shape
+        _ = (shape.needed, shape.simple, shape.default_access)  # computed once, shared by the copies
+    if isinstance(shape, str):
+        return shape
+    if shape.workload is workload:
+        return shape
+    # A frozen dataclass copy without re-running its __init__: same fields, another workload.
+    request = object.__new__(Request)
+    request.__dict__.update(shape.__dict__)
+    request.__dict__["workload"] = workload
+    return request
+
+
+def _resolve(workload: PendingWorkload, snapshot: Snapshot, lookups: dict) -> Request | str:
     queue = lookups["queues"].get(workload.queue)
     if queue is None:
         return f"unknown queue '{workload.queue}'"

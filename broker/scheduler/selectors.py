@@ -54,22 +54,20 @@ class ClassMatcher:
             if device_class.selector
         }
         self._cache: dict[tuple, frozenset[str]] = {}
-        self._last: tuple | None = None
+        self._recent: tuple = ()  # (driver, attributes, capacity, classes) of the last few descriptions
 
     def classes_of(self, device: Device) -> frozenset[str]:
         """Names of the classes `device` belongs to."""
-        # Devices of one node usually come one after another with equal attributes: compare with the
-        # previous device (a C-level dict comparison) before freezing a description.
-        last = self._last
-        if (
-            last is not None
-            and last[0] == device.driver
-            and last[1] == device.attributes
-            and last[2] == device.capacity
-        ):
-            return last[3]
+        # Clusters are made of a few kinds of device, and devices of one node come one after another:
+        # compare with the few descriptions seen last (C-level dict comparisons) before freezing one.
+        driver = device.driver
+        attributes = device.attributes
+        capacity = device.capacity
+        for last in self._recent:
+            if (last[1] is attributes or last[1] == attributes) and last[0] == driver and last[2] == capacity:
+                return last[3]
         matched = self._classes_of_description(device)
-        self._last = (device.driver, device.attributes, device.capacity, matched)
+        self._recent = ((driver, attributes, capacity, matched),) + self._recent[:3]
         return matched
 
     def _classes_of_description(self, device: Device) -> frozenset[str]:
