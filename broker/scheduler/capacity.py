@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_left, insort
+from itertools import groupby
+from operator import attrgetter
 
 from broker.scheduler.selectors import ClassMatcher
 from broker.scheduler.snapshot import NO_SCHEDULE_EFFECTS, Snapshot, Toleration
@@ -98,7 +100,7 @@ class CapacityState:
         It shares the other state's device records and only reads them."""
         built = cls.__new__(cls)
         for name in ("levels", "class_names", "class_index", "node_names", "node_index", "node_schedulable",
-                     "node_domains", "domain_nodes", "slots", "slot_by_id"):  # fmt: skip
+                     "node_domains", "domain_nodes", "slots", "slot_by_id", "class_alias"):  # fmt: skip
             setattr(built, name, getattr(other, name))
         built._aggregate(as_built=True)
         return built
@@ -114,6 +116,7 @@ class CapacityState:
         self._index_devices(snapshot, matcher)
         self._hold_running(snapshot)
         self._reserve(snapshot)
+        self.class_alias = self._class_aliases()
         self._aggregate()
 
     # --- building ---
@@ -213,38 +216,81 @@ class CapacityState:
                 return False
         return True
 
+    def _class_aliases(self) -> list[int]:
+        """For each class, the first class made of exactly the same devices (itself when there is none).
+        Such classes always have equal free counts, so they share one set of aggregates (one update)."""
+        distinct = set(map(attrgetter("classes"), self.slots))
+        first_with: dict[frozenset, int] = {}
+        return [
+            first_with.setdefault(frozenset(classes for classes in distinct if class_index in classes), class_index)
+            for class_index in range(len(self.class_names))
+        ]
+
+    def _distinct(self, classes: tuple[int, ...]) -> tuple[int, ...]:
+        """The classes of `classes` whose aggregates are their own (one per group of aliases)."""
+        distinct = self._distinct_cache.get(classes)
+        if distinct is None:
+            distinct = tuple(dict.fromkeys(self.class_alias[class_index] for class_index in classes))
+            self._distinct_cache[classes] = distinct
+        return distinct
+
     def _aggregate(self, as_built: bool = False) -> None:
         node_count = len(self.node_names)
-        self.node_free = [[0] * node_count for _ in self.class_names]
+        class_count = len(self.class_names)
+        alias = self.class_alias
+        self._distinct_cache: dict[tuple, tuple] = {}
         self.free_plain: list[list[Slot]] = [[] for _ in range(node_count)]
         self.extras: list[Slot] = []  # every non-plain device, free or held
-        for slot in self.slots:
-            if as_built:
-                self.free_plain[slot.node].append(slot)
-                for class_index in slot.classes:
-                    self.node_free[class_index][slot.node] += 1
-            elif slot.category != PLAIN:
-                self.extras.append(slot)  # held ones too: views skip those with a holder
-            elif slot.holder is None:
-                self.free_plain[slot.node].append(slot)
-                for class_index in slot.classes:
-                    self.node_free[class_index][slot.node] += 1
-        self.node_keys = list(zip(*self.node_domains, strict=True))  # per node: its domain key at each level
-        self.domain_free: list[list[dict[tuple, int]]] = []
-        for class_index in range(len(self.class_names)):
+        free_plain = self.free_plain
+        if as_built:
+            for node, group in groupby(self.slots, key=attrgetter("node")):
+                free_plain[node].extend(group)
+        else:
+            extras = self.extras
+            for slot in self.slots:
+                if slot.category != PLAIN:
+                    extras.append(slot)  # held ones too: views skip those with a holder
+                elif slot.holder is None:
+                    free_plain[slot.node].append(slot)
+        own = [class_index for class_index in range(class_count) if alias[class_index] == class_index]
+        node_free: list = [
+            [0] * node_count if alias[class_index] == class_index else None for class_index in range(class_count)
+        ]
+        for node, free in enumerate(free_plain):
+            if not free:
+                continue
+            classes = free[0].classes
+            if all(slot.classes is classes for slot in free):  # a node of one kind of device
+                for class_index in self._distinct(classes):
+                    node_free[class_index][node] = len(free)
+                continue
+            for slot in free:
+                for class_index in self._distinct(slot.classes):
+                    node_free[class_index][node] += 1
+        domain_free: list = [None] * class_count
+        for class_index in own:
             per_level = []
-            counts = self.node_free[class_index]
+            counts = node_free[class_index]
             for level_index in range(len(self.levels)):
                 totals = dict.fromkeys(self.domain_nodes[level_index], 0)
-                keys = self.node_domains[level_index]
-                for node, count in enumerate(counts):
+                for key, count in zip(self.node_domains[level_index], counts, strict=True):
                     if count:
-                        totals[keys[node]] += count
+                        totals[key] += count
                 per_level.append(totals)
-            self.domain_free.append(per_level)
-        self.total_free = [sum(counts) for counts in self.node_free]
+            domain_free[class_index] = per_level
+        buckets: list = [
+            NodeBuckets(node_free[class_index]) if class_index in own else None for class_index in range(class_count)
+        ]
+        for class_index in range(class_count):
+            node_free[class_index] = node_free[alias[class_index]]
+            domain_free[class_index] = domain_free[alias[class_index]]
+            buckets[class_index] = buckets[alias[class_index]]
+        self.node_free: list[list[int]] = node_free
+        self.domain_free: list[list[dict[tuple, int]]] = domain_free
+        self.buckets: list[NodeBuckets] = buckets
+        self.node_keys = list(zip(*self.node_domains, strict=True))  # per node: its domain key at each level
+        self.total_free = [sum(counts) for counts in node_free]
         self.has_tainted = any(slot.taints for slot in self.extras)
-        self.buckets = [NodeBuckets(counts) for counts in self.node_free]
 
     # --- changes during the cycle ---
 
@@ -264,15 +310,7 @@ class CapacityState:
             else:
                 taken_ids = {id(slot) for slot in taken}
                 free_plain[node] = [slot for slot in free if id(slot) not in taken_ids]
-            classes = taken[0].classes
-            if all(slot.classes is classes for slot in taken):
-                for class_index in classes:
-                    self._shift(class_index, node, -count)
-                continue
-            for class_index in range(len(self.class_names)):
-                removed = sum(1 for slot in taken if class_index in slot.classes)
-                if removed:
-                    self._shift(class_index, node, -removed)
+            self._shift_slots(taken, node, -1)
 
     def release(self, slots) -> None:
         """Free `slots` again (used only by the estimated-start simulation, after all decisions)."""
@@ -285,19 +323,36 @@ class CapacityState:
                 changed.setdefault(slot.node, []).append(slot)
         for node, freed in changed.items():
             self.free_plain[node] = sorted(self.free_plain[node] + freed, key=lambda slot: slot.order)
-            for class_index in range(len(self.class_names)):
-                added = sum(1 for slot in freed if class_index in slot.classes)
-                if added:
-                    self._shift(class_index, node, added)
+            self._shift_slots(freed, node, 1)
 
-    def _shift(self, class_index: int, node: int, delta: int) -> None:
-        counts = self.node_free[class_index]
-        old = counts[node]
-        counts[node] = old + delta
-        self.total_free[class_index] += delta
-        for totals, key in zip(self.domain_free[class_index], self.node_keys[node], strict=True):
-            totals[key] += delta
-        self.buckets[class_index].move(node, old, old + delta)
+    def _shift_slots(self, slots: list[Slot], node: int, sign: int) -> None:
+        """Count `slots` of `node` out of (sign -1) or into (sign 1) the free aggregates of their classes."""
+        classes = slots[0].classes
+        if all(slot.classes is classes for slot in slots):
+            self._shift(classes, node, sign * len(slots))
+            return
+        per_class: dict[int, int] = {}
+        for slot in slots:
+            for class_index in slot.classes:
+                per_class[class_index] = per_class.get(class_index, 0) + 1
+        by_count: dict[int, list[int]] = {}  # aliases have equal counts, so they land in one group
+        for class_index in sorted(per_class):
+            by_count.setdefault(per_class[class_index], []).append(class_index)
+        for count, group in by_count.items():
+            self._shift(tuple(group), node, sign * count)
+
+    def _shift(self, classes: tuple[int, ...], node: int, delta: int) -> None:
+        total_free = self.total_free
+        for class_index in classes:
+            total_free[class_index] += delta
+        keys = self.node_keys[node]
+        for class_index in self._distinct(classes):
+            counts = self.node_free[class_index]
+            old = counts[node]
+            counts[node] = old + delta
+            for totals, key in zip(self.domain_free[class_index], keys, strict=True):
+                totals[key] += delta
+            self.buckets[class_index].move(node, old, old + delta)
 
     # --- questions ---
 

@@ -79,6 +79,8 @@ def candidate_scopes(view: View, required: int | None, needed: int) -> list[tupl
 def domains_with_room(view: View, level_index: int, needed: int, within: tuple) -> list[tuple]:
     depth = len(within)
     counts = view.domain_counts(level_index)
+    if not counts or max(counts.values()) < needed:
+        return []  # the common failure, answered at C speed
     fitting = [
         (count, key) for key, count in counts.items() if count >= needed and (not depth or key[:depth] == within)
     ]
