@@ -47,18 +47,32 @@ class Protection:
 
 
 def release_timeline(cycle) -> list[tuple[float, str]]:
-    """(expected end, workload id) of everything holding devices whose end is known, earliest first."""
+    """(expected end, workload id) of everything holding devices whose end is known, earliest first.
+
+    Asked by backfill during the cycle and by estimates after it. Chosen victims and admissions only
+    grow during a cycle, so the parts already built are kept (on the cycle) and only the new admissions
+    are added; (end, id) pairs are unique, so the sorted list is the same however it was assembled."""
     now = cycle.snapshot.now
-    events = []
-    for workload in cycle.snapshot.running:
-        if workload.evicting or workload.id in cycle.chosen_victims:
-            events.append((now, workload.id))
-        elif workload.expected_end is not None:
-            events.append((max(now, workload.expected_end), workload.id))
-    for workload_id in cycle.log.admitted:
+    cache = cycle.__dict__.setdefault("_release_timeline", {})
+    victims = len(cycle.chosen_victims)
+    if cache.get("victims") != victims:
+        running = []
+        for workload in cycle.snapshot.running:
+            if workload.evicting or workload.id in cycle.chosen_victims:
+                running.append((now, workload.id))
+            elif workload.expected_end is not None:
+                running.append((max(now, workload.expected_end), workload.id))
+        running.sort()
+        cache["victims"], cache["running"] = victims, running
+    admitted_ids = list(cycle.log.admitted)
+    admitted = cache.setdefault("admitted", [])
+    for workload_id in admitted_ids[cache.get("seen", 0) :]:
         duration = cycle.requests[workload_id].workload.expected_duration
         if duration is not None:
-            events.append((now + duration, workload_id))
+            admitted.append((now + duration, workload_id))
+    cache["seen"] = len(admitted_ids)
+    admitted.sort()
+    events = cache["running"] + admitted
     events.sort()
     return events
 

@@ -126,12 +126,14 @@ class VictimIndex:
             workloads.sort(key=lambda workload: (workload.priority, -workload.started, workload.id))
         team_of_queue = {queue.name: queue.team for queue in cycle.snapshot.queues}
         self.on_reserved: dict[str, set[str]] = {}
-        for slot in cycle.state.slots:
-            holder = cycle.running.get(slot.holder) if slot.holder else None
-            if holder is not None and slot.owner is not None and team_of_queue.get(holder.queue) != slot.owner:
+        for slot in cycle.state.extras:  # reserved devices are never plain: the extras hold all of them
+            if slot.owner is None or not slot.holder:
+                continue
+            holder = cycle.running.get(slot.holder)
+            if holder is not None and team_of_queue.get(holder.queue) != slot.owner:
                 self.on_reserved.setdefault(slot.owner, set()).add(holder.id)
         evicting = {workload.id for workload in cycle.snapshot.running if workload.evicting}
-        self.evicting_slots = [slot for slot in cycle.state.slots if slot.holder in evicting]
+        self.evicting_slots = [slot for slot in cycle.state.slots if slot.holder in evicting] if evicting else []
         # An evicting workload's devices are for the workload it is evicted for while that one waits.
         self.evicted_for = {
             workload.id: workload.evicted_for
