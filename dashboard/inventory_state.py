@@ -5,9 +5,15 @@ Every device is in exactly one state, first match wins:
   unhealthy  not Healthy, tainted, or on a cordoned node: it takes no new work;
   reserved   free, but an active reservation of another team's holds it (device-id order, as the
              scheduler takes them);
-  stranded   free, healthy, unreserved, but no pending workload can use it: its node has fewer free
-             devices of the class than the smallest per-pod request of any pending workload of that class;
+  stranded   free, healthy, unreserved, wanted by pending work but unusable by it because of its shape:
+             its node has fewer free devices of each wanted class than the smallest per-pod request among
+             the pending workloads wanting that class; a device no pending workload wants is free;
   free       the rest.
+
+The stranded rule and what counts as pending demand are the decision core's
+(broker.scheduler.accounting, which the finance samples use): pending work is what the cycle loads
+(Pending and AwaitingApproval workloads whose approval window is open), less the workloads the last cycle
+explained as InvalidRequest.
 
 One grouped query over devices (by node and device description) carries the whole cluster; everything
 else (per class, per rack, per node) is summed from those few thousand rows. Device classes are CEL
@@ -20,18 +26,20 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from django.db.models import Count, Exists, Min, OuterRef, Q
+from django.db.models import Count, Exists, OuterRef, Q
 from django.utils import timezone
 
+from broker.governance.approvals import outside_window
 from broker.inventory.models import Device, Domain, Health, Node
 from broker.policy.models import DeviceClass, Reservation, ResourceClassDeviceClass
 from broker.scheduler import snapshot as snap
+from broker.scheduler.accounting import INVALID, add_demand, strands, workload_classes
 from broker.scheduler.selectors import ClassMatcher
-from broker.workloads.models import Allocation, PodSet
+from broker.workloads.models import Allocation, Explanation, PodSet
 from broker.workloads.states import State
 
 STATES = ("busy", "unhealthy", "reserved", "stranded", "free")
-DEMAND_STATES = (State.PENDING, State.PREEMPTED, State.SUBMITTED)
+DEMAND_STATES = (State.PENDING, State.AWAITING_APPROVAL)  # what the cycle loads (broker.cycle.loader)
 
 
 def unavailable_q(prefix=""):
@@ -105,6 +113,7 @@ class InventoryState:
     stranded_nodes: dict  # node id -> set of classes stranded there
     min_request: dict  # device class -> smallest pending per-pod request
     classifier: Classifier
+    node_free: dict = field(default_factory=dict)  # node id -> {class: free healthy unreserved devices}
 
     def by_class(self):
         out = {dc.name: dict.fromkeys(STATES, 0) for dc in self.classifier.classes}
@@ -131,27 +140,36 @@ class InventoryState:
         return out
 
     def device_is_stranded(self, node_id, classes):
-        return bool(self.stranded_nodes.get(node_id, set()) & set(classes))
+        return strands(classes, self.node_free.get(node_id, {}), self.min_request)
 
 
-def pending_min_request():
-    """{device class: smallest devices_per_pod among pending pod sets that may use it}."""
+def pending_min_request(now=None):
+    """{device class: smallest devices_per_pod among pending workloads that may use it}, as
+    broker.scheduler.accounting.pending_demand counts it."""
+    now = now or timezone.now()
     ordered = defaultdict(list)
     for rc_id, name in ResourceClassDeviceClass.objects.order_by("rank").values_list(
         "resource_class_id", "device_class__name"
     ):
         ordered[rc_id].append(name)
+    invalid = Explanation.objects.filter(reason=INVALID).values("workload_id")
     rows = (
         PodSet.objects.filter(workload__state__in=DEMAND_STATES)
-        .order_by()
-        .values("device_classes", "workload__resource_class_id")
-        .annotate(smallest=Min("devices_per_pod"))
+        .exclude(workload_id__in=invalid)
+        .exclude(workload_id__in=outside_window(now))
+        .order_by("workload_id", "id")
+        .values_list("workload_id", "device_classes", "workload__resource_class_id", "devices_per_pod")
     )
+    workloads = defaultdict(list)
+    for workload_id, classes, rc_id, per_pod in rows:
+        workloads[(workload_id, rc_id)].append((tuple(classes or ()), per_pod))
+    wants = {
+        (workload_classes((c for c, _ in pod_sets), tuple(ordered.get(rc_id, ()))), min(n for _, n in pod_sets))
+        for (_, rc_id), pod_sets in workloads.items()
+    }
     out = {}
-    for row in rows:
-        names = row["device_classes"] or ordered.get(row["workload__resource_class_id"], [])
-        for name in names:
-            out[name] = min(out.get(name, row["smallest"]), row["smallest"])
+    for classes, per_pod in wants:
+        add_demand(out, classes, per_pod)
     return out
 
 
@@ -241,14 +259,16 @@ def inventory_state(node_ids=None):
         for name in group.classes:
             free_per_node_class[(row["node_id"], name)] += group.counts["free"]
         groups.append(group)
+    node_free = defaultdict(dict)
+    for (node_id, name), free in free_per_node_class.items():
+        node_free[node_id][name] = free
     stranded_nodes = defaultdict(set)
     for (node_id, name), free in free_per_node_class.items():
-        if name in min_request and 0 < free < min_request[name]:
+        if free > 0 and strands((name,), node_free[node_id], min_request):
             stranded_nodes[node_id].add(name)
     for group in groups:
-        wanted = group.classes & set(min_request)
-        if wanted and wanted <= stranded_nodes.get(group.node_id, set()):
+        if group.counts["free"] and strands(group.classes, node_free[group.node_id], min_request):
             group.counts["stranded"] = group.counts["free"]
             group.counts["free"] = 0
     node_domain = dict(nodes.values_list("id", "domain_id"))
-    return InventoryState(groups, node_domain, reserved, dict(stranded_nodes), min_request, classifier)
+    return InventoryState(groups, node_domain, reserved, dict(stranded_nodes), min_request, classifier, dict(node_free))

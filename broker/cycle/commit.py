@@ -23,11 +23,12 @@ from django.db import DatabaseError, IntegrityError, transaction
 from django.utils import timezone
 
 from broker.audit.models import record
-from broker.costs.sampling import record_cycle_capacity
+from broker.costs.sampling import capacity_rows, record_capacity_sample, sample_capacity
 from broker.cycle.bulk import column_in, insert_rows, pk_in
 from broker.cycle.executor import move
 from broker.cycle.loader import as_text
 from broker.inventory.models import ClusterState, Device, Health
+from broker.scheduler.accounting import capacity_by_class
 from broker.workloads.models import Allocation, Explanation, ExplanationChange, SchedulingCycle, Workload
 from broker.workloads.states import HOLDING_STATES, State
 
@@ -76,8 +77,8 @@ class CommitDelta:
         }
 
 
-def commit_result(result, loaded, cycle):
-    """Write `result` (decided on `loaded`) and finish `cycle`; returns the CommitDelta.
+def commit_result(result, loaded, cycle, snapshot=None):
+    """Write `result` (decided on `loaded`, from `snapshot`) and finish `cycle`; returns the CommitDelta.
     Raises StaleSnapshot (cycle marked Refused, nothing else written) when the snapshot went stale."""
     started = time.perf_counter()
     try:
@@ -110,9 +111,19 @@ def commit_result(result, loaded, cycle):
         ),
     )
     transaction.on_commit(lambda: broadcast(delta.message()))
-    # After commit, so the sample sees the cycle's own allocations; a failed sample must not undo a cycle.
-    transaction.on_commit(lambda: record_cycle_capacity(loaded.now), robust=True)
+    # After commit, and only if it commits; a failed sample must not undo a cycle.
+    transaction.on_commit(lambda: record_capacity(snapshot, result, loaded), robust=True)
     return delta
+
+
+def record_capacity(snapshot, result, loaded):
+    """The finance sample of the state this cycle leaves: computed from the snapshot and the decisions
+    (broker.scheduler.accounting), no query but the sample's own; without the snapshot, from the database."""
+    if snapshot is None:
+        rows = sample_capacity(loaded.now)
+    else:
+        rows = capacity_rows(capacity_by_class(snapshot, result), loaded.device_class_pks)
+    return record_capacity_sample(loaded.now, rows)
 
 
 def finish(cycle, outcome, started, loaded, detail=""):

@@ -77,7 +77,7 @@ def run_once(now=None, decider=decide):
             return CycleRun(cycle.pk, cycle.outcome)
         cycle.decide_ms = (time.perf_counter() - started) * 1000
         try:
-            delta = commit_result(result, loaded, cycle)
+            delta = commit_result(result, loaded, cycle, snapshot)
         except StaleSnapshot as error:
             log.info("cycle %s refused: %s", cycle.pk, error)
             # Decide again soon on a fresh snapshot rather than wait for the next tick.

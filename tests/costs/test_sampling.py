@@ -3,7 +3,7 @@ from decimal import Decimal
 
 from broker.costs.models import CapacitySample
 from broker.costs.report import allocation_report
-from broker.costs.sampling import record_capacity_sample, record_cycle_capacity, sample_capacity
+from broker.costs.sampling import record_capacity_sample, sample_capacity
 from broker.inventory.models import Device, Health
 from broker.policy.models import Reservation
 from broker.workloads.states import State
@@ -47,7 +47,9 @@ def test_it_calls_nothing_stranded_when_nothing_waits(cluster):
     assert (row["total"], row["stranded"], row["unhealthy"]) == (16, 0, 0)
 
 
-def test_it_strands_free_devices_no_waiting_work_can_use(cluster):
+def test_it_calls_free_devices_idle_when_the_waiting_work_wants_another_class(cluster):
+    # Stranded is free capacity pending work wants but cannot use because of its shape; capacity nobody
+    # waiting wants is idle (it waits for demand, not for a shape).
     from broker.policy.models import DeviceClass
 
     DeviceClass.objects.create(
@@ -55,12 +57,33 @@ def test_it_strands_free_devices_no_waiting_work_can_use(cluster):
     )
     make_workload(cluster.queue_a, name="needs-l4", state=State.PENDING).pod_sets.update(device_classes=["l4"])
     [row] = [r for r in sample_capacity(NOV) if r["device_class_id"] == cluster.h100.pk]
-    assert row["stranded"] == 16
+    assert (row["total"], row["stranded"]) == (16, 0)
+
+
+def test_it_strands_what_the_smallest_waiting_pod_cannot_use(cluster):
+    # 3 free on n1, 4 on each other node; the smallest waiting pod wants 4: n1's 3 are stranded.
+    running = make_workload(cluster.queue_a, name="running", state=State.RUNNING)
+    hold(running, [cluster.nodes[0].devices.get(name="0")], cluster.h100, NOV - timedelta(hours=1))
+    make_workload(cluster.queue_b, name="wide", devices_per_pod=4, resource_class=cluster.training, state=State.PENDING)
+    make_workload(cluster.queue_b, name="big", devices_per_pod=8, resource_class=cluster.training, state=State.PENDING)
+    [row] = sample_capacity(NOV)
+    assert (row["total"], row["stranded"]) == (16, 3)
+
+
+def test_it_strands_nothing_for_a_request_explained_as_invalid(cluster):
+    from broker.workloads.models import Explanation
+
+    workload = make_workload(
+        cluster.queue_b, name="too-wide", devices_per_pod=8, resource_class=cluster.training, state=State.PENDING
+    )
+    assert sample_capacity(NOV)[0]["stranded"] == 16  # 8 per pod: no node of 4 can take one
+    Explanation.objects.create(workload=workload, reason="InvalidRequest", message="8 per pod, nodes have 4")
+    assert sample_capacity(NOV)[0]["stranded"] == 0
 
 
 def test_it_writes_a_sample_only_when_a_count_changes(cluster):
-    assert record_cycle_capacity(NOV) == 1
-    assert record_cycle_capacity(NOV + timedelta(seconds=3)) == 0
+    assert record_capacity_sample(NOV, sample_capacity(NOV)) == 1
+    assert record_capacity_sample(NOV + timedelta(seconds=3), sample_capacity(NOV + timedelta(seconds=3))) == 0
     Device.objects.filter(node=cluster.nodes[3], name="1").update(health=Health.UNHEALTHY)
     assert record_capacity_sample(NOV + timedelta(seconds=6), sample_capacity(NOV + timedelta(seconds=6))) == 1
     assert list(CapacitySample.objects.values_list("unhealthy", flat=True)) == [0, 1]
@@ -68,7 +91,7 @@ def test_it_writes_a_sample_only_when_a_count_changes(cluster):
 
 def test_it_bills_a_sampled_hour_by_category(cluster):
     busy_cluster(cluster, NOV)
-    record_cycle_capacity(NOV)
+    record_capacity_sample(NOV, sample_capacity(NOV))
     report = allocation_report(NOV, NOV + timedelta(hours=1), step="hour", now=NOV + timedelta(days=1))
     totals = report["totals"]
     assert totals["allocated"]["cost"] == Decimal("12.00")

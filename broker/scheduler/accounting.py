@@ -1,0 +1,284 @@
+"""What every device of each class is doing once a cycle's decisions apply: the counts finance bills.
+
+`capacity_by_class(snapshot, result)` describes the cluster AFTER `result`: admissions hold the devices
+they were given, victims being evicted still hold theirs (they leave later), everything else is as the
+snapshot says. Every device is counted once, under one class, so overlapping classes bill nothing twice:
+a held device under the class its holder was admitted with; a free device under its *home* class, the
+most specific class selecting it (the one selecting the fewest devices, then by name). A device no class
+selects is not counted (it has no price). Each class's parts sum to its total:
+
+  busy             held by running or just-admitted work (including evicting victims);
+  unhealthy        free, but it takes no new work: not healthy, tainted NoSchedule/NoExecute, or on a
+                   cordoned node;
+  reserved_unused  free and healthy, held by an active reservation its owner does not use. Reservations
+                   are materialised exactly as the scheduler does it (capacity.CapacityState): by name,
+                   the owner's own running devices first, then free devices in node/device order, then
+                   devices other teams hold with preemptible work;
+  stranded         free, healthy, unreserved, wanted by pending work, and unusable by it because of its
+                   shape: the cost of fragmentation. Pending work here is every workload still pending
+                   after the cycle except InvalidRequest ones (they can never run on this cluster as built,
+                   so what they cannot use is not fragmentation). A class is *wanted* when it is in the
+                   fallback list of such a workload; its *smallest request* is the smallest per-pod
+                   device count among them. A device is stranded when some pending workload wants one of
+                   its classes and, for every wanted class, its node has fewer free healthy unreserved
+                   devices of that class than the class's smallest request (with disjoint classes: the
+                   node has fewer free devices of the device's class than the smallest request for it).
+                   A device no pending workload wants is idle, not stranded: it waits for demand, not for
+                   a shape. Simplification: per-pod fit on one node only; match_attribute, topology
+                   constraints, gang sizes, tolerated taints and a team's own reservations are not
+                   considered (a pod that fits on the node counts as "usable");
+  idle             the rest: free, healthy, unreserved and usable (or not wanted at all).
+
+Pure and cheap: one pass over the devices with classes cached per distinct description; reservations
+(when any is active) through the core's CapacityState over the devices of the reserved classes only.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from itertools import chain, compress
+from operator import attrgetter, not_
+
+from broker.scheduler.capacity import CapacityState
+from broker.scheduler.selectors import ClassMatcher
+from broker.scheduler.snapshot import NO_SCHEDULE_EFFECTS, CycleResult, Snapshot
+
+INVALID = "InvalidRequest"
+
+
+@dataclass(frozen=True)
+class ClassCapacity:
+    """One device class after a cycle; busy + unhealthy + reserved_unused + stranded + idle == total."""
+
+    device_class: str
+    total: int = 0
+    busy: int = 0
+    unhealthy: int = 0
+    reserved_unused: int = 0
+    reserved_unused_by_team: dict = field(default_factory=dict)
+    stranded: int = 0
+    idle: int = 0
+
+
+def capacity_by_class(
+    snapshot: Snapshot, result: CycleResult, matcher: ClassMatcher | None = None
+) -> tuple[ClassCapacity, ...]:
+    """One ClassCapacity per device class of the snapshot, by class name."""
+    matcher = matcher or ClassMatcher(snapshot.device_classes)
+    names = tuple(sorted(device_class.name for device_class in snapshot.device_classes))
+    held, busy_by_holder = _held_after(snapshot, result)
+    cordoned = frozenset(node.name for node in snapshot.nodes if not node.schedulable)
+
+    # 1. Classes of every device (the matcher caches them per description and compares each device with
+    #    the previous one first), how many devices each class selects, and which devices are free.
+    devices = snapshot.devices
+    kinds = list(map(matcher.classes_of, devices))
+    per_kind = Counter(kinds)
+    is_free = list(map(not_, map(held.__contains__, map(attrgetter("id"), devices))))
+    free = list(compress(devices, is_free))
+    free_kinds = list(compress(kinds, is_free))
+    if len(devices) - len(free) == len(held) == sum(busy_by_holder.values()):
+        busy_of = busy_by_holder  # every held id is a device of the snapshot, held once (the usual case)
+    else:
+        busy_of = _held_classes(snapshot, result, devices, is_free)
+    busy = {name: busy_of.get(name, 0) for name in names}
+    selected = dict.fromkeys(names, 0)
+    for classes, count in per_kind.items():
+        for name in classes:
+            selected[name] += count
+    home = {classes: min(classes, key=lambda name: (selected[name], name)) for classes in per_kind if classes}
+
+    # 2. What each free device does, first match wins: unhealthy, reserved, else it joins its
+    #    (node, classes) group. Most free devices are plain: count them all, then take the few others out.
+    owners = reserved_owners(snapshot, matcher, names, kinds)
+    free_nodes = list(map(attrgetter("node"), free))
+    groups = Counter(zip(free_nodes, free_kinds, strict=True))
+    unhealthy = dict.fromkeys(names, 0)
+    reserved = dict.fromkeys(names, 0)
+    by_team: dict[str, dict[str, int]] = {name: {} for name in names}
+    others = map(
+        any,
+        zip(
+            map(not_, map(attrgetter("healthy"), free)),
+            map(attrgetter("taints"), free),
+            map(cordoned.__contains__, free_nodes),
+            map(owners.__contains__, map(attrgetter("id"), free)),
+            strict=True,
+        ),
+    )
+    for device, classes in compress(zip(free, free_kinds, strict=True), others):
+        if not classes:
+            continue
+        name = home[classes]
+        if not device.healthy or device.node in cordoned or _blocking(device.taints):
+            unhealthy[name] += 1
+        elif device.id in owners:
+            owner = owners[device.id]
+            reserved[name] += 1
+            by_team[name][owner] = by_team[name].get(owner, 0) + 1
+        else:
+            continue  # a taint that keeps no work off (PreferNoSchedule): plain
+        groups[(device.node, classes)] -= 1
+
+    # 3. Stranded: wanted by pending work, but no wanted class has enough free devices on the node.
+    demand = pending_demand(snapshot, result)
+    node_free: dict[str, dict[str, int]] = {}
+    if demand:
+        for (node, classes), count in groups.items():
+            counts = node_free.setdefault(node, {})
+            for name in classes:
+                counts[name] = counts.get(name, 0) + count
+    stranded = dict.fromkeys(names, 0)
+    idle = dict.fromkeys(names, 0)
+    for (node, classes), count in groups.items():
+        if not classes:
+            continue  # no class selects these devices: they are not billed
+        if demand and strands(classes, node_free[node], demand):
+            stranded[home[classes]] += count
+        else:
+            idle[home[classes]] += count
+
+    out = []
+    for name in names:
+        row = ClassCapacity(
+            device_class=name,
+            busy=busy[name],
+            unhealthy=unhealthy[name],
+            reserved_unused=reserved[name],
+            reserved_unused_by_team=dict(sorted(by_team[name].items())),
+            stranded=stranded[name],
+            idle=idle[name],
+        )
+        out.append(replace(row, total=row.busy + row.unhealthy + row.reserved_unused + row.stranded + row.idle))
+    return tuple(out)
+
+
+def strands(classes: Iterable[str], node_free: Mapping[str, int], demand: Mapping[str, int]) -> bool:
+    """Whether a free device of `classes` is stranded on a node with `node_free` free devices per class:
+    some pending work wants one of its classes, and for every wanted class the node has fewer free
+    devices than the smallest per-pod request for it. Not wanted at all: idle, never stranded."""
+    wanted = [name for name in classes if name in demand]
+    return bool(wanted) and all(node_free.get(name, 0) < demand[name] for name in wanted)
+
+
+def add_demand(demand: dict, classes: Iterable[str], per_pod: int) -> None:
+    """Record that pending work wants `classes` with pods of `per_pod` devices (smallest wins)."""
+    if per_pod <= 0:
+        return
+    for name in classes:
+        current = demand.get(name)
+        if current is None or per_pod < current:
+            demand[name] = per_pod
+
+
+def workload_classes(declared: Iterable[tuple], offered: tuple) -> tuple:
+    """A workload's fallback list as the core resolves it: the classes its pod sets declare (they all
+    declare the same ones), else those its resource class offers."""
+    for classes in declared:
+        if classes:
+            return tuple(classes)
+    return tuple(offered)
+
+
+def pending_demand(snapshot: Snapshot, result: CycleResult) -> dict[str, int]:
+    """{device class: smallest per-pod request among workloads still pending after `result` that may use
+    it}; admitted and InvalidRequest workloads want nothing."""
+    skip = {admission.workload_id for admission in result.admissions}
+    skip.update(decision.workload_id for decision in result.pending if decision.reason == INVALID)
+    offered = {rc.name: rc.device_classes for rc in snapshot.resource_classes}
+    wants = set()  # distinct (fallback list, smallest per-pod request): a few among thousands of workloads
+    for workload in snapshot.pending:
+        pod_sets = workload.pod_sets
+        if not pod_sets or workload.id in skip:
+            continue
+        if len(pod_sets) == 1:
+            classes, per_pod = pod_sets[0].device_classes, pod_sets[0].devices_per_pod
+        else:
+            classes = next((p.device_classes for p in pod_sets if p.device_classes), ())
+            per_pod = min(pod_set.devices_per_pod for pod_set in pod_sets)
+        wants.add((tuple(classes or offered.get(workload.resource_class, ())), per_pod))
+    demand: dict[str, int] = {}
+    for classes, per_pod in wants:
+        add_demand(demand, classes, per_pod)
+    return demand
+
+
+def reserved_owners(
+    snapshot: Snapshot, matcher: ClassMatcher, names: tuple[str, ...], kinds: list | None = None
+) -> dict[str, str]:
+    """{device id: reserving team} for the devices free before the cycle that active reservations hold,
+    as the core's CapacityState materialises them. A reservation can only take a device of its class, on
+    a schedulable node, healthy, and free or held by its own team or by preemptible work; the state is
+    built over those devices alone (same order, same nodes, same holders), which gives the same answer
+    as the whole cluster at a fraction of the cost. `kinds`: the classes of each snapshot device, in
+    order, when the caller has them already."""
+    active = [r for r in snapshot.reservations if r.start <= snapshot.now < r.end and r.device_class in names]
+    if not active:
+        return {}
+    reserved_classes = frozenset(reservation.device_class for reservation in active)
+    teams = frozenset(reservation.team for reservation in active)
+    team_of_queue = {queue.name: queue.team for queue in snapshot.queues}
+    relevant, ignored = [], set()
+    for workload in snapshot.running:
+        if workload.preemptible or team_of_queue.get(workload.queue) in teams:
+            relevant.append(workload)
+        else:  # held by another team's non-preemptible work: no reservation may take these
+            for pod in workload.pods:
+                ignored.update(pod.device_ids)
+    if kinds is None:
+        kinds = list(map(matcher.classes_of, snapshot.devices))
+    cordoned = frozenset(node.name for node in snapshot.nodes if not node.schedulable)
+    devices = tuple(
+        device
+        for device, classes in zip(snapshot.devices, kinds, strict=True)
+        if not classes.isdisjoint(reserved_classes)
+        and device.healthy
+        and device.node not in cordoned
+        and device.id not in ignored
+    )
+    on = {device.node for device in devices}
+    reduced = replace(
+        snapshot,
+        devices=devices,
+        nodes=tuple(node for node in snapshot.nodes if node.name in on),
+        running=tuple(relevant),
+        pending=(),
+    )
+    state = CapacityState(reduced, matcher, names)
+    return {slot.id: slot.owner for slot in state.slots if slot.owner is not None and slot.holder is None}
+
+
+def _held_after(snapshot: Snapshot, result: CycleResult) -> tuple[set, dict[str, int]]:
+    """(ids of the devices held once the result applies, {class: devices its holders claim}). Victims
+    being evicted keep theirs until they go."""
+    running_pods = chain.from_iterable(map(attrgetter("pods"), snapshot.running))
+    held = set(chain.from_iterable(map(attrgetter("device_ids"), running_pods)))
+    busy: dict[str, int] = {}
+    for workload in snapshot.running:
+        pods = workload.pods
+        count = len(pods[0].device_ids) if len(pods) == 1 else sum(len(pod.device_ids) for pod in pods)
+        busy[workload.device_class] = busy.get(workload.device_class, 0) + count
+    for admission in result.admissions:
+        for pod in admission.pods:
+            held.update(pod.device_ids)
+            busy[admission.device_class] = busy.get(admission.device_class, 0) + len(pod.device_ids)
+    return held, busy
+
+
+def _held_classes(snapshot: Snapshot, result: CycleResult, devices, is_free) -> dict[str, int]:
+    """{class: held devices} the slow, exact way, for a snapshot whose holders name unknown devices or
+    one device twice: each existing device once, under its last holder's class (admissions last)."""
+    holder_class: dict[str, str] = {}
+    for workload in snapshot.running:
+        for pod in workload.pods:
+            holder_class.update(dict.fromkeys(pod.device_ids, workload.device_class))
+    for admission in result.admissions:
+        for pod in admission.pods:
+            holder_class.update(dict.fromkeys(pod.device_ids, admission.device_class))
+    return Counter(holder_class[device.id] for device, free in zip(devices, is_free, strict=True) if not free)
+
+
+def _blocking(taints) -> bool:
+    return bool(taints) and any(taint.effect in NO_SCHEDULE_EFFECTS for taint in taints)

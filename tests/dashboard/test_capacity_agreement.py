@@ -1,0 +1,48 @@
+"""The operator's overview and finance's capacity samples count stranded devices by one definition
+(broker.scheduler.accounting): after a committed cycle, they agree class by class."""
+
+from django.urls import reverse
+
+from broker.costs.models import CapacitySample
+from broker.cycle.runner import run_once
+from broker.workloads.models import Explanation, SchedulingCycle
+from broker.workloads.states import State
+from tests.builders import make_workload
+
+
+def overview_and_latest_sample(client, user, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True):
+        run = run_once()
+    assert run.outcome == SchedulingCycle.Outcome.COMMITTED
+    client.force_login(user)
+    capacity = {row["device_class"]: row for row in client.get(reverse("dashboard:overview")).context["capacity"]}
+    latest = {}
+    for sample in CapacitySample.objects.select_related("device_class").order_by("at"):
+        latest[sample.device_class.name] = sample
+    return capacity, latest
+
+
+def test_it_counts_as_many_stranded_devices_as_the_latest_finance_sample(
+    client, scene, alice, django_capture_on_commit_callbacks
+):
+    capacity, latest = overview_and_latest_sample(client, alice, django_capture_on_commit_callbacks)
+    assert latest["h100"].stranded > 0  # the scene leaves too few free devices per node for big-a's pods
+    for name, sample in latest.items():
+        assert capacity[name]["stranded"] == sample.stranded, name
+        assert capacity[name]["unhealthy"] == sample.unhealthy, name
+        assert capacity[name]["reserved"] == sample.reserved_unused, name
+
+
+def test_it_agrees_that_an_invalid_request_strands_nothing(
+    client, scene, cluster, alice, django_capture_on_commit_callbacks
+):
+    # 16 devices per pod: no node of 4 could ever hold one. The cycle explains it as InvalidRequest, and
+    # neither side calls free devices stranded for it.
+    too_wide = make_workload(
+        cluster.queue_a, "too-wide", devices_per_pod=16, resource_class=cluster.training, state=State.PENDING
+    )
+    scene.a_wait.transition(State.CANCELLED)
+    scene.b_wait.transition(State.CANCELLED)
+    capacity, latest = overview_and_latest_sample(client, alice, django_capture_on_commit_callbacks)
+    assert Explanation.objects.get(workload=too_wide).reason == "InvalidRequest"
+    assert latest["h100"].stranded == capacity["h100"]["stranded"] == 0

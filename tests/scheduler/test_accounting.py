@@ -1,0 +1,263 @@
+"""Capacity accounting after a cycle: every device once, under one class, in exactly one state."""
+
+from dataclasses import replace
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from broker.scheduler.accounting import ClassCapacity, capacity_by_class, strands
+from broker.scheduler.capacity import CapacityState
+from broker.scheduler.cycle import decide
+from broker.scheduler.selectors import ClassMatcher
+from broker.scheduler.snapshot import (
+    NO_SCHEDULE_EFFECTS,
+    Admission,
+    CycleResult,
+    Device,
+    DeviceClass,
+    Node,
+    PendingDecision,
+    PendingWorkload,
+    PodPlacement,
+    PodSet,
+    Preemption,
+    Queue,
+    Reservation,
+    ResourceClass,
+    RunningPod,
+    RunningWorkload,
+    SchedulerConfig,
+    Snapshot,
+    Taint,
+)
+from tests.scheduler.strategies import CLASSES, LEVELS, QUIET, inventories, pending_work, running_work
+
+H100 = DeviceClass("h100", match={"model": "H100"})
+GPU = DeviceClass("gpu", selector='device.attributes["gpu.example.com"].model != ""')  # every device
+PARTS = ("busy", "unhealthy", "reserved_unused", "stranded", "idle")
+
+
+def devices(node, count, model="H100", **extra):
+    return [Device(f"{node}/{index}", node, attributes={"model": model}, **extra) for index in range(count)]
+
+
+def scene(pending=True):
+    """n1, n2 (rack r1), n3 cordoned, n4 (rack r2): 4 H100 each but n3 (2); n5: 2 A100.
+    Before the cycle: run-a (team1) holds n1/0-1, victim (team1) holds n4/0; n2/3 unhealthy, n1/3 tainted
+    PreferNoSchedule (harmless). A team2 reservation of 1 h100. The cycle admits p1 on n2/0 and evicts
+    the victim for p2 (3 per pod, still pending); p3 (1 per pod) is InvalidRequest."""
+    inventory = (
+        devices("n1", 3)
+        + [Device("n1/3", "n1", attributes={"model": "H100"}, taints=(Taint("soft", effect="PreferNoSchedule"),))]
+        + devices("n2", 3)
+        + [Device("n2/3", "n2", attributes={"model": "H100"}, healthy=False)]
+        + devices("n3", 2)
+        + devices("n4", 4)
+        + devices("n5", 2, model="A100")
+    )
+    nodes = (
+        Node("n1", {"rack": "r1"}),
+        Node("n2", {"rack": "r1"}),
+        Node("n3", {"rack": "r2"}, schedulable=False),
+        Node("n4", {"rack": "r2"}),
+        Node("n5", {"rack": "r2"}),
+    )
+    waiting = (
+        PendingWorkload("p1", "q1", (PodSet(devices_per_pod=1),), resource_class="open"),
+        PendingWorkload("p2", "q1", (PodSet(devices_per_pod=3),), resource_class="open"),
+        PendingWorkload("p3", "q2", (PodSet(devices_per_pod=1, device_classes=("h100",)),)),
+    )
+    snapshot = Snapshot(
+        levels=("rack",),
+        nodes=nodes,
+        devices=tuple(inventory),
+        device_classes=(H100, GPU),
+        queues=(Queue("q1", "team1"), Queue("q2", "team2")),
+        resource_classes=(ResourceClass("open", ("h100",)),),
+        reservations=(Reservation("hold", "team2", "h100", 1),),
+        running=(
+            RunningWorkload("run-a", "q1", (RunningPod("main", 0, "n1", ("n1/0", "n1/1")),), "h100", preemptible=False),
+            RunningWorkload("victim", "q1", (RunningPod("main", 0, "n4", ("n4/0",)),), "h100", preemptible=False),
+        ),
+        pending=waiting if pending else (),
+    )
+    result = CycleResult(
+        admissions=(Admission("p1", "h100", (PodPlacement("main", 0, "n2", ("n2/0",)),)),),
+        preemptions=(Preemption("victim", "p2", "WithinQueue", "for p2"),),
+        pending=(PendingDecision("p2", "TopologyFragmented"), PendingDecision("p3", "InvalidRequest")),
+    )
+    return snapshot, result
+
+
+def test_it_counts_the_state_after_the_cycles_decisions():
+    snapshot, result = scene()
+    gpu, h100 = capacity_by_class(snapshot, result)
+    # Busy: run-a's 2, the evicting victim's 1 (it still holds it), p1's admission on n2/0.
+    # Unhealthy: n2/3 and the cordoned n3's 2. Reserved: the first free device in order, n1/2, for team2.
+    # Free and plain: n1/3 (alone on n1), n2/1-2 (2 on n2), n4/1-3 (3 on n4). p2 waits for pods of 3; p3 is
+    # invalid and wants nothing: n1's and n2's are stranded, n4's idle.
+    assert h100 == ClassCapacity(
+        "h100",
+        total=14,
+        busy=4,
+        unhealthy=3,
+        reserved_unused=1,
+        reserved_unused_by_team={"team2": 1},
+        stranded=3,
+        idle=3,
+    )
+    # gpu selects every device, h100 fewer: H100s are billed under h100, the A100s under gpu, idle (no
+    # pending work wants gpu).
+    assert gpu == ClassCapacity("gpu", total=2, idle=2)
+
+
+def test_it_calls_nothing_stranded_when_nothing_waits():
+    snapshot, result = scene(pending=False)
+    result = replace(result, pending=())
+    _, h100 = capacity_by_class(snapshot, result)
+    assert (h100.stranded, h100.idle) == (0, 6)
+
+
+def test_it_strands_a_device_only_when_every_wanted_class_is_short_on_its_node():
+    assert strands({"h100"}, {"h100": 2}, {"h100": 3})
+    assert not strands({"h100"}, {"h100": 3}, {"h100": 3})
+    assert not strands({"h100", "gpu"}, {"h100": 2, "gpu": 2}, {"h100": 3, "gpu": 1})
+    assert not strands({"h100"}, {"h100": 1}, {"a100": 4})  # nobody wants h100: idle
+
+
+# --- against a brute force --------------------------------------------------------------------------------
+
+
+@st.composite
+def accounting_cases(draw):
+    nodes, inventory = draw(inventories())
+    overlapping = draw(st.booleans())
+    classes = CLASSES + ((GPU,) if overlapping else ())
+    reservations = tuple(
+        Reservation(
+            f"res{index}",
+            draw(st.sampled_from(("team1", "team2"))),
+            draw(st.sampled_from(("h100", "a100"))),
+            draw(st.integers(1, 4)),
+            domain=draw(st.sampled_from((None, {"rack": "r0"}, {"block": "b0"}))),
+            start=draw(st.sampled_from((0.0, 50.0))),
+        )
+        for index in range(draw(st.integers(0, 2)))
+    )
+    running = draw(running_work(inventory))
+    running = tuple(replace(workload, preemptible=draw(st.booleans())) for workload in running)
+    config = draw(st.sampled_from((QUIET, SchedulerConfig(rerun_verification_limit=10))))
+    snapshot = Snapshot(
+        levels=LEVELS,
+        nodes=nodes,
+        devices=inventory,
+        device_classes=classes,
+        queues=(Queue("q1", "team1", within_queue="LowerPriority"), Queue("q2", "team2")),
+        resource_classes=(
+            ResourceClass("open", ("h100", "a100")),
+            ResourceClass("closed", ("h100", "a100"), teams=("team2",)),
+            ResourceClass("approval", ("h100", "a100"), approval_required=True),
+        ),
+        reservations=reservations,
+        running=running,
+        pending=draw(pending_work(with_classes=draw(st.booleans()))),
+        now=10.0,
+        config=config,
+    )
+    return snapshot
+
+
+def brute_force(snapshot, result):
+    """Each device on its own, by the definitions, with the core's reservations over the whole cluster."""
+    matcher = ClassMatcher(snapshot.device_classes)
+    names = tuple(sorted(device_class.name for device_class in snapshot.device_classes))
+    classes = {device.id: matcher.classes_of(device) for device in snapshot.devices}
+    selected = {name: sum(name in found for found in classes.values()) for name in names}
+    holder_class = {}
+    for workload in snapshot.running:
+        for pod in workload.pods:
+            for device_id in pod.device_ids:
+                holder_class[device_id] = workload.device_class
+    for admission in result.admissions:
+        for pod in admission.pods:
+            for device_id in pod.device_ids:
+                holder_class[device_id] = admission.device_class
+    state = CapacityState(snapshot, matcher, names)
+    owner = {slot.id: slot.owner for slot in state.slots if slot.owner is not None and slot.holder is None}
+    schedulable = {node.name: node.schedulable for node in snapshot.nodes}
+
+    def unusable(device):
+        blocking = [taint for taint in device.taints if taint.effect in NO_SCHEDULE_EFFECTS]
+        return not device.healthy or not schedulable.get(device.node, True) or bool(blocking)
+
+    def plain_free(device):
+        return device.id not in holder_class and not unusable(device) and device.id not in owner
+
+    gone = {a.workload_id for a in result.admissions} | {
+        d.workload_id for d in result.pending if d.reason == "InvalidRequest"
+    }
+    offered = {rc.name: rc.device_classes for rc in snapshot.resource_classes}
+    demand = {}
+    for workload in snapshot.pending:
+        if workload.id in gone:
+            continue
+        declared = [pod_set.device_classes for pod_set in workload.pod_sets if pod_set.device_classes]
+        wanted = declared[0] if declared else offered.get(workload.resource_class, ())
+        per_pod = min(pod_set.devices_per_pod for pod_set in workload.pod_sets)
+        for name in wanted:
+            demand[name] = min(demand.get(name, per_pod), per_pod)
+
+    rows = {name: {part: 0 for part in PARTS} | {"by_team": {}} for name in names}
+    for device in snapshot.devices:
+        if device.id in holder_class:
+            if holder_class[device.id] in rows:
+                rows[holder_class[device.id]]["busy"] += 1
+            continue
+        if not classes[device.id]:
+            continue
+        row = rows[min(classes[device.id], key=lambda name: (selected[name], name))]
+        if unusable(device):
+            row["unhealthy"] += 1
+        elif device.id in owner:
+            row["reserved_unused"] += 1
+            row["by_team"][owner[device.id]] = row["by_team"].get(owner[device.id], 0) + 1
+        else:
+            wanted = [name for name in classes[device.id] if name in demand]
+            on_node = {
+                name: sum(
+                    1
+                    for other in snapshot.devices
+                    if other.node == device.node and name in classes[other.id] and plain_free(other)
+                )
+                for name in wanted
+            }
+            short = wanted and all(on_node[name] < demand[name] for name in wanted)
+            row["stranded" if short else "idle"] += 1
+    return {
+        name: ClassCapacity(
+            name,
+            total=sum(row[part] for part in PARTS),
+            busy=row["busy"],
+            unhealthy=row["unhealthy"],
+            reserved_unused=row["reserved_unused"],
+            reserved_unused_by_team=dict(sorted(row["by_team"].items())),
+            stranded=row["stranded"],
+            idle=row["idle"],
+        )
+        for name, row in rows.items()
+    }
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(accounting_cases())
+def test_it_agrees_with_a_brute_force_and_the_parts_sum_to_the_total(snapshot):
+    result = decide(snapshot)
+    rows = capacity_by_class(snapshot, result)
+    assert {row.device_class: row for row in rows} == brute_force(snapshot, result)
+    for row in rows:
+        assert sum(getattr(row, part) for part in PARTS) == row.total
+        assert sum(row.reserved_unused_by_team.values()) == row.reserved_unused
+    held = {device_id for w in snapshot.running for pod in w.pods for device_id in pod.device_ids}
+    held |= {device_id for a in result.admissions for pod in a.pods for device_id in pod.device_ids}
+    billed = sum(1 for device in snapshot.devices if device.id not in held) + len(held)
+    assert sum(row.total for row in rows) == billed  # every device once (each one some class selects)
