@@ -346,7 +346,8 @@ class CapacityState:
         for class_index in classes:
             total_free[class_index] += delta
         keys = self.node_keys[node]
-        for class_index in self._distinct(classes):
+        distinct = self._distinct_cache.get(classes) or self._distinct(classes)
+        for class_index in distinct:
             counts = self.node_free[class_index]
             old = counts[node]
             counts[node] = old + delta

@@ -374,7 +374,10 @@ class Cycle:
         if state.total_free[class_index] < per_pod * wanted:
             return None
         buckets = state.buckets[class_index]
-        if buckets.pods_that_fit(per_pod) < wanted:
+        if wanted == 1:
+            if not buckets.values or buckets.values[-1] < per_pod:  # no node has room for the one pod
+                return None
+        elif buckets.pods_that_fit(per_pod) < wanted:
             return None
         free_plain = state.free_plain
         name = demand.name
