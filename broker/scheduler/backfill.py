@@ -90,7 +90,7 @@ def plan_protection(cycle, request) -> Protection | None:
     levels = cycle.state.levels
     required = levels.index(request.required) if request.required else None
     preferred = levels.index(request.preferred) if request.preferred else None
-    access = request.access()
+    access = request.default_access
     classes = cycle.entitled_classes(request)
     released: list = []
     events = release_timeline(cycle)[: cycle.config.estimate_horizon_events]
@@ -119,7 +119,7 @@ def _protection_without_durations(cycle, request, classes, required) -> Protecti
     """Keep free the domain the head could use soonest: the most free devices now among domains that
     could hold it once everything there has ended (the cluster as built)."""
     built = cycle.empty_state()
-    access = request.access()
+    access = request.default_access
     for class_name in classes:
         now_view = cycle.view(class_name, access)
         built_view = View(built, built.class_index[class_name])

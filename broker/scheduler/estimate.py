@@ -139,7 +139,7 @@ def _try_start(cycle, request, held: frozenset):
         if not cycle.quota.fits(request.queue.name, class_name, request.needed):
             continue
         excluded = held if cycle.protection and request.id != cycle.protection.workload_id else frozenset()
-        view = cycle.view(class_name, request.access(), excluded)
+        view = cycle.view(class_name, request.default_access, excluded)
         plan = place_gang(view, request.demands, required, preferred)
         if plan is not None:
             return class_name, plan

@@ -150,7 +150,7 @@ class Assessor:
             request.demands,
             request.required,
             request.preferred,
-            self.cycle.access_key(request.access()),
+            self.cycle.access_key(request.default_access),
             excluded,
         )
         cached = self._capacity_cache.get(key)
@@ -167,7 +167,7 @@ class Assessor:
 
     def _compute_capacity(self, request: Request, classes, excluded) -> dict:
         codes: dict[str, str] = {}
-        access = request.access()
+        access = request.default_access
         numbers = [self._numbers(request, name) for name in classes]
         focus = next((n for n in numbers if n["free"] >= request.needed), numbers[0])
         details = {
@@ -204,7 +204,7 @@ class Assessor:
         return {"codes": codes, "details": details}
 
     def _numbers(self, request: Request, class_name: str) -> dict:
-        access = request.access()
+        access = request.default_access
         view = self.cycle.view(class_name, access)
         class_index = view.class_index
         unhealthy = 0
@@ -246,7 +246,7 @@ class Assessor:
         for class_name in request.classes:
             if not self.cycle.quota.fits(request.queue.name, class_name, request.needed):
                 continue
-            if self._fits(request, class_name, request.access(), excluded):
+            if self._fits(request, class_name, request.default_access, excluded):
                 return True
         return False
 
@@ -325,7 +325,7 @@ class Assessor:
             if check.nominal is None:
                 continue
             excluded = self.cycle.excluded_for(request)
-            if not self._fits(request, class_name, request.access(), excluded):
+            if not self._fits(request, class_name, request.default_access, excluded):
                 continue
             increase = max(check.more_needed, request.needed - (check.maximum or 0))
             suggestion = Suggestion(

@@ -213,7 +213,7 @@ def _cohort_roots(snapshot) -> dict[str, str | None]:
 
 
 def _search_class(cycle, request, class_name: str, with_victims: bool = True) -> Found | None:
-    access = request.access()
+    access = request.default_access
     class_index = cycle.state.class_index[class_name]
     level_index = cycle.state.levels.index(request.required) if request.required else None
     evicting = _by_scope(cycle, _evicting_slots(cycle, access, request.id), class_index, level_index)
@@ -316,7 +316,7 @@ class _ScopeSearch:
         evicting = _evicting_ids(self.evicting_here)
         if self.feasible(()):
             return Found((), evicting) if evicting else None
-        view = self.cycle.view(self.class_name, self.request.access())
+        view = self.cycle.view(self.class_name, self.request.default_access)
         deficit = self.request.needed - view.domain_count(self.scope) - len(self.evicting_here)
         budget = self.cycle.config.preemption_search_limit
         chosen = _cheapest_feasible(candidates, gains, deficit, self.feasible, budget)
@@ -336,7 +336,7 @@ class _ScopeSearch:
         more = list(self.evicting_here)
         for victim in chosen:
             more.extend(self.freed[victim.workload.id][self.scope])
-        view = self.cycle.view(self.class_name, self.request.access(), more=more)
+        view = self.cycle.view(self.class_name, self.request.default_access, more=more)
         return place_within_scope(view, self.scope, self.request.demands, self.preferred) is not None
 
 

@@ -108,6 +108,7 @@ class QuotaTree:
                 self._attach(node, self._cohort_node(queue.cohort))
         self._subtree_cache: dict = {}
         self._constant_cache: dict = {}
+        self._available_cache: dict = {}
 
     def _cohort_node(self, name: str) -> _QuotaNode:
         # A cohort named only by its members exists implicitly with no quota of its own, as in Kueue.
@@ -139,6 +140,8 @@ class QuotaTree:
         old = node.usage.get(device_class, 0)
         new = old + amount
         node.usage[device_class] = new
+        if self._available_cache:
+            self._available_cache.clear()
         while node.parent is not None and old != new:
             guaranteed = self._constants(node, device_class)[0]
             contributed = max(0, new - guaranteed) - max(0, old - guaranteed)
@@ -196,6 +199,14 @@ class QuotaTree:
         return node.usage.get(device_class, 0)
 
     def _available(self, node: _QuotaNode, device_class: str) -> int:
+        # Kept until the next usage change: explanations ask many times on an unchanging state.
+        key = (node, device_class)
+        cached = self._available_cache.get(key)
+        if cached is None:
+            cached = self._available_cache[key] = self._compute_available(node, device_class)
+        return cached
+
+    def _compute_available(self, node: _QuotaNode, device_class: str) -> int:
         guaranteed, subtree, limit = self._constants(node, device_class)
         usage = node.usage.get(device_class, 0)
         if node.parent is None:
