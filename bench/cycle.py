@@ -43,7 +43,7 @@ def one_cycle() -> dict:
     from broker.cycle.runner import run_once
     from broker.workloads.models import SchedulingCycle
 
-    hooks = {"broadcast": commit.broadcast, "record_cycle_capacity": commit.record_cycle_capacity}
+    hooks = {"broadcast": commit.broadcast, "record_cycle_capacity": commit.record_capacity}
     spent = dict.fromkeys([*hooks, "executor_start"], 0.0)
     executor_start = SimulatedExecutor.start
 

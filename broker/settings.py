@@ -144,6 +144,9 @@ EXECUTOR = os.getenv("EXECUTOR", "simulated")
 # A preemption victim keeps its devices this many seconds (simulated time under the simulated executor,
 # so SIMULATION_SPEED times shorter on the wall clock) while it shuts down, before it is requeued.
 EVICTION_GRACE_SECONDS = envfloat("EVICTION_GRACE_SECONDS", "10")
+# A pending workload's stored explanation is rewritten only when its content changes; an estimated start
+# that moved by less than this many seconds is not a change (it drifts with the cycle's clock).
+EXPLANATION_ESTIMATE_TOLERANCE_SECONDS = envfloat("EXPLANATION_ESTIMATE_TOLERANCE_SECONDS", "60")
 DEMO_REPLAY = envbool("DEMO_REPLAY", "False")
 if DEMO_REPLAY:
     # Celery mode's Philly replay; the embedded default replays inside `manage.py serve` instead.

@@ -11,6 +11,7 @@ serialization error, which is the same refusal; the unique index on active alloc
 
 import json
 import logging
+import re
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -367,9 +368,39 @@ def explanation_values(decision):
     }
 
 
+DIGITS = re.compile(r"\d+")
+
+
+def comparable_details(details):
+    """The details as compared between cycles: the estimate's note ("unknown: 1566 running workload(s)
+    have no expected duration") counts work elsewhere in the cluster and moves with every start and
+    eviction, so its numbers are not news; its wording is."""
+    note = details.get("estimate") if isinstance(details, dict) else None
+    if not isinstance(note, str) or not DIGITS.search(note):
+        return details
+    return {**details, "estimate": DIGITS.sub("#", note)}
+
+
+def unchanged(before, values, tolerance):
+    """Whether the stored explanation `before` still says what `values` says: every field equal, except
+    an estimated start that moved by less than `tolerance` seconds and the numbers in the estimate note."""
+    if before is None:
+        return False
+    for name in EXPLANATION_FIELDS:
+        old, new = before[name], values[name]
+        if old == new:
+            continue
+        if name == "estimated_start":
+            if old is None or new is None or abs((new - old).total_seconds()) >= tolerance:
+                return False
+        elif name != "details" or comparable_details(old) != comparable_details(new):
+            return False
+    return True
+
+
 def explain(decisions, admitted, cycle, now):
-    """Upsert one Explanation per pending workload where anything changed; history only when the
-    reason or message did. Returns the workload ids whose explanation changed."""
+    """Upsert one Explanation per pending workload whose content changed (see `unchanged`); history
+    only when the reason or message did. Returns the workload ids whose explanation changed."""
     skip = set(admitted)
     decisions = [d for d in decisions if int(d.workload_id) not in skip]
     if not decisions:
@@ -379,13 +410,14 @@ def explain(decisions, admitted, cycle, now):
         row[0]: dict(zip(EXPLANATION_FIELDS, row[1:], strict=True))
         for row in Explanation.objects.filter(workload_id__in=ids).values_list("workload_id", *EXPLANATION_FIELDS)
     }
+    tolerance = settings.EXPLANATION_ESTIMATE_TOLERANCE_SECONDS
     upserts = []
     history = []
     for decision in decisions:
         pk = int(decision.workload_id)
         values = explanation_values(decision)
         before = existing.get(pk)
-        if before == values:
+        if unchanged(before, values, tolerance):
             continue
         upserts.append(Explanation(workload_id=pk, cycle=cycle, updated_at=now, **values))
         if before is None or (before["reason"], before["message"]) != (values["reason"], values["message"]):
