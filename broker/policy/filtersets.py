@@ -53,7 +53,6 @@ class ResourceClassFilterSet(django_filters.FilterSet):
         model = ResourceClass
         fields = ["name", "sharing", "preemptible", "approval_required", "priority_class", "device_class"]
 
-
     def filter_entitled(self, queryset, name, value):
         if value is None:
             return queryset

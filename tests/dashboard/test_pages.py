@@ -249,5 +249,5 @@ def test_it_tells_an_evicting_workload_who_it_is_evicted_for(client, scene, alic
     )
     client.force_login(alice)
     content = client.get(reverse("dashboard:workload", args=[scene.a_run.pk])).content.decode()
-    assert f"Being evicted for <a href=\"{reverse('dashboard:workload', args=[scene.a_wait.pk])}\">" in content
+    assert f'Being evicted for <a href="{reverse("dashboard:workload", args=[scene.a_wait.pk])}">' in content
     assert "under rule WithinQueue" in content

@@ -14,9 +14,7 @@ def assert_valid_result(snapshot, result):
     assert Counter(decided) == Counter(pending_ids), "every pending workload decided exactly once"
     devices = {device.id: device for device in snapshot.devices}
     nodes = {node.name: node for node in snapshot.nodes}
-    held = Counter(
-        device_id for workload in snapshot.running for pod in workload.pods for device_id in pod.device_ids
-    )
+    held = Counter(device_id for workload in snapshot.running for pod in workload.pods for device_id in pod.device_ids)
     workloads = {workload.id: workload for workload in snapshot.pending}
     for admission in result.admissions:
         workload = workloads[admission.workload_id]

@@ -27,9 +27,7 @@ CLASSES = (
     DeviceClass("h100", match={"model": "H100"}, price_per_hour=4.0),
     DeviceClass("a100", selector='device.attributes["gpu.example.com"].model == "A100"', price_per_hour=2.0),
 )
-QUIET = SchedulerConfig(
-    enable_backfill_protection=False, enable_preemption=False, rerun_verification_limit=10
-)
+QUIET = SchedulerConfig(enable_backfill_protection=False, enable_preemption=False, rerun_verification_limit=10)
 
 
 @st.composite
@@ -160,12 +158,7 @@ def free_devices(snapshot, result=None, healed=False, built=False, tolerations=(
     nodes = {node.name: node for node in snapshot.nodes}
     held = set()
     if not built:
-        held = {
-            device_id
-            for workload in snapshot.running
-            for pod in workload.pods
-            for device_id in pod.device_ids
-        }
+        held = {device_id for workload in snapshot.running for pod in workload.pods for device_id in pod.device_ids}
         if result is not None:
             held |= {device_id for a in result.admissions for pod in a.pods for device_id in pod.device_ids}
     counts = {}
@@ -217,9 +210,7 @@ def naive_primary(snapshot, result, workload):
             devices = sum(len(pod.device_ids) for pod in admission.pods)
             usage[admission.device_class] = usage.get(admission.device_class, 0) + devices
     passing = [
-        name
-        for name in classes
-        if queue.quota is None or usage.get(name, 0) + needed <= queue.quota.get(name, 0)
+        name for name in classes if queue.quota is None or usage.get(name, 0) + needed <= queue.quota.get(name, 0)
     ]
     if not passing:
         return "QuotaExceeded"
@@ -266,9 +257,7 @@ def naive_cheapest_victims(snapshot, workload):
                 counts = free_devices(others, tolerations=pod_set.tolerations)
                 level = workload.topology_required
                 cheaper = best is None or cost_key(chosen) < cost_key(best)
-                if cheaper and naive_fits(
-                    others, counts, device_class, pod_set.count, pod_set.devices_per_pod, level
-                ):
+                if cheaper and naive_fits(others, counts, device_class, pod_set.count, pod_set.devices_per_pod, level):
                     best = chosen
             if best is not None:
                 return best

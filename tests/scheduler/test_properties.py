@@ -166,9 +166,7 @@ def test_it_preempts_whole_podgroups_only():
     from broker.scheduler.snapshot import Device, DeviceClass, Node, RunningPod, RunningWorkload, Snapshot
 
     nodes = (Node("a", {"rack": "r1"}), Node("b", {"rack": "r1"}))
-    devices = tuple(
-        Device(f"{node}/{i}", node, attributes={"model": "H100"}) for node in "ab" for i in range(2)
-    )
+    devices = tuple(Device(f"{node}/{i}", node, attributes={"model": "H100"}) for node in "ab" for i in range(2))
     victim = RunningWorkload(
         "gang",
         "q",

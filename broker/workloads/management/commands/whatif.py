@@ -27,9 +27,7 @@ class Command(BaseCommand):
         try:
             snapshot = load_scenario(path.read_text(encoding="utf-8"))
         except OSError as error:
-            raise CommandError(
-                f"{path}: cannot read the scenario: {error.strerror or error}", returncode=2
-            ) from None
+            raise CommandError(f"{path}: cannot read the scenario: {error.strerror or error}", returncode=2) from None
         except (ScenarioError, UnicodeDecodeError) as error:
             raise CommandError(f"{path}: {error}", returncode=2) from None
         result = decide(snapshot)
