@@ -269,9 +269,8 @@ def evict(preemptions, cycle, now):
         )
     ExplanationChange.objects.bulk_create(history)
     nominated = defaultdict(set)
-    for workload_id, device_pk in Allocation.objects.filter(workload_id__in=ids, released_at__isnull=True).values_list(
-        "workload_id", "device_id"
-    ):
+    held = Allocation.objects.filter(**column_in("workload", ids), released_at__isnull=True)
+    for workload_id, device_pk in held.values_list("workload_id", "device_id"):
         nominated[int(by_victim[workload_id].preemptor_id)].add(device_pk)
     for pk, devices in nominated.items():
         preemptor = preemptors[pk]
@@ -293,14 +292,14 @@ def renominate(result, admitted):
     nomination only while it is still PreemptionPending (kube-scheduler clears a nomination that no
     longer helps)."""
     if admitted:
-        Workload.objects.filter(pk__in=admitted).update(
+        Workload.objects.filter(**pk_in(admitted)).update(
             nominated_devices=[], eviction_requested_at=None, evicted_for=None, eviction_rule="", eviction_message=""
         )
     waiting = {int(d.workload_id) for d in result.pending if d.reason == "PreemptionPending"}
     nominated = Workload.objects.filter(state=State.PENDING).exclude(nominated_devices=[]).values_list("id", flat=True)
     stale = [pk for pk in nominated if pk not in waiting]
     if stale:
-        Workload.objects.filter(pk__in=stale).update(nominated_devices=[])
+        Workload.objects.filter(**pk_in(stale)).update(nominated_devices=[])
 
 
 def admit(admissions, loaded, cycle, now):
@@ -406,9 +405,10 @@ def explain(decisions, admitted, cycle, now):
     if not decisions:
         return []
     ids = [int(d.workload_id) for d in decisions]
+    stored = Explanation.objects.filter(**column_in("workload", ids))
     existing = {
         row[0]: dict(zip(EXPLANATION_FIELDS, row[1:], strict=True))
-        for row in Explanation.objects.filter(workload_id__in=ids).values_list("workload_id", *EXPLANATION_FIELDS)
+        for row in stored.values_list("workload_id", *EXPLANATION_FIELDS)
     }
     tolerance = settings.EXPLANATION_ESTIMATE_TOLERANCE_SECONDS
     upserts = []

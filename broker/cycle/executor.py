@@ -36,7 +36,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 
-from broker.cycle.bulk import insert_rows, pk_in
+from broker.cycle.bulk import column_in, insert_rows, pk_in
 from broker.workloads.models import Allocation, Workload, WorkloadTransition
 from broker.workloads.states import HOLDING_STATES, State, can_transition
 
@@ -79,7 +79,7 @@ class SimulatedExecutor(Executor):
         with transaction.atomic():
             ids = list(
                 Workload.objects.select_for_update(skip_locked=True)
-                .filter(pk__in=list(workload_ids), state=State.ADMITTED, eviction_requested_at__isnull=True)
+                .filter(**pk_in(workload_ids), state=State.ADMITTED, eviction_requested_at__isnull=True)
                 .values_list("id", flat=True)
             )
             move(ids, State.ADMITTED, State.RUNNING, now, "simulated executor started it")
@@ -99,7 +99,7 @@ class SimulatedExecutor(Executor):
             )
             done = [pk for pk, started, duration in running if self.finished(started, duration, now)]
             move(done, State.RUNNING, State.SUCCEEDED, now, "simulated run finished")
-            Allocation.objects.filter(workload_id__in=done, released_at__isnull=True).update(released_at=now)
+            Allocation.objects.filter(**column_in("workload", done), released_at__isnull=True).update(released_at=now)
         progress.completed = done
         if done:
             from broker.cycle.triggers import request_cycle_after_commit
@@ -143,7 +143,7 @@ def complete_evictions(ids, now):
     for state in HOLDING_STATES:
         chosen = [pk for pk in ids if victims[pk].state == state]
         move(chosen, state, State.PREEMPTED, now, "evicted: stopped after its grace period")
-    Allocation.objects.filter(workload_id__in=ids, released_at__isnull=True).update(released_at=now)
+    Allocation.objects.filter(**column_in("workload", ids), released_at__isnull=True).update(released_at=now)
     move(ids, State.PREEMPTED, State.PENDING, now, "requeued after preemption")
     history = []
     for pk in ids:
