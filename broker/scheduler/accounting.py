@@ -30,7 +30,8 @@ selects is not counted (it has no price). Each class's parts sum to its total:
   idle             the rest: free, healthy, unreserved and usable (or not wanted at all).
 
 Pure and cheap: one pass over the devices with classes cached per distinct description; reservations
-(when any is active) through the core's CapacityState over the devices of the reserved classes only.
+(when any is active) materialised as the core's CapacityState does it, without building one: a scan in
+the core's device order that stops once each reservation is full.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from dataclasses import dataclass, field, replace
 from itertools import chain, compress
 from operator import attrgetter, not_
 
-from broker.scheduler.capacity import CapacityState
+from broker.scheduler.capacity import NODE_LEVEL, _device_key, natural_key
 from broker.scheduler.selectors import ClassMatcher
 from broker.scheduler.snapshot import NO_SCHEDULE_EFFECTS, CycleResult, Snapshot
 
@@ -209,45 +210,101 @@ def reserved_owners(
     snapshot: Snapshot, matcher: ClassMatcher, names: tuple[str, ...], kinds: list | None = None
 ) -> dict[str, str]:
     """{device id: reserving team} for the devices free before the cycle that active reservations hold,
-    as the core's CapacityState materialises them. A reservation can only take a device of its class, on
-    a schedulable node, healthy, and free or held by its own team or by preemptible work; the state is
-    built over those devices alone (same order, same nodes, same holders), which gives the same answer
-    as the whole cluster at a fraction of the cost. `kinds`: the classes of each snapshot device, in
-    order, when the caller has them already."""
+    exactly as the core's CapacityState._reserve materialises them: reservations by name, each takes
+    `count` devices of its class in its domain, healthy, on a schedulable node and not taken by an
+    earlier reservation, preferring its own team's running devices, then free devices, then devices
+    other teams hold with preemptible work, each tier in the core's device order (node by natural name,
+    then device). Without building the state: the team's own devices come from its running work, and the
+    scan over free devices stops as soon as the reservation is full. `kinds`: the classes of each
+    snapshot device, in order, when the caller has them already."""
     active = [r for r in snapshot.reservations if r.start <= snapshot.now < r.end and r.device_class in names]
     if not active:
         return {}
-    reserved_classes = frozenset(reservation.device_class for reservation in active)
-    teams = frozenset(reservation.team for reservation in active)
-    team_of_queue = {queue.name: queue.team for queue in snapshot.queues}
-    relevant, ignored = [], set()
-    for workload in snapshot.running:
-        if workload.preemptible or team_of_queue.get(workload.queue) in teams:
-            relevant.append(workload)
-        else:  # held by another team's non-preemptible work: no reservation may take these
-            for pod in workload.pods:
-                ignored.update(pod.device_ids)
     if kinds is None:
         kinds = list(map(matcher.classes_of, snapshot.devices))
-    cordoned = frozenset(node.name for node in snapshot.nodes if not node.schedulable)
-    devices = tuple(
-        device
-        for device, classes in zip(snapshot.devices, kinds, strict=True)
-        if not classes.isdisjoint(reserved_classes)
-        and device.healthy
-        and device.node not in cordoned
-        and device.id not in ignored
-    )
-    on = {device.node for device in devices}
-    reduced = replace(
-        snapshot,
-        devices=devices,
-        nodes=tuple(node for node in snapshot.nodes if node.name in on),
-        running=tuple(relevant),
-        pending=(),
-    )
-    state = CapacityState(reduced, matcher, names)
-    return {slot.id: slot.owner for slot in state.slots if slot.owner is not None and slot.holder is None}
+    known = {node.name: node for node in snapshot.nodes}
+    levels = tuple(snapshot.levels) if NODE_LEVEL in snapshot.levels else (*snapshot.levels, NODE_LEVEL)
+    by_node: dict[str, list] = {}
+    for device, classes in zip(snapshot.devices, kinds, strict=True):
+        by_node.setdefault(device.node, []).append((device, classes))
+    node_order = sorted(set(known) | set(by_node), key=natural_key)
+    position = {name: index for index, name in enumerate(node_order)}
+
+    def order(device) -> tuple:
+        return (position[device.node], _device_key(device.id))
+
+    def usable(device) -> bool:  # not BLOCKED in the core
+        node = known.get(device.node)
+        return device.healthy and (node is None or node.schedulable)
+
+    def in_domain(node_name: str, domain) -> bool:
+        if not domain:
+            return True
+        node = known.get(node_name)
+        domains = node.domains if node is not None else {}
+        for level in levels:
+            if level in domain:
+                value = domains.get(level, node_name if level == NODE_LEVEL else "-")
+                if str(value) != str(domain[level]):
+                    return False
+        return True
+
+    team_of_queue = {queue.name: queue.team for queue in snapshot.queues}
+    holder: dict[str, object] = {}  # device id -> its running workload (the last one, as the core does)
+    for workload in snapshot.running:
+        for pod in workload.pods:
+            holder.update(dict.fromkeys(pod.device_ids, workload))
+    held_by_team: dict[str, list] = {}
+    for device_id, workload in holder.items():
+        held_by_team.setdefault(team_of_queue.get(workload.queue), []).append(device_id)
+    devices_by_id = {device.id: (device, classes) for device, classes in zip(snapshot.devices, kinds, strict=True)}
+    sorted_nodes: dict[str, list] = {}  # each node's devices in device order, sorted when first visited
+
+    def scan():
+        for name in node_order:
+            members = sorted_nodes.get(name)
+            if members is None:
+                members = sorted(by_node.get(name, ()), key=lambda entry: _device_key(entry[0].id))
+                sorted_nodes[name] = members
+            yield from members
+
+    taken: set[str] = set()
+    owners: dict[str, str] = {}
+    for reservation in sorted(active, key=lambda r: r.name):
+        team, wanted, domain = reservation.team, reservation.device_class, reservation.domain
+
+        def candidate(device, classes, wanted=wanted, domain=domain) -> bool:
+            return device.id not in taken and wanted in classes and usable(device) and in_domain(device.node, domain)
+
+        own = []
+        for device_id in held_by_team.get(team, ()):
+            if device_id in devices_by_id:
+                device, classes = devices_by_id[device_id]
+                if candidate(device, classes):
+                    own.append(device)
+        own.sort(key=order)
+        chosen = own[: reservation.count]
+        missing = reservation.count - len(chosen)
+        if missing > 0:
+            preemptible = []
+            for device, classes in scan():
+                held = holder.get(device.id)
+                if held is not None and (team_of_queue.get(held.queue) == team or not held.preemptible):
+                    continue
+                if not candidate(device, classes):
+                    continue
+                if held is None:
+                    chosen.append(device)
+                    owners[device.id] = team
+                    missing -= 1
+                    if not missing:
+                        break
+                else:
+                    preemptible.append(device)
+            else:
+                chosen.extend(preemptible[:missing])
+        taken.update(device.id for device in chosen)
+    return owners
 
 
 def _held_after(snapshot: Snapshot, result: CycleResult) -> tuple[set, dict[str, int]]:
