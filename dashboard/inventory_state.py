@@ -13,7 +13,7 @@ Every device is in exactly one state, first match wins:
 The stranded rule and what counts as pending demand are the decision core's
 (broker.scheduler.accounting, which the finance samples use): pending work is what the cycle loads
 (Pending and AwaitingApproval workloads whose approval window is open), less the workloads the last cycle
-explained as InvalidRequest.
+explained with a reason that policy, not shape, holds them for (accounting.HELD_BY_POLICY).
 
 One grouped query over devices (by node and device description) carries the whole cluster; everything
 else (per class, per rack, per node) is summed from those few thousand rows. Device classes are CEL
@@ -33,7 +33,7 @@ from broker.governance.approvals import outside_window
 from broker.inventory.models import Device, Domain, Health, Node
 from broker.policy.models import DeviceClass, Reservation, ResourceClassDeviceClass
 from broker.scheduler import snapshot as snap
-from broker.scheduler.accounting import INVALID, add_demand, strands, workload_classes
+from broker.scheduler.accounting import HELD_BY_POLICY, add_demand, strands, workload_classes
 from broker.scheduler.selectors import ClassMatcher
 from broker.workloads.models import Allocation, Explanation, PodSet
 from broker.workloads.states import State
@@ -152,7 +152,7 @@ def pending_min_request(now=None):
         "resource_class_id", "device_class__name"
     ):
         ordered[rc_id].append(name)
-    invalid = Explanation.objects.filter(reason=INVALID).values("workload_id")
+    invalid = Explanation.objects.filter(reason__in=HELD_BY_POLICY).values("workload_id")
     rows = (
         PodSet.objects.filter(workload__state__in=DEMAND_STATES)
         .exclude(workload_id__in=invalid)

@@ -16,8 +16,10 @@ selects is not counted (it has no price). Each class's parts sum to its total:
                    devices other teams hold with preemptible work;
   stranded         free, healthy, unreserved, wanted by pending work, and unusable by it because of its
                    shape: the cost of fragmentation. Pending work here is every workload still pending
-                   after the cycle except InvalidRequest ones (they can never run on this cluster as built,
-                   so what they cannot use is not fragmentation). A class is *wanted* when it is in the
+                   after the cycle that only capacity holds back: not InvalidRequest (it can never run on
+                   this cluster as built), NotEntitled, AwaitingApproval or QuotaExceeded (policy holds
+                   them, whatever the shape of the free devices), so what they cannot use is not
+                   fragmentation. A class is *wanted* when it is in the
                    fallback list of such a workload; its *smallest request* is the smallest per-pod
                    device count among them. A device is stranded when some pending workload wants one of
                    its classes and, for every wanted class, its node has fewer free healthy unreserved
@@ -47,6 +49,8 @@ from broker.scheduler.selectors import ClassMatcher
 from broker.scheduler.snapshot import NO_SCHEDULE_EFFECTS, CycleResult, Snapshot
 
 INVALID = "InvalidRequest"
+# Pending for a reason no shape of free capacity would change: such work creates no demand.
+HELD_BY_POLICY = frozenset({INVALID, "NotEntitled", "AwaitingApproval", "QuotaExceeded"})
 
 
 @dataclass(frozen=True)
@@ -185,9 +189,9 @@ def workload_classes(declared: Iterable[tuple], offered: tuple) -> tuple:
 
 def pending_demand(snapshot: Snapshot, result: CycleResult) -> dict[str, int]:
     """{device class: smallest per-pod request among workloads still pending after `result` that may use
-    it}; admitted and InvalidRequest workloads want nothing."""
+    it}; admitted workloads and those held by policy (HELD_BY_POLICY) want nothing."""
     skip = {admission.workload_id for admission in result.admissions}
-    skip.update(decision.workload_id for decision in result.pending if decision.reason == INVALID)
+    skip.update(decision.workload_id for decision in result.pending if decision.reason in HELD_BY_POLICY)
     offered = {rc.name: rc.device_classes for rc in snapshot.resource_classes}
     wants = set()  # distinct (fallback list, smallest per-pod request): a few among thousands of workloads
     for workload in snapshot.pending:

@@ -23,14 +23,24 @@ def overview_and_latest_sample(client, user, django_capture_on_commit_callbacks)
 
 
 def test_it_counts_as_many_stranded_devices_as_the_latest_finance_sample(
-    client, scene, alice, django_capture_on_commit_callbacks
+    client, scene, cluster, alice, django_capture_on_commit_callbacks
 ):
+    # Enough quota that only the shape of the free devices holds big-a back (quota-held work is no demand).
+    cluster.queue_a.nominal_quota = {"h100": 16}
+    cluster.queue_a.save()
     capacity, latest = overview_and_latest_sample(client, alice, django_capture_on_commit_callbacks)
+    assert Explanation.objects.get(workload=scene.a_wait).reason in ("InsufficientCapacity", "TopologyFragmented")
     assert latest["h100"].stranded > 0  # the scene leaves too few free devices per node for big-a's pods
     for name, sample in latest.items():
         assert capacity[name]["stranded"] == sample.stranded, name
         assert capacity[name]["unhealthy"] == sample.unhealthy, name
         assert capacity[name]["reserved"] == sample.reserved_unused, name
+
+
+def test_it_agrees_that_quota_held_work_strands_nothing(client, scene, alice, django_capture_on_commit_callbacks):
+    capacity, latest = overview_and_latest_sample(client, alice, django_capture_on_commit_callbacks)
+    assert Explanation.objects.get(workload=scene.a_wait).reason == "QuotaExceeded"
+    assert latest["h100"].stranded == capacity["h100"]["stranded"] == 0
 
 
 def test_it_agrees_that_an_invalid_request_strands_nothing(

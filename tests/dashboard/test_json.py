@@ -19,7 +19,9 @@ def test_it_aggregates_the_heatmap_to_racks(client, scene, alice):
     assert cells["r1"]["counts"] == counts(busy=4, reserved=2, stranded=2)
     assert cells["r1"]["teams"] == {"team-a": 4}
     assert cells["r1"]["nodes"] == 2 and cells["r1"]["total"] == 8
-    assert cells["r2"]["counts"] == counts(busy=2, stranded=2, unhealthy=1, free=3)
+    # secret-b is held by quota, so it wants nothing: big-a's 4 per pod is the smallest request, and
+    # n4's 3 healthy free devices are stranded.
+    assert cells["r2"]["counts"] == counts(busy=2, stranded=5, unhealthy=1)
     assert cells["r2"]["teams"] == {"team-b": 2}
     assert data["teams"] == ["team-a", "team-b"]
 
@@ -75,9 +77,9 @@ def test_it_describes_one_node_for_the_device_level(client, scene, olivia):
     assert data["node"]["name"] == "n4" and data["node"]["path"] == "z1/b1/r2" and data["node"]["cordoned"] is False
     assert [(d["name"], d["state"], d["health"]) for d in data["devices"]] == [
         ("0", "unhealthy", "Unhealthy"),
-        ("1", "free", "Healthy"),
-        ("2", "free", "Healthy"),
-        ("3", "free", "Healthy"),
+        ("1", "stranded", "Healthy"),
+        ("2", "stranded", "Healthy"),
+        ("3", "stranded", "Healthy"),
     ]
 
 
@@ -109,8 +111,8 @@ def test_it_answers_the_overview_json(client, scene, fiona):
     data = client.get(reverse("dashboard:api-overview")).json()
     h100 = data["capacity"][0]
     assert h100["device_class"] == "h100" and h100["total"] == 16
-    assert h100["idle_cost_per_hour"] == 36.0  # (3 free + 4 stranded + 2 reserved) x $4
-    assert h100["min_pending_request"] == 3
+    assert h100["idle_cost_per_hour"] == 36.0  # (7 stranded + 2 reserved) x $4
+    assert h100["min_pending_request"] == 4  # secret-b (3 per pod) is held by quota and wants nothing
     assert data["counters"]["pending"] == 2 and data["counters"]["running"] == 2
     assert data["counters"]["pending_mine"] == 0
     assert data["series"]["admitted"] == [2]

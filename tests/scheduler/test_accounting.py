@@ -118,6 +118,14 @@ def test_it_calls_nothing_stranded_when_nothing_waits():
     assert (h100.stranded, h100.idle) == (0, 6)
 
 
+def test_it_takes_no_demand_from_work_that_policy_holds_back():
+    snapshot, result = scene()
+    for reason in ("NotEntitled", "AwaitingApproval", "QuotaExceeded"):
+        held = replace(result, pending=(PendingDecision("p2", reason), PendingDecision("p3", "InvalidRequest")))
+        _, h100 = capacity_by_class(snapshot, held)
+        assert h100.stranded == 0, reason
+
+
 def test_it_strands_a_device_only_when_every_wanted_class_is_short_on_its_node():
     assert strands({"h100"}, {"h100": 2}, {"h100": 3})
     assert not strands({"h100"}, {"h100": 3}, {"h100": 3})
@@ -194,7 +202,9 @@ def brute_force(snapshot, result):
         return device.id not in holder_class and not unusable(device) and device.id not in owner
 
     gone = {a.workload_id for a in result.admissions} | {
-        d.workload_id for d in result.pending if d.reason == "InvalidRequest"
+        d.workload_id
+        for d in result.pending
+        if d.reason in ("InvalidRequest", "NotEntitled", "AwaitingApproval", "QuotaExceeded")
     }
     offered = {rc.name: rc.device_classes for rc in snapshot.resource_classes}
     demand = {}
