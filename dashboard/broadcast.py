@@ -17,7 +17,7 @@ from django.db import transaction
 from broker.workloads.models import Allocation
 from broker.workloads.states import WAITING_STATES
 from dashboard import queries
-from dashboard.inventory_state import inventory_state
+from dashboard.inventory_state import state_key
 
 CYCLE_GROUP = "cycle"
 INVENTORY_GROUP = "inventory"
@@ -55,14 +55,22 @@ def _ids(values):
     return out
 
 
-def shared_state(key):
-    """Device counters and the user-independent part of the overview, once per event per process."""
-    found = _shared.get(key)
+def shared_state(event_key, racks=None):
+    """Device counters, capacity and heatmap cells for one event, once per event per process (not once
+    per socket): the first socket to handle the event reads them (from the cache shared with the pages,
+    computed once per change of the inventory state), the others reuse them. `racks`: a callable
+    giving the ids of the racks whose cells the delta carries."""
+    found = _shared.get(event_key)
     if found is None:
-        state = inventory_state()
-        found = {"capacity": queries.capacity_by_class(state), "state": state}
+        key = state_key()
+        summary = queries.shared_summary(key)
+        found = {
+            "summary": summary,
+            "capacity": summary["capacity"],
+            "racks": queries.rack_cells(set(racks()) if racks else set(), key),
+        }
         _shared.clear()
-        _shared[key] = found
+        _shared[event_key] = found
     return found
 
 
@@ -111,7 +119,7 @@ def cycle_delta(user, event):
         _ids(event.get("explanations")),
     )
     moved = list(dict.fromkeys([*admitted, *preempted, *changed]))
-    shared = shared_state(("cycle", event.get("cycle")))
+    shared = shared_state(("cycle", event.get("cycle")), racks=lambda: touched_racks([*admitted, *preempted]))
     return {
         "type": "delta",
         "cycle": event.get("cycle"),
@@ -124,25 +132,25 @@ def cycle_delta(user, event):
             "preempted": counts_hidden(user, preempted),
             "changed": counts_hidden(user, changed),
         },
-        "counters": queries.counters(user, shared["state"]),
+        "counters": queries.counters(user, shared["summary"]),
         "pending_by_reason": queries.pending_by_reason(user),
         "capacity": shared["capacity"],
-        "racks": queries.rack_cells(touched_racks([*admitted, *preempted])),
+        "racks": shared["racks"],
     }
 
 
 def inventory_delta(user, event):
     user = fresh_user(user)
     racks = _ids(event.get("racks"))
-    shared = shared_state(("inventory", tuple(racks), id(event)))
+    shared = shared_state(("inventory", tuple(racks), id(event)), racks=lambda: racks)
     return {
         "type": "delta",
         "cycle": None,
         "workloads": [],
         "admitted": [],
         "hidden": {"admitted": 0, "preempted": 0, "changed": 0},
-        "counters": queries.counters(user, shared["state"]),
+        "counters": queries.counters(user, shared["summary"]),
         "pending_by_reason": queries.pending_by_reason(user),
         "capacity": shared["capacity"],
-        "racks": queries.rack_cells(set(racks)),
+        "racks": shared["racks"],
     }

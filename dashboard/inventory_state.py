@@ -22,20 +22,25 @@ selectors, so they are evaluated once per distinct device description, never per
 
 from __future__ import annotations
 
+import hashlib
 import json
+import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from django.db.models import Count, Exists, OuterRef, Q
+from django.core.cache import cache
+from django.db import connection
+from django.db.models import Count, Exists, F, FilteredRelation, OuterRef, Q, TextField
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from broker.governance.approvals import outside_window
-from broker.inventory.models import Device, Domain, Health, Node
+from broker.inventory.models import ClusterState, Device, Domain, Health, Node
 from broker.policy.models import DeviceClass, Reservation, ResourceClassDeviceClass
 from broker.scheduler import snapshot as snap
 from broker.scheduler.accounting import HELD_BY_POLICY, add_demand, strands, workload_classes
 from broker.scheduler.selectors import ClassMatcher
-from broker.workloads.models import Allocation, Explanation, PodSet
+from broker.workloads.models import Allocation, Explanation, PodSet, SchedulingCycle, Workload
 from broker.workloads.states import State
 
 STATES = ("busy", "unhealthy", "reserved", "stranded", "free")
@@ -53,6 +58,13 @@ def unavailable_q(prefix=""):
 
 def active_allocation_exists():
     return Exists(Allocation.objects.filter(device=OuterRef("pk"), released_at__isnull=True))
+
+
+DESCRIPTION_TEXT = {
+    "driver_text": F("driver"),
+    "attributes_text": Cast("attributes", TextField()),
+    "capacity_text": Cast("capacity", TextField()),
+}
 
 
 def description_key(driver, attributes, capacity):
@@ -158,11 +170,17 @@ def pending_min_request(now=None):
         .exclude(workload_id__in=invalid)
         .exclude(workload_id__in=outside_window(now))
         .order_by("workload_id", "id")
-        .values_list("workload_id", "device_classes", "workload__resource_class_id", "devices_per_pod")
+        .values_list(
+            "workload_id", Cast("device_classes", TextField()), "workload__resource_class_id", "devices_per_pod"
+        )
     )
     workloads = defaultdict(list)
-    for workload_id, classes, rc_id, per_pod in rows:
-        workloads[(workload_id, rc_id)].append((tuple(classes or ()), per_pod))
+    decoded = {}  # a few distinct class lists among thousands of pod sets: decode each once
+    for workload_id, text, rc_id, per_pod in rows:
+        classes = decoded.get(text)
+        if classes is None:
+            classes = decoded[text] = tuple(json.loads(text) or ()) if text else ()
+        workloads[(workload_id, rc_id)].append((classes, per_pod))
     wants = {
         (workload_classes((c for c, _ in pod_sets), tuple(ordered.get(rc_id, ()))), min(n for _, n in pod_sets))
         for (_, rc_id), pod_sets in workloads.items()
@@ -226,13 +244,16 @@ def inventory_state(node_ids=None):
     if node_ids is not None:
         devices = devices.filter(node_id__in=node_ids)
         nodes = nodes.filter(id__in=node_ids)
+    # A join on the active allocation (at most one per device) rather than EXISTS per device, and the
+    # descriptions grouped and read as text (jsonb's text is canonical): hashed, never decoded per row.
     rows = (
-        devices.annotate(busy=active_allocation_exists())
-        .values("node_id", "driver", "attributes", "capacity")
+        devices.alias(active=FilteredRelation("allocations", condition=Q(allocations__released_at__isnull=True)))
+        .annotate(**DESCRIPTION_TEXT)
+        .values("node_id", *DESCRIPTION_TEXT)
         .annotate(
             total=Count("id"),
-            busy_n=Count("id", filter=Q(busy=True)),
-            unavailable_n=Count("id", filter=Q(busy=False) & unavailable_q()),
+            busy_n=Count("active__id"),
+            unavailable_n=Count("id", filter=Q(active__id__isnull=True) & unavailable_q()),
         )
     )
     reserved_by_group = defaultdict(int)
@@ -240,18 +261,27 @@ def inventory_state(node_ids=None):
         for row in (
             Device.objects.order_by()
             .filter(id__in=reserved)
-            .values("node_id", "driver", "attributes", "capacity")
+            .annotate(**DESCRIPTION_TEXT)
+            .values("node_id", *DESCRIPTION_TEXT)
             .annotate(n=Count("id"))
         ):
-            key = (row["node_id"], description_key(row["driver"], row["attributes"], row["capacity"]))
-            reserved_by_group[key] = row["n"]
+            reserved_by_group[(row["node_id"], *(row[name] for name in DESCRIPTION_TEXT))] = row["n"]
     min_request = pending_min_request()
     groups = []
     free_per_node_class = defaultdict(int)
+    described = {}  # (driver, attributes text, capacity text) -> (description key, classes)
     for row in rows:
-        key = description_key(row["driver"], row["attributes"], row["capacity"])
-        group = Group(row["node_id"], key, classifier.classes_of(row["driver"], row["attributes"], row["capacity"]))
-        reserved_n = reserved_by_group.get((row["node_id"], key), 0)
+        text = tuple(row[name] for name in DESCRIPTION_TEXT)
+        found = described.get(text)
+        if found is None:
+            driver, attributes, capacity = text[0], json.loads(text[1] or "{}"), json.loads(text[2] or "{}")
+            found = described[text] = (
+                description_key(driver, attributes, capacity),
+                classifier.classes_of(driver, attributes, capacity),
+            )
+        key, classes = found
+        group = Group(row["node_id"], key, classes)
+        reserved_n = reserved_by_group.get((row["node_id"], *text), 0)
         group.counts["busy"] = row["busy_n"]
         group.counts["unhealthy"] = row["unavailable_n"]
         group.counts["reserved"] = reserved_n
@@ -272,3 +302,97 @@ def inventory_state(node_ids=None):
             group.counts["free"] = 0
     node_domain = dict(nodes.values_list("id", "domain_id"))
     return InventoryState(groups, node_domain, reserved, dict(stranded_nodes), min_request, classifier, dict(node_free))
+
+
+# --- computed once per change, shared by every request and socket ------------------------------------------
+
+
+def _table(model):
+    return connection.ops.quote_name(model._meta.db_table)
+
+
+def state_key(now=None):
+    """A fingerprint of everything inventory_state() reads, cheap enough to take on every request.
+
+    Watermarks, not a counter: bulk updates (the commit, the executor) send no signal, so the key is
+    read from the rows themselves, with indexed or small queries only: the inventory generation (every
+    inventory service, API and admin change moves it); the nodes (how many, which are cordoned, where;
+    a small table); the largest device id; the active allocations (how many, the largest id: an
+    admission adds rows, a release shrinks the count); the workloads waiting for capacity (how many,
+    which); the last cycle (it rewrites the explanations); and, because they depend on the clock, the
+    active reservations and the approval windows closed now. The database's own identity comes first,
+    so a recreated database never reads another one's entries.
+    """
+    now = now or timezone.now()
+    demand_states = [str(s) for s in DEMAND_STATES]
+    placeholders = ", ".join(["%s"] * len(demand_states))
+    identity = "(SELECT oid FROM pg_database WHERE datname = current_database())"
+    if connection.vendor != "postgresql":
+        identity = "0"
+    sql = f"""
+        SELECT {identity},
+            (SELECT coalesce(sum(generation), 0) FROM {_table(ClusterState)}),
+            (SELECT max(id) FROM {_table(SchedulingCycle)}),
+            (SELECT count(*) || ':' || coalesce(max(id), 0) || ':' || coalesce(sum(domain_id), 0)
+                || ':' || coalesce(sum(CASE WHEN cordoned THEN id ELSE 0 END), 0) FROM {_table(Node)}),
+            (SELECT max(id) FROM {_table(Device)}),
+            (SELECT max(id) FROM {_table(Allocation)}),
+            (SELECT count(*) FROM {_table(Allocation)} WHERE released_at IS NULL),
+            (SELECT count(*) || ':' || coalesce(sum(id), 0) FROM {_table(Workload)} WHERE state IN ({placeholders}))
+    """
+    params = demand_states
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        watermarks = list(cursor.fetchone())
+    policy = [
+        list(DeviceClass.objects.order_by("id").values_list("id", "name", "selector", "price_per_hour")),
+        list(
+            ResourceClassDeviceClass.objects.order_by("id").values_list("resource_class_id", "device_class_id", "rank")
+        ),
+        list(
+            Reservation.objects.filter(start__lte=now, end__gt=now)
+            .order_by("id")
+            .values_list("id", "team_id", "device_class_id", "count", "domain_id")
+        ),
+        sorted(outside_window(now).values_list("workload_id", flat=True)),
+    ]
+    blob = json.dumps([watermarks, policy], default=str, sort_keys=True)
+    return hashlib.sha1(blob.encode()).hexdigest()
+
+
+_local = {}  # process-local copies: {(name, key): value}; a handful, replaced as keys move
+_local_lock = threading.Lock()
+CACHE_SECONDS = 3600
+
+
+def cached(name, build, key=None):
+    """`build()` once per state key: from this process's copy, else the shared cache, else computed
+    (and stored in both). Every page, JSON call and socket in every process shares the result."""
+    key = key or state_key()
+    local_key = (name, key)
+    found = _local.get(local_key)
+    if found is not None:
+        return found
+    cache_key = f"dashboard:{name}:{key}"
+    found = cache.get(cache_key)
+    if found is None:
+        found = build(key)
+        cache.set(cache_key, found, CACHE_SECONDS)
+    return _keep(local_key, found)
+
+
+def current_state(key=None):
+    """inventory_state() of the whole cluster, once per state key in this process (the builders of the
+    shared summaries read it; it holds compiled selectors, so it stays out of the shared cache)."""
+    key = key or state_key()
+    found = _local.get(("state", key))
+    return found if found is not None else _keep(("state", key), inventory_state())
+
+
+def _keep(local_key, found):
+    name = local_key[0]
+    with _local_lock:
+        for old in [k for k in _local if k[0] == name]:
+            del _local[old]
+        _local[local_key] = found
+    return found

@@ -27,7 +27,7 @@ from broker.workloads.models import (
     WorkloadTransition,
 )
 from broker.workloads.states import HOLDING_STATES, WAITING_STATES, State
-from dashboard.inventory_state import STATES, inventory_state
+from dashboard.inventory_state import STATES, cached, current_state, inventory_state
 
 QUEUE_PAGE_SIZE = 100
 
@@ -49,8 +49,24 @@ def can_see(user, team_id):
 # --- overview --------------------------------------------------------------------------------------------
 
 
+def shared_summary(key=None):
+    """The part of the overview no user changes (capacity per class, device totals): computed once
+    per change of the inventory state and shared by every page, JSON call and socket."""
+    return cached("summary", _summary, key)
+
+
+def _summary(key):
+    state = current_state(key)
+    totals = dict.fromkeys(STATES, 0)
+    for group in state.groups:
+        for key in STATES:
+            totals[key] += group.counts[key]
+    return {"capacity": capacity_by_class(state), "totals": totals}
+
+
 def capacity_by_class(state=None):
-    state = state or inventory_state()
+    if state is None:
+        return shared_summary()["capacity"]
     rows = []
     for name, counts in sorted(state.by_class().items()):
         total = sum(counts.values())
@@ -189,23 +205,19 @@ def split_visible(user, ids, limit=20):
 
 
 def overview(user):
-    state = inventory_state()
+    summary = shared_summary()
     return {
-        "capacity": capacity_by_class(state),
+        "capacity": summary["capacity"],
         "pending": pending_by_reason(user),
         "series": cycle_series(),
         "health": cycle_health(),
-        "counters": counters(user, state),
+        "counters": counters(user, summary),
     }
 
 
-def counters(user, state=None):
-    """The headline numbers; the same keys the live socket patches."""
-    state = state or inventory_state()
-    totals = dict.fromkeys(STATES, 0)
-    for group in state.groups:
-        for key in STATES:
-            totals[key] += group.counts[key]
+def counters(user, summary=None):
+    """The headline numbers; the same keys the live socket patches. `summary`: shared_summary()."""
+    totals = (summary or shared_summary())["totals"]
     workloads = Workload.objects.order_by().values("state").annotate(n=Count("id"))
     by_state = {row["state"]: row["n"] for row in workloads}
     mine = visible_workloads(user).filter(state__in=WAITING_STATES).count()
@@ -402,13 +414,18 @@ def path_of(domain_id, domains):
     return "/".join(reversed(parts))
 
 
-def heatmap_racks():
+def heatmap_racks(key=None):
     """One cell per finest-level domain (rack): device state counts and busy devices per team.
 
     Rows are the racks' parent domains (blocks), columns the racks in name order, so a 100,000-device
-    cluster is a few thousand cells.
+    cluster is a few thousand cells. The same for every user: computed once per change of the
+    inventory state (dashboard.inventory_state.cached).
     """
-    state = inventory_state()
+    return cached("heatmap", _heatmap_racks, key)
+
+
+def _heatmap_racks(key):
+    state = current_state(key)
     by_domain = state.by_domain()
     domains = domain_paths()
     teams_by_domain = defaultdict(dict)
@@ -548,13 +565,11 @@ def heatmap_node(user, node_id):
     }
 
 
-def rack_cells(domain_ids):
-    """Heatmap cells of some racks, for live deltas."""
+def rack_cells(domain_ids, key=None):
+    """Heatmap cells of some racks, for live deltas (from the inventory state this process shares)."""
     if not domain_ids:
         return []
-    node_ids = list(Node.objects.filter(domain_id__in=domain_ids).values_list("id", flat=True))
-    state = inventory_state(node_ids=node_ids)
-    by_domain = state.by_domain()
+    by_domain = current_state(key).by_domain()
     teams = defaultdict(dict)
     for row in (
         Allocation.objects.filter(released_at__isnull=True, device__node__domain_id__in=domain_ids)
