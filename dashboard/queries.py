@@ -240,6 +240,30 @@ def annotate_devices(workloads):
     return workloads.annotate(device_total=Sum(F("pod_sets__replicas") * F("pod_sets__devices_per_pod")))
 
 
+def page_of(ordered, start, size, related):
+    """One page of `ordered` workloads: the ids sorted on narrow rows first, then only that page's rows
+    read with their related rows (sorting thousands of joined wide rows costs more than the page)."""
+    ids = list(ordered.values_list("id", flat=True)[start : start + size])
+    by_id = Workload.objects.select_related(*related).in_bulk(ids)
+    return [by_id[pk] for pk in ids if pk in by_id]
+
+
+def with_device_totals(workloads):
+    """Set `device_total` on a page of workloads with one grouped query over their pod sets only (an
+    annotation would group the whole filtered queue before sorting and slicing it)."""
+    workloads = list(workloads)
+    totals = dict(
+        PodSet.objects.filter(workload_id__in=[w.pk for w in workloads])
+        .order_by()
+        .values("workload_id")
+        .annotate(n=Sum(F("replicas") * F("devices_per_pod")))
+        .values_list("workload_id", "n")
+    )
+    for workload in workloads:
+        workload.device_total = totals.get(workload.pk)
+    return workloads
+
+
 def queue_filters(params):
     return {
         "team": params.get("team", ""),
@@ -262,13 +286,10 @@ def pending_rows(user, filters, page=1):
     """Visible waiting workloads, in a stable order: cluster position, then age, then id."""
     workloads = apply_filters(visible_workloads(user).filter(state__in=WAITING_STATES), filters)
     total = workloads.count()
-    ordered = annotate_devices(
-        workloads.select_related("team", "queue", "resource_class", "explanation").order_by(
-            F("explanation__position_in_cluster").asc(nulls_last=True), "submitted_at", "id"
-        )
-    )
+    ordered = workloads.order_by(F("explanation__position_in_cluster").asc(nulls_last=True), "submitted_at", "id")
     start = (page - 1) * QUEUE_PAGE_SIZE
-    rows = [workload_row(w) for w in ordered[start : start + QUEUE_PAGE_SIZE]]
+    shown = page_of(ordered, start, QUEUE_PAGE_SIZE, ("team", "queue", "resource_class", "explanation"))
+    rows = [workload_row(w) for w in with_device_totals(shown)]
     return {"rows": rows, "total": total, "page": page, "pages": max(1, -(-total // QUEUE_PAGE_SIZE))}
 
 
@@ -290,10 +311,8 @@ def hidden_pending(user):
 def running_rows(user, filters, limit=200):
     workloads = apply_filters(visible_workloads(user).filter(state__in=HOLDING_STATES), filters)
     total = workloads.count()
-    page = list(
-        annotate_devices(workloads.select_related("team", "queue", "resource_class").order_by("admitted_at", "id"))[
-            :limit
-        ]
+    page = with_device_totals(
+        page_of(workloads.order_by("admitted_at", "id"), 0, limit, ("team", "queue", "resource_class"))
     )
     where = placement_summary([w.pk for w in page])
     rows = []

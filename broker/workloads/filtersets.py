@@ -5,7 +5,7 @@ from broker.workloads.states import State
 
 
 class WorkloadFilterSet(django_filters.FilterSet):
-    state = django_filters.MultipleChoiceFilter(choices=State.choices)
+    state = django_filters.MultipleChoiceFilter(choices=State.choices, distinct=False)  # a column: no duplicates
     approval = django_filters.ChoiceFilter(choices=ApprovalState.choices)
     team = django_filters.CharFilter(field_name="team__name")
     queue = django_filters.CharFilter(field_name="queue__name")
