@@ -65,6 +65,9 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    # Pages and JSON (the rack heatmap is ~500 KB of JSON at 100k devices). Below WhiteNoise, so static
+    # files are not compressed again on every request: browsers cache them instead (vendor_cache_headers).
+    "django.middleware.gzip.GZipMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -186,6 +189,15 @@ STATICFILES_DIRS = [BASE_DIR / "static", ("vendor", PLOTLY_JS_DIR)]
 STATIC_ROOT = Path(os.getenv("STATIC_ROOT", DATA_DIR / "staticfiles"))
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 WHITENOISE_USE_FINDERS = True
+
+
+def vendor_cache_headers(headers, path, url):
+    """Plotly changes only with the plotly package: browsers keep it a day instead of WhiteNoise's minute."""
+    if "/vendor/" in url and not DEBUG:
+        headers["Cache-Control"] = "public, max-age=86400"
+
+
+WHITENOISE_ADD_HEADERS_FUNCTION = vendor_cache_headers
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

@@ -14,6 +14,14 @@
   };
   var CONFIG = { displayModeBar: false, responsive: true };
 
+  /* Plotly loads with `defer` (after this script runs, before DOMContentLoaded), so the heatmap's
+   * JSON is fetched while Plotly downloads and the drawing waits for whichever comes last. */
+  var plotlyReady = new Promise(function (resolve) {
+    if (window.Plotly) { resolve(); return; }
+    document.addEventListener("DOMContentLoaded", function () { resolve(); });
+    window.addEventListener("load", function () { resolve(); });
+  });
+
   function getJSON(url) {
     return fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } }).then(function (r) {
       if (!r.ok) throw new Error(url + " answered " + r.status);
@@ -50,7 +58,9 @@
 
   RackMap.prototype.load = function () {
     var self = this;
-    return getJSON("/dashboard/api/heatmap/").then(function (data) { self.data = data; self.draw(); return data; });
+    return Promise.all([getJSON("/dashboard/api/heatmap/"), plotlyReady]).then(function (got) {
+      self.data = got[0]; self.draw(); return got[0];
+    });
   };
 
   RackMap.prototype.grid = function () {
@@ -183,11 +193,11 @@
   function loadRack(el, rackId, options) {
     options = options || {};
     var url = "/dashboard/api/heatmap/rack/" + rackId + "/" + (options.highlight ? "?highlight=" + options.highlight : "");
-    return getJSON(url).then(function (data) { drawRack(el, data, options); return data; });
+    return Promise.all([getJSON(url), plotlyReady]).then(function (got) { drawRack(el, got[0], options); return got[0]; });
   }
 
   window.BrokerTopology = {
-    RackMap: RackMap, drawRack: drawRack, loadRack: loadRack, getJSON: getJSON,
+    RackMap: RackMap, drawRack: drawRack, loadRack: loadRack, getJSON: getJSON, plotlyReady: plotlyReady,
     STATE_COLORS: STATE_COLORS, TEAM_COLORS: TEAM_COLORS, HIGHLIGHT: HIGHLIGHT,
   };
 })();
