@@ -5,14 +5,18 @@ binding to splice), and large id sets are passed as one array parameter (`= ANY(
 IN list of 20,000 placeholders. Not `IN (SELECT unnest(%s))`: right after a commit moved 20,000 rows to a
 state the table's statistics have not seen yet, the planner takes that state for one row and runs the
 unnest once per row it finds (a nested loop: 49 s for the executor's start of 19,992 admissions).
-Elsewhere (SQLite, the embedded default) the same calls fall back to
-bulk_create and `pk__in`, which are fast enough at the sizes the embedded default sees.
+Upserts (`upsert_rows`) COPY into a temporary table and merge it with one
+`INSERT ... SELECT ... ON CONFLICT DO UPDATE`. Elsewhere (SQLite, the embedded default) the same calls fall
+back to bulk_create (with update_conflicts for upserts) and `pk__in`, which are fast enough at the sizes
+the embedded default sees.
 Errors come out as Django's database exceptions either way (an IntegrityError for a second active
 allocation of one device), so callers handle them as they would for the ORM.
 """
 
-from django.db import connection
-from django.db.models import Field, ForeignObject, Lookup
+from functools import partial
+
+from django.db import connection, connections, transaction
+from django.db.models import DateTimeField, Field, ForeignObject, JSONField, Lookup
 
 
 def is_postgresql():
@@ -34,6 +38,58 @@ def insert_rows(model, fields, rows, batch_size=2000):
     with connection.wrap_database_errors, connection.connection.cursor() as cursor, cursor.copy(sql) as copy:
         for row in rows:
             copy.write_row(row)
+    return len(rows)
+
+
+def upsert_rows(model, fields, rows, unique_fields, update_fields, batch_size=2000):
+    """Insert `rows` (as for insert_rows); where a row with the same `unique_fields` exists, set its
+    `update_fields` instead. What is stored is what bulk_create(update_conflicts=True) would store: each
+    JSON and datetime value goes through its field's get_db_prep_save."""
+    rows = list(rows)
+    if not rows:
+        return 0
+    if not is_postgresql():
+        model.objects.bulk_create(
+            (model(**dict(zip(fields, row, strict=True))) for row in rows),
+            batch_size=batch_size,
+            update_conflicts=True,
+            unique_fields=_field_names(unique_fields),
+            update_fields=_field_names(update_fields),
+        )
+        return len(rows)
+    meta = model._meta
+    quote = connection.ops.quote_name
+    model_fields = [meta.get_field(name) for name in _field_names(fields)]
+    columns = ", ".join(quote(f.column) for f in model_fields)
+    conflict = ", ".join(quote(meta.get_field(name).column) for name in _field_names(unique_fields))
+    updates = ", ".join(
+        f"{quote(column)} = EXCLUDED.{quote(column)}"
+        for column in (meta.get_field(name).column for name in _field_names(update_fields))
+    )
+    table = quote(meta.db_table)
+    temporary = quote(f"upsert_{meta.db_table}")
+    # Only the needed columns, their types and nothing else: no defaults, no NOT NULL, no sequence.
+    create = f"CREATE TEMPORARY TABLE {temporary} ON COMMIT DROP AS SELECT {columns} FROM {table} WITH NO DATA"
+    merge = (
+        f"INSERT INTO {table} ({columns}) SELECT {columns} FROM {temporary} "
+        f"ON CONFLICT ({conflict}) DO UPDATE SET {updates}"
+    )
+    # JSON (to psycopg's Jsonb, dumped as the ORM dumps it) and datetimes (naive ones made aware as the
+    # ORM does) go through their field's preparation; other values pass as given, already of the
+    # column's Python type. The wrapper itself, not the thread-local proxy: looked up once, not per value.
+    db = connections[connection.alias]
+    prepare = [
+        partial(f.get_db_prep_save, connection=db) if isinstance(f, JSONField | DateTimeField) else None
+        for f in model_fields
+    ]
+    # atomic: one transaction (or savepoint) for the table's life; a failure rolls its creation back.
+    with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
+        cursor.execute(create)
+        with connection.wrap_database_errors, cursor.cursor.copy(f"COPY {temporary} ({columns}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row([v if prep is None else prep(v) for prep, v in zip(prepare, row, strict=True)])
+        cursor.execute(merge)
+        cursor.execute(f"DROP TABLE {temporary}")
     return len(rows)
 
 

@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from broker.audit.models import record
 from broker.costs.sampling import capacity_rows, record_capacity_sample, sample_capacity
-from broker.cycle.bulk import column_in, insert_rows, pk_in
+from broker.cycle.bulk import column_in, insert_rows, pk_in, upsert_rows
 from broker.cycle.executor import move
 from broker.cycle.loader import as_text
 from broker.inventory.models import ClusterState, Device, Health
@@ -52,6 +52,7 @@ EXPLANATION_FIELDS = (
 
 ALLOCATION_COLUMNS = ("workload_id", "device_id", "device_class_id", "pod_set", "pod_index", "cycle_id", "allocated_at",
                       "released_at")  # fmt: skip
+EXPLANATION_COLUMNS = ("workload_id", "cycle_id", "updated_at", *EXPLANATION_FIELDS)
 HISTORY_COLUMNS = ("workload_id", "cycle_id", "reason", "message", "at")
 
 
@@ -419,18 +420,18 @@ def explain(decisions, admitted, cycle, now):
         before = existing.get(pk)
         if unchanged(before, values, tolerance):
             continue
-        upserts.append(Explanation(workload_id=pk, cycle=cycle, updated_at=now, **values))
+        upserts.append((pk, cycle.pk, now, *(values[name] for name in EXPLANATION_FIELDS)))
         if before is None or (before["reason"], before["message"]) != (values["reason"], values["message"]):
             history.append((pk, cycle.pk, values["reason"], values["message"], now))
-    Explanation.objects.bulk_create(
+    upsert_rows(
+        Explanation,
+        EXPLANATION_COLUMNS,
         upserts,
-        batch_size=2000,
-        update_conflicts=True,
-        unique_fields=["workload"],
-        update_fields=[*EXPLANATION_FIELDS, "cycle", "updated_at"],
+        unique_fields=["workload_id"],
+        update_fields=EXPLANATION_COLUMNS[1:],
     )
     insert_rows(ExplanationChange, HISTORY_COLUMNS, history)
-    return sorted(e.workload_id for e in upserts)
+    return sorted(row[0] for row in upserts)
 
 
 # --- 4. tell the dashboards ------------------------------------------------------------------------------
