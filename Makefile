@@ -10,6 +10,8 @@ DEMO_SIMULATION_SPEED ?= 240
 # The test suite runs the production stack for real.
 TEST_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/postgres
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/14
+# Its own Redis database, so a concurrent `make test` (which flushes its database) cannot disturb it.
+BENCH_REDIS_URL ?= redis://127.0.0.1:6379/5
 
 .PHONY: install run test lint bench system-deps clean docker-config
 
@@ -43,7 +45,7 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 
 bench: install
-	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m bench.run --out bench/results/report.json
+	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(BENCH_REDIS_URL) $(PY) -m bench.run --out bench/results/report.json
 
 docker-config:
 	@if docker compose version >/dev/null 2>&1; then SECRET_KEY=check docker compose -f docker/compose.yaml config --quiet; \
