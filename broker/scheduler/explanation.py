@@ -309,7 +309,7 @@ class Assessor:
             return None
         return Suggestion(
             "ShrinkGang",
-            f"run {low} pods instead of {demand.min_count} ({low * demand.per_pod} devices): starts now",
+            f"run {pods(low)} instead of {demand.min_count} ({low * demand.per_pod} devices): starts now",
             {"pod_sets": {demand.name: {"count": low, "min_count": low}}},
         )
 
@@ -391,8 +391,12 @@ def _resized(pod_set: PodSet, counts: dict) -> PodSet:
 # --- text ---
 
 
+def pods(count: int) -> str:
+    return f"{count} pod" if count == 1 else f"{count} pods"
+
+
 def _needs_text(request: Request, class_name: str) -> str:
-    parts = [f"{demand.min_count} pods × {demand.per_pod} {class_name}" for demand in request.demands]
+    parts = [f"{pods(demand.min_count)} × {demand.per_pod} {class_name}" for demand in request.demands]
     text = "needs " + " + ".join(parts)
     if len(request.demands) > 1 or request.demands[0].min_count > 1:
         text += f" ({request.needed} in all)"
