@@ -27,19 +27,9 @@ import time
 from pathlib import Path
 
 from bench import cycle, db
+from tests.chromium import CHROMIUM, CHROMIUM_ARGS
 
 ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-component-update",
-    "--disable-sync",
-]
 PAINT_TARGET_MS = 2000.0
 LATENCY_TARGET_MS = 1000.0
 

@@ -30,6 +30,26 @@ class NoDatabase(RuntimeError):
     pass
 
 
+# The workload columns every COPY here fills, in the order the row builders emit them.
+WORKLOAD_COLUMNS = [
+    "id",
+    "name",
+    "team_id",
+    "queue_id",
+    "resource_class_id",
+    "priority",
+    "preemptible",
+    "topology_required",
+    "expected_duration_seconds",
+    "state",
+    "submitted_at",
+    "state_changed_at",
+    "admitted_at",
+    "started_at",
+    "chosen_device_class_id",
+]
+
+
 def server_url() -> str:
     url = os.getenv("DATABASE_URL", "")
     if not url.startswith(("postgres://", "postgresql://")):
@@ -291,23 +311,6 @@ def populate(snapshot, now=None) -> dict:
             ),
         )
         # Running workloads, their pod sets and allocations.
-        wl_columns = [
-            "id",
-            "name",
-            "team_id",
-            "queue_id",
-            "resource_class_id",
-            "priority",
-            "preemptible",
-            "topology_required",
-            "expected_duration_seconds",
-            "state",
-            "submitted_at",
-            "state_changed_at",
-            "admitted_at",
-            "started_at",
-            "chosen_device_class_id",
-        ]
         queue_team = {q.name: q.team for q in snapshot.queues}
         running_rows = []
         pod_rows = []
@@ -343,9 +346,9 @@ def populate(snapshot, now=None) -> dict:
                         (next_id, device_ids[device], classes[w.device_class].pk, "main", pod.index, started_at)
                     )
             next_id += 1
-        counts["running"] = copy_rows(Workload, wl_columns, running_rows)
+        counts["running"] = copy_rows(Workload, WORKLOAD_COLUMNS, running_rows)
         pending_rows, next_id = pending_workload_rows(snapshot.pending, next_id, teams, queues, resource_classes, at)
-        counts["pending"] = copy_rows(Workload, wl_columns, [row for row, _ in pending_rows])
+        counts["pending"] = copy_rows(Workload, WORKLOAD_COLUMNS, [row for row, _ in pending_rows])
         pod_rows.extend(pod for _, pods in pending_rows for pod in pods)
         counts["pod_sets"] = copy_rows(
             PodSet, ["workload_id", "name", "replicas", "min_count", "devices_per_pod", "device_classes"], pod_rows
@@ -420,25 +423,8 @@ def add_pending(pending) -> int:
         return now - timedelta(seconds=horizon - seconds) / 1000
 
     rows, _ = pending_workload_rows(pending, start, None, queues, resource_classes, at)
-    columns = [
-        "id",
-        "name",
-        "team_id",
-        "queue_id",
-        "resource_class_id",
-        "priority",
-        "preemptible",
-        "topology_required",
-        "expected_duration_seconds",
-        "state",
-        "submitted_at",
-        "state_changed_at",
-        "admitted_at",
-        "started_at",
-        "chosen_device_class_id",
-    ]
     with transaction.atomic():
-        count = copy_rows(Workload, columns, [row for row, _ in rows])
+        count = copy_rows(Workload, WORKLOAD_COLUMNS, [row for row, _ in rows])
         copy_rows(
             PodSet,
             ["workload_id", "name", "replicas", "min_count", "devices_per_pod", "device_classes"],
