@@ -28,7 +28,7 @@ from broker.costs.sampling import capacity_rows, record_capacity_sample, sample_
 from broker.cycle.bulk import column_in, insert_rows, pk_in, upsert_rows
 from broker.cycle.executor import move
 from broker.cycle.loader import as_text
-from broker.inventory.models import ClusterState, Device, Health
+from broker.inventory.models import ClusterState, Device, Health, InventoryRevision
 from broker.scheduler.accounting import capacity_by_class
 from broker.workloads.models import Allocation, Explanation, ExplanationChange, SchedulingCycle, Workload
 from broker.workloads.states import HOLDING_STATES, State
@@ -166,7 +166,32 @@ def check_fresh(result, loaded):
         raise StaleSnapshot(f"the inventory changed (generation {loaded.generation} -> {current})")
     check_workloads(pks(a.workload_id for a in result.admissions), {State.PENDING}, "admitted")
     check_workloads(pks({p.victim_id for p in result.preemptions}), HOLDING_STATES, "preempted")
-    check_devices(result, loaded)
+    wanted = admitted_device_pks(result, loaded)
+    if len(set(wanted)) != len(wanted):
+        raise StaleSnapshot("the result places one device twice")
+    if wanted and not inventory_unchanged(loaded):
+        check_devices(wanted, loaded)
+    check_not_allocated(wanted, result)
+
+
+def admitted_device_pks(result, loaded):
+    device_pks = loaded.device_pks
+    return [
+        device_pks[device_id]
+        for admission in result.admissions
+        for pod in admission.pods
+        for device_id in pod.device_ids
+    ]
+
+
+def inventory_unchanged(loaded):
+    """Whether no write to the inventory tables landed since the snapshot. Locking the revision row
+    also makes an inventory write that starts now wait for this commit (its trigger updates the row),
+    so the devices stay as the decisions saw them; one that committed since the snapshot fails the lock
+    at REPEATABLE READ (a serialization error: stale) or shows a new token."""
+    if loaded.inventory_token is None:
+        return False
+    return InventoryRevision.current(lock=True) == loaded.inventory_token
 
 
 def check_workloads(ids, allowed, verb):
@@ -178,17 +203,7 @@ def check_workloads(ids, allowed, verb):
             raise StaleSnapshot(f"workload {pk} was {verb} but is now {states.get(pk, 'gone')}")
 
 
-def check_devices(result, loaded):
-    wanted = [
-        loaded.device_pks[device_id]
-        for admission in result.admissions
-        for pod in admission.pods
-        for device_id in pod.device_ids
-    ]
-    if not wanted:
-        return
-    if len(set(wanted)) != len(wanted):
-        raise StaleSnapshot("the result places one device twice")
+def check_devices(wanted, loaded):
     rows = (
         Device.objects.select_for_update(no_key=True, of=("self",))
         .filter(**pk_in(wanted))
@@ -209,6 +224,11 @@ def check_devices(result, loaded):
             raise StaleSnapshot(f"node {node} was cordoned")
     if len(seen) != len(wanted):
         raise StaleSnapshot("an admitted device was removed")
+
+
+def check_not_allocated(wanted, result):
+    if not wanted:
+        return
     victims = pks({p.victim_id for p in result.preemptions})
     held = (
         Allocation.objects.filter(released_at__isnull=True, **column_in("device", wanted))

@@ -9,6 +9,7 @@ because this has to read 100k devices and 20k pending workloads in about a secon
 import gc
 import json
 import re
+import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from django.db.models.functions import Cast
 from broker.cycle.bulk import pk_in
 from broker.cycle.executor import get_executor
 from broker.governance.approvals import outside_window
-from broker.inventory.models import ClusterState, Device, Domain, Health, Node, TopologyLevel
+from broker.inventory.models import ClusterState, Device, Domain, Health, InventoryRevision, Node, TopologyLevel
 from broker.policy.models import Cohort, DeviceClass, Queue, Reservation, ResourceClass, ResourceClassDeviceClass
 from broker.scheduler import snapshot as s
 from broker.workloads.models import Allocation, ApprovalState, PodSet, Workload
@@ -38,6 +39,7 @@ class LoadedState:
 
     generation: int
     now: object  # the aware datetime of the cycle
+    inventory_token: str | None = None  # InventoryRevision.token the inventory was read at
     device_pks: dict = field(default_factory=dict)  # snapshot device id -> Device pk
     devices_by_pk: dict = field(default_factory=dict)  # Device pk -> (snapshot device id, node name)
     device_taints: dict = field(default_factory=dict)  # Device pk -> taints as loaded
@@ -101,24 +103,27 @@ def load_snapshot(now, config=None):
 def _load_snapshot(now, config):
     started = time.perf_counter()
     generation = ClusterState.current_generation(settings.CLUSTER_NAME)
-    levels = tuple(TopologyLevel.objects.order_by("order").values_list("name", flat=True))
     loaded = LoadedState(generation=generation, now=now)
-    domain_paths = load_domain_paths()
-    nodes, node_names = load_nodes(domain_paths)
-    devices = load_devices(node_names, loaded)
+    inventory = load_inventory()
+    loaded.inventory_token = inventory.token
+    loaded.device_pks, loaded.devices_by_pk, loaded.device_taints = (
+        inventory.device_pks,
+        inventory.devices_by_pk,
+        inventory.device_taints,
+    )
     device_classes = load_device_classes(loaded)
     resource_classes, approval_rules = load_resource_classes()
     pending = load_pending(loaded, approval_rules)
     running = load_running(loaded)
     snapshot = s.Snapshot(
-        levels=levels,
-        nodes=nodes,
-        devices=devices,
+        levels=inventory.levels,
+        nodes=inventory.nodes,
+        devices=inventory.devices,
         device_classes=device_classes,
         cohorts=load_cohorts(),
         queues=load_queues(),
         resource_classes=resource_classes,
-        reservations=load_reservations(now, domain_paths),
+        reservations=load_reservations(now, inventory.domain_paths),
         running=running,
         pending=pending,
         now=now.timestamp(),
@@ -129,6 +134,64 @@ def _load_snapshot(now, config):
 
 
 # --- inventory ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """Topology, nodes and devices as read at one InventoryRevision token; shared, never mutated."""
+
+    token: str | None
+    levels: tuple
+    domain_paths: dict
+    nodes: tuple
+    devices: tuple
+    device_pks: dict  # snapshot device id -> Device pk
+    devices_by_pk: dict  # Device pk -> (snapshot device id, node name)
+    device_taints: dict  # Device pk -> taints as stored
+
+
+class InventoryCache:
+    """The last inventory read, per database, while its revision token stands.
+
+    Devices change rarely and cycles run every few seconds: re-reading and re-parsing 100k device rows
+    each time was most of the load. Every write to the inventory tables moves the token (triggers), and
+    the token is read in the cycle's snapshot with everything else, so a hit is exactly the rows the
+    snapshot would have read. The decision core keys its own per-inventory index on these same tuples."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._key = None
+        self._inventory = None
+
+    def get(self, key):
+        with self._lock:
+            return self._inventory if key is not None and key == self._key else None
+
+    def put(self, key, inventory):
+        with self._lock:
+            self._key, self._inventory = key, inventory
+
+    def clear(self):
+        self.put(None, None)
+
+
+INVENTORY_CACHE = InventoryCache()
+
+
+def load_inventory():
+    token = InventoryRevision.current()
+    # The token alone would do; the database name keeps test databases and the bench's apart for sure.
+    key = None if token is None else (connection.alias, connection.settings_dict["NAME"], token)
+    inventory = INVENTORY_CACHE.get(key)
+    if inventory is not None:
+        return inventory
+    levels = tuple(TopologyLevel.objects.order_by("order").values_list("name", flat=True))
+    domain_paths = load_domain_paths()
+    nodes, node_names = load_nodes(domain_paths)
+    inventory = Inventory(token, levels, domain_paths, nodes, *load_devices(node_names))
+    if key is not None:
+        INVENTORY_CACHE.put(key, inventory)
+    return inventory
 
 
 def load_domain_paths():
@@ -153,11 +216,13 @@ def load_nodes(domain_paths):
     return tuple(nodes), names
 
 
-def load_devices(node_names, loaded):
+def load_devices(node_names):
+    """(devices, device_pks, devices_by_pk, device_taints)."""
     parse = JsonCache()
     taint_cache = {}
     capacity_cache = {}
     devices = []
+    device_pks, devices_by_pk, device_taints = {}, {}, {}
     rows = Device.objects.order_by("node_id", "name").values_list(
         "id", "node_id", "name", "driver", as_text("attributes"), as_text("capacity"), "health", as_text("taints")
     )
@@ -171,9 +236,9 @@ def load_devices(node_names, loaded):
             )
         if capacity not in capacity_cache:
             capacity_cache[capacity] = numeric_capacity(parse(capacity, {}))
-        loaded.device_pks[device_id] = pk
-        loaded.devices_by_pk[pk] = (device_id, node)
-        loaded.device_taints[pk] = taint_list
+        device_pks[device_id] = pk
+        devices_by_pk[pk] = (device_id, node)
+        device_taints[pk] = taint_list
         devices.append(
             s.Device(
                 id=device_id,
@@ -185,7 +250,7 @@ def load_devices(node_names, loaded):
                 taints=taint_cache[taints],
             )
         )
-    return tuple(devices)
+    return tuple(devices), device_pks, devices_by_pk, device_taints
 
 
 QUANTITY = re.compile(r"^\s*([0-9.]+)\s*([KMGTPE]i?|[mk])?\s*$")

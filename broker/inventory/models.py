@@ -35,6 +35,27 @@ class ClusterState(models.Model):
         return state.generation
 
 
+class InventoryRevision(models.Model):
+    """One row whose `token` changes with every write to the inventory tables (topology levels, domains,
+    nodes, devices), made by database triggers (migration 0003), so bulk updates, the admin and a shell
+    move it too. A cycle keeps what it loaded per token and reuses it while the token stands; the
+    commit locks the row to know no inventory write landed since its snapshot. A random token rather
+    than a counter: a rolled-back or truncated table could bring a counter back to a value already seen."""
+
+    TABLES = ("inventory_topologylevel", "inventory_domain", "inventory_node", "inventory_device")
+    SINGLETON = 1
+
+    token = models.CharField(max_length=64)
+
+    @classmethod
+    def current(cls, lock=False):
+        """The token, or None when the row is missing (a flushed test database before any write)."""
+        rows = cls.objects.filter(pk=cls.SINGLETON)
+        if lock:
+            rows = rows.select_for_update()
+        return rows.values_list("token", flat=True).first()
+
+
 class TopologyLevel(models.Model):
     """One level of the topology, coarse (low order) to fine; the node is always the finest, implicit."""
 

@@ -131,3 +131,43 @@ def test_it_loads_in_a_number_of_queries_that_does_not_grow_with_the_work(cluste
     few = queries_with(2)
     assert queries_with(40) == few
     assert few <= 20
+
+
+def test_it_reuses_the_inventory_while_no_inventory_row_changes(cluster):
+    first, _ = load_snapshot(timezone.now())
+    pending(cluster.queue_a, "new-work", replicas=1, devices_per_pod=1, resource_class=cluster.training)
+    second, _ = load_snapshot(timezone.now())
+
+    assert second.devices is first.devices, "work changed, the inventory did not: the same tuples"
+    assert second.nodes is first.nodes
+    assert len(second.pending) == len(first.pending) + 1
+
+
+def test_it_reads_the_inventory_again_after_a_plain_update(cluster):
+    first, _ = load_snapshot(timezone.now())
+    device = Device.objects.order_by("pk").first()
+    # A queryset update sends no signal and bumps no generation: the triggers still move the token.
+    Device.objects.filter(pk=device.pk).update(health=Health.UNHEALTHY)
+    second, loaded = load_snapshot(timezone.now())
+
+    assert second.devices is not first.devices
+    unhealthy = [d.id for d in second.devices if not d.healthy]
+    assert unhealthy == [f"{device.node.name}/{device.name}"]
+    assert loaded.device_pks[unhealthy[0]] == device.pk
+
+
+def test_it_moves_the_revision_token_on_every_inventory_table(cluster):
+    from broker.inventory.models import Domain, InventoryRevision, Node, TopologyLevel
+
+    tokens = [InventoryRevision.current()]
+    Node.objects.filter(pk=Node.objects.first().pk).update(cordoned=True)
+    tokens.append(InventoryRevision.current())
+    Domain.objects.filter(pk=Domain.objects.first().pk).update(name="renamed")
+    tokens.append(InventoryRevision.current())
+    TopologyLevel.objects.filter(pk=TopologyLevel.objects.first().pk).update(name="region")
+    tokens.append(InventoryRevision.current())
+    Device.objects.filter(pk=Device.objects.last().pk).delete()
+    tokens.append(InventoryRevision.current())
+
+    assert None not in tokens
+    assert len(set(tokens)) == len(tokens)
