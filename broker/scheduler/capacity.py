@@ -88,38 +88,51 @@ class NodeBuckets:
         return sum(len(self.members[value]) * (value // per_pod) for value in self.values if value >= per_pod)
 
 
-class CapacityState:
-    """Devices, topology and free counts of one snapshot; mutated as the cycle admits work.
+class InventoryIndex:
+    """What the cycle derives from the inventory alone (topology, nodes, devices, device classes): node
+    order and domains, devices in placement order with their classes and base category.
 
-    `CapacityState.as_built(state)` is the same cluster with every device healthy, free and unreserved.
-    """
+    It does not depend on work, quota or time, and the inventory changes far less often than cycles run,
+    so the last index is kept and reused for a snapshot that carries the very same node and device tuples
+    (the loader hands them out unchanged while the inventory stands) and equal levels and classes.
+    Immutable once built; each cycle makes its own mutable device records from it."""
+
+    # One reference, read and replaced whole (atomic under the GIL): threads deciding at once at worst
+    # each build an index of their own.
+    _last: InventoryIndex | None = None
 
     @classmethod
-    def as_built(cls, other: CapacityState) -> CapacityState:
-        """The same cluster with every device healthy, free and unreserved ("can it ever run here?").
-        It shares the other state's device records and only reads them."""
-        built = cls.__new__(cls)
-        for name in ("levels", "class_names", "class_index", "node_names", "node_index", "node_schedulable",
-                     "node_domains", "domain_nodes", "slots", "slot_by_id", "class_alias"):  # fmt: skip
-            setattr(built, name, getattr(other, name))
-        built._aggregate(as_built=True)
-        return built
+    def of(cls, snapshot: Snapshot, matcher: ClassMatcher, class_names: tuple[str, ...]) -> InventoryIndex:
+        last = cls._last
+        if last is not None and last.serves(snapshot, class_names):
+            return last
+        index = cls(snapshot, matcher, class_names)
+        cls._last = index
+        return index
+
+    def serves(self, snapshot: Snapshot, class_names: tuple[str, ...]) -> bool:
+        return (
+            self._nodes is snapshot.nodes
+            and self._devices is snapshot.devices
+            and self._levels == tuple(snapshot.levels)
+            and self._device_classes == snapshot.device_classes
+            and self.class_names == class_names
+        )
 
     def __init__(self, snapshot: Snapshot, matcher: ClassMatcher, class_names: tuple[str, ...]):
+        # Held, not copied: identity is the cache key, and holding them keeps that identity unique.
+        self._nodes = snapshot.nodes
+        self._devices = snapshot.devices
+        self._levels = tuple(snapshot.levels)
+        self._device_classes = snapshot.device_classes
         levels = tuple(snapshot.levels)
         self.levels = levels if NODE_LEVEL in levels else levels + (NODE_LEVEL,)
         self.class_names = class_names
         self.class_index = {name: index for index, name in enumerate(class_names)}
         self._index_nodes(snapshot)
-        self.slots: list[Slot] = []
-        self.slot_by_id: dict[str, Slot] = {}
         self._index_devices(snapshot, matcher)
-        self._hold_running(snapshot)
-        self._reserve(snapshot)
         self.class_alias = self._class_aliases()
-        self._aggregate()
-
-    # --- building ---
+        self.node_keys = list(zip(*self.node_domains, strict=True))  # per node: its domain key at each level
 
     def _index_nodes(self, snapshot: Snapshot) -> None:
         known = {node.name: node for node in snapshot.nodes}
@@ -144,12 +157,12 @@ class CapacityState:
             self.domain_nodes.append(members)
 
     def _index_devices(self, snapshot: Snapshot, matcher: ClassMatcher) -> None:
+        """`device_rows`: per device in placement order, the arguments of its Slot."""
         class_sets: dict[frozenset, tuple[int, ...]] = {}
         node_index = self.node_index
         schedulable = self.node_schedulable
         classes_of = matcher.classes_of
-        slots = self.slots
-        slot_by_id = self.slot_by_id
+        rows = []
         devices = sorted(snapshot.devices, key=lambda device: (node_index[device.node], _device_key(device.id)))
         for order, device in enumerate(devices):
             names = classes_of(device)
@@ -167,9 +180,51 @@ class CapacityState:
                 category = TAINTED
             else:
                 category = PLAIN
-            slot = Slot(order, device.id, node, indices, device.attributes, category, blocking)
-            slots.append(slot)
-            slot_by_id[device.id] = slot
+            rows.append((order, device.id, node, indices, device.attributes, category, blocking))
+        self.device_rows = rows
+        self.device_ids = [row[1] for row in rows]
+
+    def _class_aliases(self) -> list[int]:
+        """For each class, the first class made of exactly the same devices (itself when there is none).
+        Such classes always have equal free counts, so they share one set of aggregates (one update)."""
+        distinct = {row[3] for row in self.device_rows}
+        first_with: dict[frozenset, int] = {}
+        return [
+            first_with.setdefault(frozenset(classes for classes in distinct if class_index in classes), class_index)
+            for class_index in range(len(self.class_names))
+        ]
+
+
+class CapacityState:
+    """Devices, topology and free counts of one snapshot; mutated as the cycle admits work.
+
+    `CapacityState.as_built(state)` is the same cluster with every device healthy, free and unreserved.
+    """
+
+    SHARED = ("levels", "class_names", "class_index", "node_names", "node_index", "node_schedulable", "node_domains",
+              "domain_nodes", "class_alias", "node_keys")  # fmt: skip
+
+    @classmethod
+    def as_built(cls, other: CapacityState) -> CapacityState:
+        """The same cluster with every device healthy, free and unreserved ("can it ever run here?").
+        It shares the other state's device records and only reads them."""
+        built = cls.__new__(cls)
+        for name in (*cls.SHARED, "slots", "slot_by_id"):
+            setattr(built, name, getattr(other, name))
+        built._aggregate(as_built=True)
+        return built
+
+    def __init__(self, snapshot: Snapshot, matcher: ClassMatcher, class_names: tuple[str, ...]):
+        index = InventoryIndex.of(snapshot, matcher, class_names)
+        for name in self.SHARED:
+            setattr(self, name, getattr(index, name))
+        self.slots: list[Slot] = [Slot(*row) for row in index.device_rows]
+        self.slot_by_id: dict[str, Slot] = dict(zip(index.device_ids, self.slots, strict=True))
+        self._hold_running(snapshot)
+        self._reserve(snapshot)
+        self._aggregate()
+
+    # --- building ---
 
     def _hold_running(self, snapshot: Snapshot) -> None:
         for workload in snapshot.running:
@@ -215,16 +270,6 @@ class CapacityState:
             if level in domain and self.node_domains[level_index][node][-1] != str(domain[level]):
                 return False
         return True
-
-    def _class_aliases(self) -> list[int]:
-        """For each class, the first class made of exactly the same devices (itself when there is none).
-        Such classes always have equal free counts, so they share one set of aggregates (one update)."""
-        distinct = set(map(attrgetter("classes"), self.slots))
-        first_with: dict[frozenset, int] = {}
-        return [
-            first_with.setdefault(frozenset(classes for classes in distinct if class_index in classes), class_index)
-            for class_index in range(len(self.class_names))
-        ]
 
     def _distinct(self, classes: tuple[int, ...]) -> tuple[int, ...]:
         """The classes of `classes` whose aggregates are their own (one per group of aliases)."""
@@ -288,7 +333,6 @@ class CapacityState:
         self.node_free: list[list[int]] = node_free
         self.domain_free: list[list[dict[tuple, int]]] = domain_free
         self.buckets: list[NodeBuckets] = buckets
-        self.node_keys = list(zip(*self.node_domains, strict=True))  # per node: its domain key at each level
         self.total_free = [sum(counts) for counts in node_free]
         self.has_tainted = any(slot.taints for slot in self.extras)
 
