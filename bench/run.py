@@ -128,12 +128,12 @@ def summary_line(name: str, result: dict) -> str:
     flag = {True: "PASS", False: "FAIL", None: "n/a "}[result.get("target", {}).get("pass")]
     if name == "decide":
         cells = ", ".join(
-            f"{c['devices'] // 1000}k/{c['pending'] // 1000}k {c['decide_seconds_median']:.3f}s "
-            f"{c['tracemalloc_peak_mb']}MB"
+            f"{c['kind']} {c['devices'] // 1000}k/{c['pending'] // 1000}k {c['decide_seconds_median']:.3f}s "
+            f"(cold {c['decide_seconds_cold_median']:.3f}s) {c['tracemalloc_peak_mb']}MB"
             for c in result["cases"]
             if "error" not in c
         )
-        text = f"decide median (target 0.5 s at 100k/20k): {cells}"
+        text = f"decide median warm (cold) (target 0.5 s at 100k/20k): {cells}"
     elif name == "cycle":
         cells = ", ".join(
             f"{c['devices'] // 1000}k/{c['pending'] // 1000}k first {c['first']['cycle_ms']:.0f} refill "

@@ -28,11 +28,13 @@ def test_it_writes_a_quick_report_of_the_decide_and_replay_sections(tmp_path):
 
     decide = report["sections"]["decide"]
     assert "error" not in decide, decide
-    assert len(decide["cases"]) == 2
+    assert len(decide["cases"]) == 4
+    assert {case["kind"] for case in decide["cases"]} == {"fresh", "saturated"}
     for case in decide["cases"]:
         assert "error" not in case, case
         assert case["devices"] == case["nodes"] * 8
         assert case["decide_seconds_median"] > 0
+        assert case["decide_seconds_cold_median"] > 0
         assert case["tracemalloc_peak_mb"] > 0
         assert case["admitted"] + sum(case["pending_reasons"].values()) == case["pending"]
     assert set(decide["target"]) >= {"seconds", "pass"}
