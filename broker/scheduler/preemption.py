@@ -23,6 +23,7 @@ every unneeded victim dropped. Devices of workloads already being evicted count 
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from itertools import combinations
 
@@ -114,16 +115,52 @@ def _waiting_for_evictions_only(cycle, request) -> Found | None:
     return None
 
 
+class PriorityRun:
+    """Workloads in victim order (priority, then most recently started, then id), so that those a
+    preemptor's priority lets it evict are a prefix found by bisection rather than a scan."""
+
+    def __init__(self, workloads):
+        self.workloads = sorted(workloads, key=_victim_order)
+        self.priorities = [workload.priority for workload in self.workloads]
+        self.negated_starts = [-workload.started for workload in self.workloads]
+
+    def below(self, priority) -> list[RunningWorkload]:
+        """Those of lower priority."""
+        return self.workloads[: bisect_left(self.priorities, priority)]
+
+    def up_to(self, priority) -> list[RunningWorkload]:
+        """Those of lower or equal priority."""
+        return self.workloads[: bisect_right(self.priorities, priority)]
+
+    def below_or_newer_equal(self, priority, since) -> list[RunningWorkload]:
+        """Those of lower priority, and those of equal priority started after `since` (within equal
+        priority the most recently started come first, so they end the prefix)."""
+        equal_start = bisect_left(self.priorities, priority)
+        equal_end = bisect_right(self.priorities, priority, equal_start)
+        return self.workloads[: bisect_left(self.negated_starts, -since, equal_start, equal_end)]
+
+
+def _victim_order(workload: RunningWorkload) -> tuple:
+    return (workload.priority, -workload.started, workload.id)
+
+
 class VictimIndex:
     """Running work arranged for victim searches, built once per cycle."""
 
     def __init__(self, cycle):
-        self.by_queue: dict[str, list[RunningWorkload]] = {}
+        by_queue: dict[str, list[RunningWorkload]] = {}
+        by_queue_class: dict[str, dict[str, list[RunningWorkload]]] = {}
         for workload in cycle.snapshot.running:
             if workload.preemptible and not workload.evicting:
-                self.by_queue.setdefault(workload.queue, []).append(workload)
-        for workloads in self.by_queue.values():
-            workloads.sort(key=lambda workload: (workload.priority, -workload.started, workload.id))
+                by_queue.setdefault(workload.queue, []).append(workload)
+                by_queue_class.setdefault(workload.queue, {}).setdefault(workload.device_class, []).append(workload)
+        self.by_queue = {queue: PriorityRun(workloads) for queue, workloads in by_queue.items()}
+        # Cohort reclaim takes a borrower's work per device class, and only of classes it borrows above
+        # nominal: whole classes are skipped without looking at their workloads.
+        self.by_queue_class = {
+            queue: {device_class: PriorityRun(workloads) for device_class, workloads in sorted(classes.items())}
+            for queue, classes in sorted(by_queue_class.items())
+        }
         team_of_queue = {queue.name: queue.team for queue in cycle.snapshot.queues}
         self.on_reserved: dict[str, set[str]] = {}
         for slot in cycle.state.extras:  # reserved devices are never plain: the extras hold all of them
@@ -150,48 +187,49 @@ def _index(cycle) -> VictimIndex:
 
 
 def eligible_victims(cycle, request, class_name: str) -> list[Victim]:
-    """Running workloads the policy lets `request` preempt, with the rule that allows each."""
+    """Running workloads the policy lets `request` preempt, with the rule that allows each, by id."""
     index = _index(cycle)
     chosen = cycle.chosen_victims
-    preemptor = request.workload
     queue = request.queue
     found: dict[str, Victim] = {}
-    for workload in index.by_queue.get(queue.name, ()):
-        if workload.priority > preemptor.priority:
-            break
-        if workload.id not in chosen and _within_queue_allows(queue.within_queue, workload, preemptor):
-            found[workload.id] = Victim(workload, "WithinQueue")
+    own = index.by_queue.get(queue.name)
+    if own is not None:
+        for workload in _within_queue_candidates(own, queue.within_queue, request.workload):
+            if workload.id not in chosen:
+                found[workload.id] = Victim(workload, "WithinQueue")
     for workload_id in sorted(index.on_reserved.get(request.team, ())):
         if workload_id not in chosen and workload_id not in found:
             found[workload_id] = Victim(cycle.running[workload_id], "ReservationReclaim")
     if queue.reclaim_within_cohort != "Never" and _within_nominal_after(cycle, request, class_name):
-        root = index.cohort_root.get(queue.name)
-        for other in sorted(index.by_queue):
-            if other == queue.name or root is None or index.cohort_root.get(other) != root:
-                continue
-            borrowing = {}
-            for workload in index.by_queue[other]:
-                if workload.priority > preemptor.priority:
-                    break
-                if workload.id in chosen or workload.id in found:
-                    continue
-                if workload.device_class not in borrowing:
-                    borrowing[workload.device_class] = cycle.quota.is_borrowing(other, workload.device_class)
-                if not borrowing[workload.device_class]:
-                    continue
-                if queue.reclaim_within_cohort == "Any" or workload.priority < preemptor.priority:
-                    found[workload.id] = Victim(workload, "ReclaimWithinCohort")
+        for workload in _cohort_reclaim_candidates(cycle, index, request):
+            if workload.id not in chosen and workload.id not in found:
+                found[workload.id] = Victim(workload, "ReclaimWithinCohort")
     return [found[workload_id] for workload_id in sorted(found)]
 
 
-def _within_queue_allows(policy: str, workload: RunningWorkload, preemptor) -> bool:
-    lower = workload.priority < preemptor.priority
-    newer_equal = workload.priority == preemptor.priority and workload.started > preemptor.submitted
+def _within_queue_candidates(run: PriorityRun, policy: str, preemptor) -> list[RunningWorkload]:
     if policy == "LowerPriority":
-        return lower
+        return run.below(preemptor.priority)
     if policy == "LowerOrNewerEqualPriority":
-        return lower or newer_equal
-    return False
+        return run.below_or_newer_equal(preemptor.priority, preemptor.submitted)
+    return []
+
+
+def _cohort_reclaim_candidates(cycle, index: VictimIndex, request):
+    """Work of the other queues of the cohort tree, in the device classes they borrow above nominal,
+    of priority below the preemptor's (LowerPriority) or up to it (Any)."""
+    queue = request.queue
+    root = index.cohort_root.get(queue.name)
+    if root is None:
+        return
+    priority = request.workload.priority
+    for other, classes in index.by_queue_class.items():
+        if other == queue.name or index.cohort_root.get(other) != root:
+            continue
+        for device_class, run in classes.items():
+            if not cycle.quota.is_borrowing(other, device_class):
+                continue
+            yield from run.up_to(priority) if queue.reclaim_within_cohort == "Any" else run.below(priority)
 
 
 def _within_nominal_after(cycle, request, class_name: str) -> bool:
