@@ -14,14 +14,15 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import groupby
+from operator import itemgetter
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import F, FloatField, TextField
+from django.db.models import Exists, F, FloatField, OuterRef, TextField
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Cast
 
-from broker.cycle.bulk import pk_in
 from broker.cycle.executor import get_executor
 from broker.governance.approvals import outside_window
 from broker.inventory.models import ClusterState, Device, Domain, Health, InventoryRevision, Node, TopologyLevel
@@ -439,7 +440,7 @@ def approved_flag(state, approval, rule, devices):
 
 
 def load_pending(loaded, approval_rules):
-    rows = list(
+    rows = fetch_rows(
         Workload.objects.filter(state__in=WAITING)
         # An approval granted for a window keeps the workload out of the cycle while the window is shut.
         .exclude(pk__in=outside_window(loaded.now))
@@ -458,9 +459,11 @@ def load_pending(loaded, approval_rules):
             "approval",
             "expected_duration_seconds",
             "preemptible",
-            "nominated_devices",
+            # As text, parsed once per distinct value: nearly every row holds "[]".
+            as_text("nominated_devices"),
         )
     )
+    parse = JsonCache()
     pod_sets = load_pod_sets_for_state(WAITING)
     executor = get_executor()
     pending = []
@@ -486,7 +489,7 @@ def load_pending(loaded, approval_rules):
                 approved=approved_flag(state, approval, approval_rules.get(rc), devices),
                 expected_duration=executor.wall_seconds(duration),
                 preemptible=pre,
-                nominated_devices=nominated_ids(nominated, loaded),
+                nominated_devices=nominated_ids(parse(nominated, ()), loaded),
             )
         )
     return tuple(pending)
@@ -503,7 +506,7 @@ def nominated_ids(device_pks, loaded):
 def load_pod_sets_for_state(states):
     """Pod sets of every workload in `states`, by a join rather than a 20k-long IN list."""
     by_workload = defaultdict(list)
-    rows = (
+    rows = fetch_rows(
         PodSet.objects.filter(workload__state__in=states)
         .order_by("workload_id", "id")
         .values_list(
@@ -512,13 +515,13 @@ def load_pod_sets_for_state(states):
             "replicas",
             "min_count",
             "devices_per_pod",
-            "device_classes",
+            as_text("device_classes"),
             "match_attribute",
             as_text("tolerations"),
         )
     )
     parse = JsonCache()
-    for workload_id, *row in rows.iterator(chunk_size=5000):
+    for workload_id, *row in rows:
         by_workload[workload_id].append(pod_set_from_row(row, parse))
     return by_workload
 
@@ -530,7 +533,7 @@ def pod_set_from_row(row, parse):
         count=replicas,
         min_count=min_count,
         devices_per_pod=per_pod,
-        device_classes=tuple(classes or ()),
+        device_classes=tuple(parse(classes, None) or ()),
         match_attribute=match_attribute or None,
         tolerations=tuple(
             s.Toleration(key=t["key"], value=t.get("value"), effect=t.get("effect"))
@@ -540,37 +543,57 @@ def pod_set_from_row(row, parse):
     )
 
 
+def fetch_rows(queryset):
+    """All rows of a values_list queryset as plain tuples, in one fetch: Django's row iteration and
+    converters cost more than the query for the 100k-row reads of a cycle. psycopg returns every type
+    the cycle reads as Python wants it; elsewhere (SQLite stores booleans and datetimes as numbers and
+    text) Django's converters are needed."""
+    if connection.vendor != "postgresql":
+        return list(queryset)
+    sql, params = queryset.query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+
 def load_running(loaded):
     """Every workload holding an active allocation, whatever its state: a held device is never free."""
-    pods = defaultdict(lambda: defaultdict(list))
-    classes = {}
     class_names = {pk: name for name, pk in loaded.device_class_pks.items()}
-    # Device and class names come from what was loaded already: no join per allocation.
-    rows = (
+    devices_by_pk = loaded.devices_by_pk
+    allocations = fetch_rows(
         Allocation.objects.filter(released_at__isnull=True)
         .order_by("workload_id", "pod_set", "pod_index", "device_id")
         .values_list("workload_id", "pod_set", "pod_index", "device_id", "device_class_id")
     )
-    for workload_id, pod_set, index, device_pk, class_pk in rows.iterator(chunk_size=5000):
-        device_id, node = loaded.devices_by_pk[device_pk]
-        pods[workload_id][(pod_set, index, node)].append(device_id)
-        classes.setdefault(workload_id, class_names[class_pk])
-    if not pods:
+    if not allocations:
         return ()
+    # Device and class names come from what was loaded already: no join per allocation.
+    pods = {}
+    classes = {}
+    for workload_id, rows in groupby(allocations, key=itemgetter(0)):
+        by_pod = defaultdict(list)
+        for row in rows:
+            device_id, node = devices_by_pk[row[3]]
+            by_pod[(row[1], row[2], node)].append(device_id)
+        pods[workload_id] = by_pod
+        classes[workload_id] = class_names[row[4]]  # one class per admission
+    holding = Allocation.objects.filter(workload_id=OuterRef("pk"), released_at__isnull=True)
     info = {
         row[0]: row[1:]
-        for row in Workload.objects.filter(**pk_in(pods)).values_list(
-            "id",
-            "queue__name",
-            "priority",
-            "disruption_mode",
-            "preemptible",
-            "state",
-            epoch("admitted_at"),
-            epoch("started_at"),
-            "expected_duration_seconds",
-            "eviction_requested_at",
-            "evicted_for_id",
+        for row in fetch_rows(
+            Workload.objects.filter(Exists(holding)).values_list(
+                "id",
+                "queue__name",
+                "priority",
+                "disruption_mode",
+                "preemptible",
+                "state",
+                epoch("admitted_at"),
+                epoch("started_at"),
+                "expected_duration_seconds",
+                epoch("eviction_requested_at"),
+                "evicted_for_id",
+            )
         )
     }
     executor = get_executor()
