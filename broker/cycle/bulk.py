@@ -100,7 +100,9 @@ def _field_names(fields):
 
 class AnyOf(Lookup):
     """`column = ANY(%s::bigint[])`: one array parameter; PostgreSQL probes the index once per id or
-    hashes the array, whatever it believes about the other conditions."""
+    hashes the array, whatever it believes about the other conditions. The array goes as its text
+    ('{1,2,3}'), one string to quote: psycopg adapting a list of 20,000 ints element by element took
+    15 ms per query."""
 
     lookup_name = "any_of"
     prepare_rhs = False
@@ -110,7 +112,11 @@ class AnyOf(Lookup):
 
     def as_sql(self, compiler, connection):
         lhs, params = self.process_lhs(compiler, connection)
-        return f"{lhs} = ANY(%s::bigint[])", [*params, self.rhs]
+        return f"{lhs} = ANY(%s::bigint[])", [*params, array_text(self.rhs)]
+
+
+def array_text(ints):
+    return "{" + ",".join(map(str, ints)) + "}"
 
 
 Field.register_lookup(AnyOf)

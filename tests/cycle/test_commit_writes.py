@@ -1,0 +1,68 @@
+"""What the commit writes for admissions and nominations, whichever statements it uses to write it."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from broker.cycle.bulk import column_in, pk_in
+from broker.cycle.runner import run_once
+from broker.inventory.models import Device
+from broker.workloads.models import Workload
+from broker.workloads.states import State
+from tests.cycle.helpers import pending, running
+
+
+def test_it_clears_the_nomination_and_eviction_record_of_an_admitted_workload(cluster):
+    devices = list(Device.objects.order_by("pk")[:4])
+    preemptor = pending(cluster.queue_b, "preemptor", state=State.SUCCEEDED)
+    # A requeued victim: it still carries its last eviction and a nomination.
+    requeued = pending(
+        cluster.queue_a, "requeued", replicas=1, devices_per_pod=4, resource_class=cluster.training,
+        nominated_devices=[device.pk for device in devices], eviction_requested_at=timezone.now() - timedelta(1),
+        evicted_for=preemptor, eviction_rule="WithinQueue", eviction_message="made room",
+    )  # fmt: skip
+    untouched = pending(
+        cluster.queue_b, "too-big", replicas=3, devices_per_pod=4, resource_class=cluster.training,
+        eviction_rule="Reclaim", eviction_message="from an earlier life",
+    )  # fmt: skip
+
+    run = run_once()
+
+    assert run.admitted == (requeued.pk,)
+    requeued.refresh_from_db()
+    assert requeued.nominated_devices == []
+    assert requeued.eviction_requested_at is None
+    assert requeued.evicted_for is None
+    assert (requeued.eviction_rule, requeued.eviction_message) == ("", "")
+    untouched.refresh_from_db()
+    assert (untouched.eviction_rule, untouched.eviction_message) == ("Reclaim", "from an earlier life")
+
+
+def test_it_clears_a_nomination_that_no_longer_helps_a_pending_workload(cluster):
+    devices = list(Device.objects.order_by("pk"))
+    running(cluster.queue_a, "hog", devices, cluster.h100)
+    stale = pending(cluster.queue_b, "stale", nominated_devices=[devices[0].pk])
+    plain = pending(cluster.queue_b, "plain")
+
+    run_once()
+
+    stale.refresh_from_db()
+    plain.refresh_from_db()
+    assert (stale.state, stale.nominated_devices) == ("Pending", [])
+    assert plain.nominated_devices == []
+
+
+@pytest.mark.parametrize("absent", [0, 1, 20_000])
+def test_it_selects_exactly_the_given_ids_with_the_bulk_filters(cluster, absent):
+    first, second, third = (pending(cluster.queue_a, f"w{i}") for i in range(3))
+    pending(cluster.queue_b, "elsewhere")
+    wanted = [first.pk, third.pk, *range(10**9, 10**9 + absent)]
+
+    assert set(Workload.objects.filter(**pk_in(wanted)).values_list("pk", flat=True)) == {first.pk, third.pk}
+    assert set(Workload.objects.filter(**column_in("queue", [cluster.queue_a.pk])).values_list("pk", flat=True)) == {
+        first.pk,
+        second.pk,
+        third.pk,
+    }
+    assert not Workload.objects.filter(**pk_in([])).exists()
