@@ -556,10 +556,30 @@ def fetch_rows(queryset):
         return cursor.fetchall()
 
 
+class BuiltFromRows:
+    """Snapshot records kept from the last load with the rows they were built from, so the next load
+    reuses every record whose rows did not change. Running work keeps its allocations for hours, and
+    building 50k frozen records each cycle cost more than reading their rows. The scope holds what a
+    record depends on besides its rows (the inventory's device names, the executor's clock); a new
+    scope starts empty."""
+
+    def __init__(self):
+        self._scope = None
+        self._records = {}
+
+    def previous(self, scope):
+        return self._records if scope == self._scope else {}
+
+    def keep(self, scope, records):
+        self._scope, self._records = scope, records
+
+
+RUNNING_RECORDS = BuiltFromRows()
+HOUR = 3600.0
+
+
 def load_running(loaded):
     """Every workload holding an active allocation, whatever its state: a held device is never free."""
-    class_names = {pk: name for name, pk in loaded.device_class_pks.items()}
-    devices_by_pk = loaded.devices_by_pk
     allocations = fetch_rows(
         Allocation.objects.filter(released_at__isnull=True)
         .order_by("workload_id", "pod_set", "pod_index", "device_id")
@@ -567,21 +587,12 @@ def load_running(loaded):
     )
     if not allocations:
         return ()
-    # Device and class names come from what was loaded already: no join per allocation.
-    pods = {}
-    classes = {}
-    for workload_id, rows in groupby(allocations, key=itemgetter(0)):
-        by_pod = defaultdict(list)
-        for row in rows:
-            device_id, node = devices_by_pk[row[3]]
-            by_pod[(row[1], row[2], node)].append(device_id)
-        pods[workload_id] = by_pod
-        classes[workload_id] = class_names[row[4]]  # one class per admission
     holding = Allocation.objects.filter(workload_id=OuterRef("pk"), released_at__isnull=True)
     info = {
         row[0]: row[1:]
         for row in fetch_rows(
-            Workload.objects.filter(Exists(holding)).values_list(
+            # No ORDER BY (the model's default would sort 50k rows on disk): this becomes a dict.
+            Workload.objects.filter(Exists(holding)).order_by().values_list(
                 "id",
                 "queue__name",
                 "priority",
@@ -597,34 +608,55 @@ def load_running(loaded):
         )
     }
     executor = get_executor()
-    now = loaded.now.timestamp()
+    class_names = {pk: name for name, pk in loaded.device_class_pks.items()}
+    scope = (loaded.inventory_token, executor.wall_seconds(HOUR))
+    previous = RUNNING_RECORDS.previous(scope)
+    records = {}
     running = []
-    for workload_id in sorted(pods):
-        queue, priority, disruption, preemptible, state, admitted_at, started_at, duration = info[workload_id][:8]
-        eviction_requested_at, evicted_for = info[workload_id][8:]
+    for workload_id, rows in groupby(allocations, key=itemgetter(0)):
+        source = (tuple(rows), info[workload_id])
+        known = previous.get(workload_id)
+        if known is not None and known[0] == source:
+            workload = known[1]
+        else:
+            workload = running_workload(workload_id, *source, loaded, class_names, executor)
+        if source[1][5] is not None or source[1][6] is not None:  # else it started "now": not reusable
+            records[workload_id] = (source, workload)
         loaded.running_ids.add(workload_id)
-        started = seconds(started_at if started_at is not None else admitted_at)
-        started = now if started is None else started
-        expected = executor.wall_seconds(duration)
-        running.append(
-            s.RunningWorkload(
-                id=str(workload_id),
-                queue=queue,
-                pods=tuple(
-                    s.RunningPod(pod_set=pod_set, index=index, node=node, device_ids=tuple(ids))
-                    for (pod_set, index, node), ids in sorted(pods[workload_id].items())
-                ),
-                device_class=classes[workload_id],
-                priority=priority,
-                disruption=disruption,
-                # A workload in a final state still holding devices (a bug elsewhere) must not be a victim.
-                preemptible=preemptible and state in (State.ADMITTED, State.RUNNING),
-                started=started,
-                expected_end=None if expected is None else started + expected,
-                # A victim shutting down keeps its devices; the core neither preempts it again nor
-                # counts its devices as free, and holds them for `evicted_for`.
-                evicting=eviction_requested_at is not None,
-                evicted_for=None if evicted_for is None else str(evicted_for),
-            )
-        )
+        running.append(workload)
+    RUNNING_RECORDS.keep(scope, records)
     return tuple(running)
+
+
+def running_workload(workload_id, rows, info, loaded, class_names, executor):
+    """One RunningWorkload from its active allocation rows (ordered) and its workload row."""
+    queue, priority, disruption, preemptible, state, admitted_at, started_at, duration = info[:8]
+    eviction_requested_at, evicted_for = info[8:]
+    # Device and class names come from what was loaded already: no join per allocation.
+    devices_by_pk = loaded.devices_by_pk
+    pods = defaultdict(list)
+    for row in rows:
+        device_id, node = devices_by_pk[row[3]]
+        pods[(row[1], row[2], node)].append(device_id)
+    started = seconds(started_at if started_at is not None else admitted_at)
+    started = loaded.now.timestamp() if started is None else started
+    expected = executor.wall_seconds(duration)
+    return s.RunningWorkload(
+        id=str(workload_id),
+        queue=queue,
+        pods=tuple(
+            s.RunningPod(pod_set=pod_set, index=index, node=node, device_ids=tuple(ids))
+            for (pod_set, index, node), ids in sorted(pods.items())
+        ),
+        device_class=class_names[rows[0][4]],  # one class per admission
+        priority=priority,
+        disruption=disruption,
+        # A workload in a final state still holding devices (a bug elsewhere) must not be a victim.
+        preemptible=preemptible and state in (State.ADMITTED, State.RUNNING),
+        started=started,
+        expected_end=None if expected is None else started + expected,
+        # A victim shutting down keeps its devices; the core neither preempts it again nor
+        # counts its devices as free, and holds them for `evicted_for`.
+        evicting=eviction_requested_at is not None,
+        evicted_for=None if evicted_for is None else str(evicted_for),
+    )

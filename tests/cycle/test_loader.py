@@ -2,7 +2,7 @@ from django.utils import timezone
 
 from broker.cycle.loader import approved_flag, load_snapshot, numeric_capacity
 from broker.inventory.models import Device, Health
-from broker.workloads.models import ApprovalState
+from broker.workloads.models import ApprovalState, Workload
 from broker.workloads.states import State
 from tests.cycle.helpers import pending, running
 
@@ -171,3 +171,33 @@ def test_it_moves_the_revision_token_on_every_inventory_table(cluster):
 
     assert None not in tokens
     assert len(set(tokens)) == len(tokens)
+
+
+def test_it_reuses_running_records_whose_rows_did_not_change(cluster):
+    devices = list(Device.objects.order_by("pk"))
+    steady = running(cluster.queue_a, "steady", devices[:4], cluster.h100, admitted_at=timezone.now())
+    moved = running(cluster.queue_b, "moved", devices[4:8], cluster.h100, admitted_at=timezone.now())
+    first, _ = load_snapshot(timezone.now())
+    Workload.objects.filter(pk=moved.pk).update(priority=77)
+
+    second, _ = load_snapshot(timezone.now())
+
+    before = {workload.id: workload for workload in first.running}
+    after = {workload.id: workload for workload in second.running}
+    assert after[str(steady.pk)] is before[str(steady.pk)]
+    assert after[str(moved.pk)] is not before[str(moved.pk)]
+    assert after[str(moved.pk)].priority == 77
+
+
+def test_it_drops_a_running_record_once_its_devices_are_released(cluster):
+    from broker.workloads.models import Allocation
+
+    devices = list(Device.objects.order_by("pk"))
+    done = running(cluster.queue_a, "done", devices[:4], cluster.h100, admitted_at=timezone.now())
+    load_snapshot(timezone.now())
+    Allocation.objects.filter(workload=done).update(released_at=timezone.now())
+
+    snapshot, loaded = load_snapshot(timezone.now())
+
+    assert snapshot.running == ()
+    assert done.pk not in loaded.running_ids
