@@ -395,7 +395,7 @@ class CapacityState:
             counts = self.node_free[class_index]
             old = counts[node]
             counts[node] = old + delta
-            for totals, key in zip(self.domain_free[class_index], keys, strict=True):
+            for totals, key in zip(self.domain_free[class_index], keys, strict=False):  # equal lengths
                 totals[key] += delta
             self.buckets[class_index].move(node, old, old + delta)
 

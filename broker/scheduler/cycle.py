@@ -84,6 +84,7 @@ class Cycle:
         self._extras_cache: dict = {}
         self._access_keys: dict = {}
         self._empty_state: CapacityState | None = None
+        self._node_domains: dict[int, dict] = {}
         self.chosen_victims: set[str] = set()
         self.preemption_failed: set = set()
         self.victim_index = None
@@ -207,31 +208,30 @@ class Cycle:
 
     def _commit(self, request: Request, class_name: str, plan: GangPlan) -> None:
         planned = plan.pods
-        slots = [slot for pod in planned for slot in pod.slots]
-        self.state.hold(slots, request.id)
+        request_id = request.workload.id
+        if len(planned) == 1:
+            slots = planned[0].slots
+        else:
+            slots = [slot for pod in planned for slot in pod.slots]
+            planned = sorted(planned, key=_pod_order)
+        self.state.hold(slots, request_id)
         self._charge(request.queue.name, class_name, len(slots))
         node_names = self.state.node_names
-        if len(planned) > 1:
-            planned = sorted(planned, key=lambda pod: (pod.pod_set, pod.index))
         pods = tuple(
-            PodPlacement(pod.pod_set, pod.index, node_names[pod.node], tuple([slot.id for slot in pod.slots]))
-            for pod in planned
+            [
+                PodPlacement(pod.pod_set, pod.index, node_names[pod.node], tuple([slot.id for slot in pod.slots]))
+                for pod in planned
+            ]
         )
-        self.log.admitted[request.id] = Admission(request.id, class_name, pods, self.common_domain(plan))
-        self.log.admitted_plans[request.id] = plan
+        self.log.admitted[request_id] = Admission(request_id, class_name, pods, self.common_domain(plan))
+        self.log.admitted_plans[request_id] = plan
 
     def common_domain(self, plan: GangPlan) -> dict:
         """Levels (coarse to fine, node excluded) on which all pods share one domain."""
         pods = plan.pods
-        if len(pods) == 1 or all(pod.node == pods[0].node for pod in pods):
-            # One node: it shares every level's domain with itself.
-            node = pods[0].node
-            shared = {}
-            for level, keys in zip(self.state.levels, self.state.node_domains, strict=True):
-                if level == NODE_LEVEL:
-                    break
-                shared[level] = keys[node][-1]
-            return shared
+        node = pods[0].node
+        if len(pods) == 1 or all(pod.node == node for pod in pods):
+            return dict(self._node_domain(node))
         domain = {}
         for level_index, level in enumerate(self.state.levels):
             if level == NODE_LEVEL:
@@ -241,6 +241,18 @@ class Cycle:
                 break
             domain[level] = next(iter(keys))[-1]
         return domain
+
+    def _node_domain(self, node: int) -> dict:
+        """Every level's domain of one node (it shares them all with itself); made once per node."""
+        shared = self._node_domains.get(node)
+        if shared is None:
+            shared = {}
+            for level, keys in zip(self.state.levels, self.state.node_domains, strict=True):
+                if level == NODE_LEVEL:
+                    break
+                shared[level] = keys[node][-1]
+            self._node_domains[node] = shared
+        return shared
 
     # --- step 6 ---
 
@@ -414,6 +426,10 @@ class Cycle:
 
     def pending_decision_for_invalid(self, workload_id: str) -> PendingDecision:
         return explanation.invalid_decision(workload_id, self.log.invalid[workload_id])
+
+
+def _pod_order(pod: PlannedPod) -> tuple:
+    return (pod.pod_set, pod.index)
 
 
 def _trim_to_quota(plan: GangPlan, request: Request, available: int | None) -> GangPlan:

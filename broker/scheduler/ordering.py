@@ -37,10 +37,11 @@ class ShareBook:
             return 0.0
         quota = queue.quota or {}
         dominant = 0.0
-        for device_class in sorted(usage):
-            used = usage[device_class]
+        for device_class, used in usage.items():  # a maximum: the order of the classes cannot change it
             base = quota.get(device_class) or self._capacity.get(device_class) or 1
-            dominant = max(dominant, used / base)
+            share = used / base
+            if share > dominant:
+                dominant = share
         return dominant / (queue.weight if queue.weight > 0 else 1e-9)
 
 

@@ -15,7 +15,6 @@ Placement only plans: nothing in the capacity state changes until the cycle comm
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from broker.scheduler.capacity import ROOT, Slot, View
@@ -32,16 +31,16 @@ class PodDemand(NamedTuple):
     match_attribute: str | None = None
 
 
-@dataclass(frozen=True)
-class PlannedPod:
+class PlannedPod(NamedTuple):
+    """Tuples, not frozen dataclasses: a large cycle makes tens of thousands and they are never changed."""
+
     pod_set: str
     index: int
     node: int
     slots: tuple[Slot, ...]
 
 
-@dataclass(frozen=True)
-class GangPlan:
+class GangPlan(NamedTuple):
     class_index: int
     scope: tuple
     pods: tuple[PlannedPod, ...]
