@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_left, insort
+from collections import Counter
 from itertools import groupby
 from operator import attrgetter
 
@@ -133,6 +134,7 @@ class InventoryIndex:
         self._index_devices(snapshot, matcher)
         self.class_alias = self._class_aliases()
         self.node_keys = list(zip(*self.node_domains, strict=True))  # per node: its domain key at each level
+        self.class_devices = self._class_devices()
 
     def _index_nodes(self, snapshot: Snapshot) -> None:
         known = {node.name: node for node in snapshot.nodes}
@@ -184,6 +186,14 @@ class InventoryIndex:
         self.device_rows = rows
         self.device_ids = [row[1] for row in rows]
 
+    def _class_devices(self) -> list[int]:
+        """How many devices each class selects, whatever their state."""
+        counts = [0] * len(self.class_names)
+        for classes, count in Counter(row[3] for row in self.device_rows).items():
+            for class_index in classes:
+                counts[class_index] += count
+        return counts
+
     def _class_aliases(self) -> list[int]:
         """For each class, the first class made of exactly the same devices (itself when there is none).
         Such classes always have equal free counts, so they share one set of aggregates (one update)."""
@@ -202,7 +212,7 @@ class CapacityState:
     """
 
     SHARED = ("levels", "class_names", "class_index", "node_names", "node_index", "node_schedulable", "node_domains",
-              "domain_nodes", "class_alias", "node_keys")  # fmt: skip
+              "domain_nodes", "class_alias", "node_keys", "class_devices")  # fmt: skip
 
     @classmethod
     def as_built(cls, other: CapacityState) -> CapacityState:

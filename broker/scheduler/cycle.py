@@ -6,9 +6,7 @@ The steps are numbered in the comments of `Cycle.run`, as Kueue's scheduler.go n
 from __future__ import annotations
 
 import gc
-from collections import Counter
 from dataclasses import dataclass, field
-from operator import attrgetter
 
 from broker.scheduler import backfill, explanation, preemption
 from broker.scheduler.capacity import NODE_LEVEL, ROOT, Access, CapacityState, View
@@ -106,7 +104,7 @@ class Cycle:
         self.quota = QuotaTree(self.snapshot.queues, self.snapshot.cohorts)
         self.book = ShareBook(self.snapshot.queues, self._class_capacity())
         charges: dict[tuple, int] = {}
-        for workload in sorted(self.snapshot.running, key=lambda workload: workload.id):
+        for workload in self.snapshot.running:  # sums of whole devices: the order cannot change them
             key = (workload.queue, workload.device_class)
             charges[key] = charges.get(key, 0) + workload.device_count
         for (queue, device_class), amount in charges.items():
@@ -174,11 +172,7 @@ class Cycle:
         self.book.add(queue, device_class, amount)
 
     def _class_capacity(self) -> dict[str, int]:
-        capacity = dict.fromkeys(self.class_names, 0)
-        for classes, count in Counter(map(attrgetter("classes"), self.state.slots)).items():
-            for class_index in classes:
-                capacity[self.class_names[class_index]] += count
-        return capacity
+        return dict(zip(self.class_names, self.state.class_devices, strict=True))
 
     # --- step 5 ---
 
