@@ -119,8 +119,9 @@ class PriorityRun:
     """Workloads in victim order (priority, then most recently started, then id), so that those a
     preemptor's priority lets it evict are a prefix found by bisection rather than a scan."""
 
-    def __init__(self, workloads):
-        self.workloads = sorted(workloads, key=_victim_order)
+    def __init__(self, ordered: list[RunningWorkload]):
+        """`ordered`: workloads already in victim order (`_victim_order`)."""
+        self.workloads = ordered
         self.priorities = [workload.priority for workload in self.workloads]
         self.negated_starts = [-workload.started for workload in self.workloads]
 
@@ -148,12 +149,16 @@ class VictimIndex:
     """Running work arranged for victim searches, built once per cycle."""
 
     def __init__(self, cycle):
+        # Sorted once: the per-queue and per-class lists taken from it in order are in victim order too.
+        candidates = sorted(
+            (workload for workload in cycle.snapshot.running if workload.preemptible and not workload.evicting),
+            key=_victim_order,
+        )
         by_queue: dict[str, list[RunningWorkload]] = {}
         by_queue_class: dict[str, dict[str, list[RunningWorkload]]] = {}
-        for workload in cycle.snapshot.running:
-            if workload.preemptible and not workload.evicting:
-                by_queue.setdefault(workload.queue, []).append(workload)
-                by_queue_class.setdefault(workload.queue, {}).setdefault(workload.device_class, []).append(workload)
+        for workload in candidates:
+            by_queue.setdefault(workload.queue, []).append(workload)
+            by_queue_class.setdefault(workload.queue, {}).setdefault(workload.device_class, []).append(workload)
         self.by_queue = {queue: PriorityRun(workloads) for queue, workloads in by_queue.items()}
         # Cohort reclaim takes a borrower's work per device class, and only of classes it borrows above
         # nominal: whole classes are skipped without looking at their workloads.
@@ -178,6 +183,8 @@ class VictimIndex:
             if workload.evicting and workload.evicted_for in cycle.requests
         }
         self.cohort_root = _cohort_roots(cycle.snapshot)
+        self.device_count: dict[str, int] = {}  # filled as searches meet the workloads
+        self.freed: dict[tuple, dict[tuple, list]] = {}
 
 
 def _index(cycle) -> VictimIndex:
@@ -258,12 +265,10 @@ def _search_class(cycle, request, class_name: str, with_victims: bool = True) ->
     victims = eligible_victims(cycle, request, class_name) if with_victims else []
     base_view = cycle.view(class_name, access)
     most = base_view.total() + sum(len(slots) for slots in evicting.values())
-    if most + sum(victim.workload.device_count for victim in victims) < request.needed:
+    if most + _device_total(cycle, victims) < request.needed:
         return None
-    freed = {
-        victim.workload.id: _by_scope(cycle, _freed_slots(cycle, victim.workload, access), class_index, level_index)
-        for victim in victims
-    }
+    freed_key = (cycle.access_key(access), class_index, level_index)
+    freed = {victim.workload.id: _freed_by_scope(cycle, victim.workload, access, freed_key) for victim in victims}
     # Scopes in order of the fewest victims they could possibly need; stop once a found set is smaller.
     by_scope: dict[tuple, list[Victim]] = {scope: [] for scope in evicting}
     for victim in victims:
@@ -321,6 +326,30 @@ def _evicting_slots(cycle, access, request_id=None) -> list:
             if rank is not None:
                 slots.append((rank, slot))
     return slots
+
+
+def _device_total(cycle, victims) -> int:
+    counts = _index(cycle).device_count
+    total = 0
+    for victim in victims:
+        count = counts.get(victim.workload.id)
+        if count is None:
+            count = counts[victim.workload.id] = victim.workload.device_count
+        total += count
+    return total
+
+
+def _freed_by_scope(cycle, workload: RunningWorkload, access, freed_key: tuple) -> dict:
+    """`_by_scope` of what evicting `workload` frees, for freed_key = (access key, class index, level
+    index). Kept for the cycle, as one workload is a candidate in many searches: running work keeps its
+    devices while decisions are made, and what a request may use of them depends only on its access key."""
+    memo = _index(cycle).freed
+    freed = memo.get((workload.id, freed_key))
+    if freed is None:
+        _, class_index, level_index = freed_key
+        freed = _by_scope(cycle, _freed_slots(cycle, workload, access), class_index, level_index)
+        memo[(workload.id, freed_key)] = freed
+    return freed
 
 
 def _freed_slots(cycle, workload: RunningWorkload, access) -> list:
@@ -385,7 +414,7 @@ def _evicting_ids(slots) -> tuple[str, ...]:
 def _cheapest_feasible(candidates, gains, deficit, feasible, budget):
     """Exact search by increasing set size while within `budget` examined sets, else greedy.
     Sets that cannot free `deficit` devices are skipped without a placement check."""
-    ordered = sorted(candidates, key=lambda victim: cost_key((victim,)))
+    ordered = sorted(candidates, key=lambda victim: _victim_order(victim.workload))  # as cost_key((victim,))
     by_gain = sorted((gains[victim.workload.id] for victim in ordered), reverse=True)
     examined = 0
     for size in range(1, len(ordered) + 1):

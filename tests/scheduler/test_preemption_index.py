@@ -2,7 +2,7 @@
 
 import random
 
-from broker.scheduler.preemption import PriorityRun
+from broker.scheduler.preemption import PriorityRun, _victim_order
 from broker.scheduler.snapshot import RunningPod, RunningWorkload
 
 
@@ -21,19 +21,23 @@ def workloads(seed: int, count: int = 200) -> list[RunningWorkload]:
     ]
 
 
+def run_of(all_workloads) -> PriorityRun:
+    return PriorityRun(sorted(all_workloads, key=_victim_order))
+
+
 def ids(found) -> list[str]:
     return sorted(workload.id for workload in found)
 
 
-def test_it_keeps_victim_order_priority_then_newest_then_id():
-    run = PriorityRun(workloads(1))
-    keys = [(workload.priority, -workload.started, workload.id) for workload in run.workloads]
+def test_it_orders_victims_by_priority_then_newest_then_id():
+    ordered = sorted(workloads(1), key=_victim_order)
+    keys = [(workload.priority, -workload.started, workload.id) for workload in ordered]
     assert keys == sorted(keys)
 
 
 def test_it_finds_lower_and_up_to_priority_as_a_scan_would():
     all_workloads = workloads(2)
-    run = PriorityRun(all_workloads)
+    run = run_of(all_workloads)
     for priority in (-1, 0, 1, 3, 5, 10, 11):
         assert ids(run.below(priority)) == ids(w for w in all_workloads if w.priority < priority)
         assert ids(run.up_to(priority)) == ids(w for w in all_workloads if w.priority <= priority)
@@ -41,7 +45,7 @@ def test_it_finds_lower_and_up_to_priority_as_a_scan_would():
 
 def test_it_finds_lower_or_newer_equal_priority_as_a_scan_would():
     all_workloads = workloads(3)
-    run = PriorityRun(all_workloads)
+    run = run_of(all_workloads)
     for priority in (0, 1, 5, 10, 7):
         for since in (-5.0, 0.0, 10.0, 15.0, 30.0, 40.0):
             expected = [
