@@ -135,6 +135,14 @@ class InventoryIndex:
         self.class_alias = self._class_aliases()
         self.node_keys = list(zip(*self.node_domains, strict=True))  # per node: its domain key at each level
         self.class_devices = self._class_devices()
+        self._as_built: CapacityState | None = None
+
+    def as_built(self) -> CapacityState:
+        """The cluster with every device healthy, free and unreserved; made on first use, then kept.
+        Nothing may change it (its device records are its own, not any cycle's)."""
+        if self._as_built is None:
+            self._as_built = CapacityState.built_from(self)
+        return self._as_built
 
     def _index_nodes(self, snapshot: Snapshot) -> None:
         known = {node.name: node for node in snapshot.nodes}
@@ -217,24 +225,32 @@ class CapacityState:
     @classmethod
     def as_built(cls, other: CapacityState) -> CapacityState:
         """The same cluster with every device healthy, free and unreserved ("can it ever run here?").
-        It shares the other state's device records and only reads them."""
-        built = cls.__new__(cls)
-        for name in (*cls.SHARED, "slots", "slot_by_id"):
-            setattr(built, name, getattr(other, name))
-        built._aggregate(as_built=True)
-        return built
+        Read-only: it depends on the inventory alone, so its index keeps one for every cycle."""
+        return other.index.as_built()
+
+    @classmethod
+    def built_from(cls, index: InventoryIndex) -> CapacityState:
+        """The as-built state of `index`'s cluster (see InventoryIndex.as_built)."""
+        state = cls.__new__(cls)
+        state._adopt(index)
+        state._aggregate(as_built=True)
+        return state
 
     def __init__(self, snapshot: Snapshot, matcher: ClassMatcher, class_names: tuple[str, ...]):
-        index = InventoryIndex.of(snapshot, matcher, class_names)
-        for name in self.SHARED:
-            setattr(self, name, getattr(index, name))
-        self.slots: list[Slot] = [Slot(*row) for row in index.device_rows]
-        self.slot_by_id: dict[str, Slot] = dict(zip(index.device_ids, self.slots, strict=True))
+        self._adopt(InventoryIndex.of(snapshot, matcher, class_names))
         self._hold_running(snapshot)
         self._reserve(snapshot)
         self._aggregate()
 
     # --- building ---
+
+    def _adopt(self, index: InventoryIndex) -> None:
+        """The index's shared, unchanging parts, and device records of this state's own."""
+        self.index = index
+        for name in self.SHARED:
+            setattr(self, name, getattr(index, name))
+        self.slots: list[Slot] = [Slot(*row) for row in index.device_rows]
+        self.slot_by_id: dict[str, Slot] = dict(zip(index.device_ids, self.slots, strict=True))
 
     def _hold_running(self, snapshot: Snapshot) -> None:
         for workload in snapshot.running:

@@ -75,3 +75,15 @@ def test_it_builds_a_new_index_when_the_device_classes_change():
 
     assert InventoryIndex._last is not first
     assert "zz-everything" in InventoryIndex._last.class_names
+
+
+def test_it_keeps_one_as_built_cluster_per_inventory_untouched_by_cycles():
+    snapshot = synthetic_snapshot(nodes=40, pending=300, seed=11)
+    cold_decide(snapshot)
+    built = InventoryIndex._last.as_built()
+
+    decide(snapshot)
+
+    assert InventoryIndex._last.as_built() is built
+    assert all(slot.holder is None for slot in built.slots), "no cycle holds the as-built cluster's devices"
+    assert built.total_free == InventoryIndex._last.class_devices
