@@ -347,6 +347,9 @@ class Cycle:
         """Placement of `request` with one class on the current free state; failures are memoised
         because free capacity only shrinks during a cycle."""
         access = access or request.default_access
+        if request.simple and not excluded and not self.uses_extras(access):
+            # Answered from the bucketed free counts, a failure as fast as a memo lookup: no memo.
+            return self._simple_plan(self.state.class_index[class_name], request.demands[0])
         key = (
             class_name,
             request.demands,
@@ -357,16 +360,13 @@ class Cycle:
         )
         if key in self._failed:
             return None
-        if request.simple and not excluded and not self.uses_extras(access):
-            plan = self._simple_plan(self.state.class_index[class_name], request.demands[0])
-        else:
-            levels = self.state.levels
-            plan = place_gang(
-                self.view(class_name, access, excluded),
-                request.demands,
-                levels.index(request.required) if request.required else None,
-                levels.index(request.preferred) if request.preferred else None,
-            )
+        levels = self.state.levels
+        plan = place_gang(
+            self.view(class_name, access, excluded),
+            request.demands,
+            levels.index(request.required) if request.required else None,
+            levels.index(request.preferred) if request.preferred else None,
+        )
         if plan is None:
             self._failed.add(key)
         return plan
