@@ -94,7 +94,10 @@ def plan_protection(cycle, request) -> Protection | None:
     classes = cycle.entitled_classes(request)
     released: list = []
     events = release_timeline(cycle)[: cycle.config.estimate_horizon_events]
-    free_now = max((cycle.view(name, access).total() for name in classes), default=0)
+    # One view per class, extended with each release (not rebuilt with everything released so far).
+    views = {name: cycle.view(name, access) for name in classes}
+    extended = dict.fromkeys(classes, 0)
+    free_now = max((view.total() for view in views.values()), default=0)
     for position, (end, workload_id) in enumerate(events):
         released.extend(held_slots(cycle, workload_id, access))
         if position + 1 < len(events) and events[position + 1][0] == end:
@@ -102,7 +105,10 @@ def plan_protection(cycle, request) -> Protection | None:
         if free_now + len(released) < request.needed:
             continue  # not even the total is there yet: no placement to try
         for class_name in classes:
-            plan = place_gang(cycle.view(class_name, access, more=released), request.demands, required, preferred)
+            view = views[class_name]
+            view.extend(released[extended[class_name] :])
+            extended[class_name] = len(released)
+            plan = place_gang(view, request.demands, required, preferred)
             if plan is not None:
                 return _protection(cycle, request, plan.scope, {pod.node for pod in plan.pods}, end)
     if cycle.snapshot.now - request.workload.submitted < cycle.config.backfill_wait_seconds:

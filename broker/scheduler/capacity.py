@@ -510,11 +510,32 @@ class View:
         self.class_index = class_index
         self.excluded = excluded
         self.extra_by_node: dict[int, list[tuple[int, Slot]]] = {}
+        self.extra_count = 0
+        self.plain = not excluded
+        self._domain_cache: dict[int, dict[tuple, int]] = {}
+        self._own_counts: set[int] = set()  # levels whose cached counts are this view's copy, not the state's
+        self.extend(extra)
+
+    def extend(self, extra) -> None:
+        """Add extra slots, e.g. those the next expected end releases; cached domain counts follow them
+        rather than being recounted from scratch."""
+        class_index, excluded, by_node = self.class_index, self.excluded, self.extra_by_node
+        added = []
         for rank, slot in extra:
             if class_index in slot.classes and slot.node not in excluded:
-                self.extra_by_node.setdefault(slot.node, []).append((rank, slot))
-        self.plain = not self.extra_by_node and not excluded
-        self._domain_cache: dict[int, dict[tuple, int]] = {}
+                by_node.setdefault(slot.node, []).append((rank, slot))
+                added.append(slot.node)
+        if not added:
+            return
+        self.plain = False
+        self.extra_count += len(added)
+        for level_index, counts in list(self._domain_cache.items()):
+            if level_index not in self._own_counts:
+                counts = self._domain_cache[level_index] = dict(counts)
+                self._own_counts.add(level_index)
+            keys = self.state.node_domains[level_index]
+            for node in added:
+                counts[keys[node]] += 1
 
     def node_count(self, node: int) -> int:
         if node in self.excluded:
@@ -523,7 +544,7 @@ class View:
         return self.state.node_free[self.class_index][node] + (len(extra) if extra else 0)
 
     def total(self) -> int:
-        total = self.state.total_free[self.class_index] + sum(len(slots) for slots in self.extra_by_node.values())
+        total = self.state.total_free[self.class_index] + self.extra_count
         for node in self.excluded:
             total -= self.state.node_free[self.class_index][node]
         return total
@@ -539,6 +560,7 @@ class View:
                     counts[keys[node]] -= self.state.node_free[self.class_index][node]
                 for node, slots in self.extra_by_node.items():
                     counts[keys[node]] += len(slots)
+                self._own_counts.add(level_index)
             self._domain_cache[level_index] = counts
         return counts
 

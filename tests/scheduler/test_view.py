@@ -1,0 +1,52 @@
+"""A View extended step by step answers as one built with all its extra devices at once."""
+
+import copy
+
+from broker.scheduler.capacity import RANK_PLAIN, CapacityState, View
+from broker.scheduler.cycle import Cycle
+from broker.scheduler.synthetic import synthetic_snapshot
+
+
+def busy_state():
+    snapshot = synthetic_snapshot(nodes=64, pending=0, seed=5)
+    cycle = Cycle(snapshot)
+    return CapacityState(snapshot, cycle.matcher, cycle.class_names)
+
+
+def held(state, count):
+    return [(RANK_PLAIN, slot) for slot in state.slots if slot.holder is not None][:count]
+
+
+def answers(view, state):
+    return (
+        view.total(),
+        [view.node_count(node) for node in range(len(state.node_names))],
+        [dict(view.domain_counts(level)) for level in range(len(state.levels))],
+    )
+
+
+def test_it_answers_as_a_view_built_at_once_whatever_was_asked_in_between():
+    state = busy_state()
+    class_index = state.class_index["h100"]
+    extra = held(state, 90)
+    before = copy.deepcopy(state.domain_free)
+    grown = View(state, class_index)
+    answers(grown, state)  # caches the state's own counts while the view is still plain
+
+    for start in range(0, len(extra), 30):
+        grown.extend(extra[start : start + 30])
+        answers(grown, state)
+
+    assert answers(grown, state) == answers(View(state, class_index, extra), state)
+    assert state.domain_free == before, "extending a view must not change the state's counts"
+
+
+def test_it_stays_plain_when_nothing_it_can_use_is_added():
+    state = busy_state()
+    other_class = next(slot for slot in state.slots if state.class_index["h100"] not in slot.classes)
+    view = View(state, state.class_index["h100"])
+
+    view.extend([(RANK_PLAIN, other_class)])
+
+    assert view.plain
+    assert view.extra_count == 0
