@@ -41,7 +41,8 @@ def explain_all(cycle) -> list[PendingDecision]:
     decisions = [cycle.pending_decision_for_invalid(workload_id) for workload_id in sorted(cycle.log.invalid)]
     waiting = [workload_id for workload_id in cycle.log.cluster_order if workload_id not in cycle.log.admitted]
     assessor = Assessor(cycle)
-    assessed = {workload_id: assessor.decide(cycle.log.outcomes[workload_id]) for workload_id in waiting}
+    # Decisions of a shape are shared (under the id of its first workload); each gets its own id below.
+    assessed = {workload_id: assessor.shape_decision(cycle.log.outcomes[workload_id]) for workload_id in waiting}
     # Last: the simulation behind estimated starts consumes the cycle's free-capacity state.
     estimates = {}
     if cycle.config.explain:
@@ -53,13 +54,18 @@ def explain_all(cycle) -> list[PendingDecision]:
         in_queue[queue] = in_queue.get(queue, 0) + 1
         decision = assessed[workload_id]
         start, start_note = estimates.get(workload_id, (None, "not computed"))
+        # Built field by field: dataclasses.replace's generic path costs several times more per workload.
         decisions.append(
-            replace(
-                decision,
+            PendingDecision(
+                workload_id=workload_id,
+                reason=decision.reason,
+                secondary=decision.secondary,
+                message=decision.message,
                 details={**decision.details, "estimate": start_note},
                 position_in_queue=in_queue[queue],
                 position_in_cluster=position,
                 estimated_start=start,
+                suggestions=decision.suggestions,
             )
         )
     return decisions
@@ -73,10 +79,51 @@ class Assessor:
         self.state: CapacityState = cycle.state
         self._capacity_cache: dict = {}
         self._invalid_cache: dict = {}
+        self._shape_decisions: dict = {}
+        snapshot = cycle.snapshot
+        # Quota suggestions are verified by re-running the cycle for the very workload (see _increase_quota).
+        self._verifies_by_rerun = len(snapshot.pending) <= snapshot.config.rerun_verification_limit
 
     # --- codes ---
 
     def decide(self, outcome) -> PendingDecision:
+        decision = self.shape_decision(outcome)
+        if decision.workload_id != outcome.request.id:
+            decision = replace(decision, workload_id=outcome.request.id)
+        return decision
+
+    def shape_decision(self, outcome) -> PendingDecision:
+        """The decision of the outcome's workload, or the same decision made for an earlier workload of
+        its shape (`_shape_key`), which carries that workload's id."""
+        if outcome.victims or outcome.waiting_for_evictions:
+            return self._decide(outcome)
+        key = self._shape_key(outcome.request)
+        decision = self._shape_decisions.get(key)
+        if decision is None:
+            decision = self._shape_decisions[key] = self._decide(outcome)
+        return decision
+
+    def _shape_key(self, request: Request) -> tuple:
+        """Everything of a request (without victims of its own) that its decision reads: requests equal
+        in all of it are decided alike, as the end-of-cycle state does not change while they are."""
+        workload = request.workload
+        return (
+            request.queue.name,
+            request.team,
+            request.resource_class.name if request.resource_class else None,
+            request.classes,
+            request.demands,
+            request.required,
+            request.preferred,
+            request.preemptible,
+            request.tolerations,
+            workload.approved,
+            workload.priority,  # named in the lent-out message
+            self.cycle.excluded_for(request),  # from the expected duration and the head's protection
+            request.id if self._verifies_by_rerun else None,
+        )
+
+    def _decide(self, outcome) -> PendingDecision:
         request: Request = outcome.request
         codes: dict[str, str] = {}
         details: dict = {"needed": self._needed(request)}
