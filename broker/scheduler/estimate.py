@@ -76,13 +76,14 @@ def _simulate(cycle, remaining) -> dict[str, float]:
             _release(cycle, workload_id)
             handled += 1
         held = _held_for_head(cycle, started)
+        unplaceable: set = set()  # placements failed since this release; starts only take devices away
         fronts = [(queue[0][0], index, key) for index, (key, queue) in enumerate(members.items())]
         heapq.heapify(fronts)
         failed = []
         while fronts:
             _, index, key = heapq.heappop(fronts)
             request = members[key][0][1]
-            class_name, plan = _try_start(cycle, request, held)
+            class_name, plan = _try_start(cycle, request, held, unplaceable)
             if plan is None:
                 failed.append((members[key][0][0], index, key))
                 continue
@@ -131,7 +132,9 @@ def _shape(request) -> tuple:
     )
 
 
-def _try_start(cycle, request, held: frozenset):
+def _try_start(cycle, request, held: frozenset, unplaceable: set):
+    """The first class whose quota and placement let `request` start now, and its plan. `unplaceable`
+    holds placements that failed since the last release, for requests of other queues to skip."""
     levels = cycle.state.levels
     required = levels.index(request.required) if request.required else None
     preferred = levels.index(request.preferred) if request.preferred else None
@@ -139,11 +142,34 @@ def _try_start(cycle, request, held: frozenset):
         if not cycle.quota.fits(request.queue.name, class_name, request.needed):
             continue
         excluded = held if cycle.protection and request.id != cycle.protection.workload_id else frozenset()
+        key = _placement_key(cycle, request, class_name, excluded)
+        if key in unplaceable:
+            continue
         view = cycle.view(class_name, request.default_access, excluded)
         plan = place_gang(view, request.demands, required, preferred)
         if plan is not None:
             return class_name, plan
+        if key is not None:
+            unplaceable.add(key)
     return None, None
+
+
+def _placement_key(cycle, request, class_name: str, excluded: frozenset) -> tuple | None:
+    """What a placement of `request` depends on, when its failure is sure to last while devices are only
+    taken: with one pod set and no matchAttribute, it fits exactly when enough of its pods fit in one
+    domain, which fewer free devices never makes true. None for gangs a greedy packing might place only
+    on fewer devices."""
+    demands = request.demands
+    if len(demands) != 1 or demands[0].match_attribute:
+        return None
+    return (
+        class_name,
+        demands,
+        request.required,
+        request.preferred,
+        cycle.access_key(request.default_access),
+        excluded,
+    )
 
 
 def _release(cycle, workload_id: str) -> None:
