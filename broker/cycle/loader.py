@@ -463,36 +463,52 @@ def load_pending(loaded, approval_rules):
             as_text("nominated_devices"),
         )
     )
-    parse = JsonCache()
-    pod_sets = load_pod_sets_for_state(WAITING)
+    pod_set_rows = load_pod_set_rows(WAITING)
     executor = get_executor()
+    scope = (loaded.inventory_token, executor.wall_seconds(HOUR))
+    previous = PENDING_RECORDS.previous(scope)
+    records = {}
+    parse = JsonCache()
     pending = []
     for row in rows:
-        pk, state, queue, team, rc, required, preferred, priority, disruption, submitted, approval, duration = row[:12]
-        pre = row[12]
-        nominated = row[13]
-        sets = tuple(pod_sets.get(pk, ()))
-        devices = sum(p.count * p.devices_per_pod for p in sets)
+        pk, state, rc = row[0], row[1], row[4]
+        sets = pod_set_rows.get(pk, ())
+        devices = sum(replicas * per_pod for _, replicas, _, per_pod, *_ in sets)
+        # The approval rule comes from the policy, not the row: its answer is part of the source.
+        approved = approved_flag(state, row[10], approval_rules.get(rc), devices)
+        source = (row, sets, approved)
+        known = previous.get(pk)
+        if known is not None and known[0] == source:
+            workload = known[1]
+        else:
+            workload = pending_workload(row, sets, approved, loaded, executor, parse)
+        records[pk] = (source, workload)
         loaded.pending_states[pk] = state
-        pending.append(
-            s.PendingWorkload(
-                id=str(pk),
-                queue=queue,
-                pod_sets=sets,
-                resource_class=rc,
-                team=team,
-                topology_required=required or None,
-                topology_preferred=preferred or None,
-                priority=priority,
-                disruption=disruption,
-                submitted=seconds(submitted),
-                approved=approved_flag(state, approval, approval_rules.get(rc), devices),
-                expected_duration=executor.wall_seconds(duration),
-                preemptible=pre,
-                nominated_devices=nominated_ids(parse(nominated, ()), loaded),
-            )
-        )
+        pending.append(workload)
+    PENDING_RECORDS.keep(scope, records)
     return tuple(pending)
+
+
+def pending_workload(row, pod_set_rows, approved, loaded, executor, parse):
+    """One PendingWorkload from its workload row and its pod set rows."""
+    pk, _, queue, team, rc, required, preferred, priority, disruption, submitted, _, duration = row[:12]
+    preemptible, nominated = row[12], row[13]
+    return s.PendingWorkload(
+        id=str(pk),
+        queue=queue,
+        pod_sets=tuple(pod_set_from_row(pod_set, parse) for pod_set in pod_set_rows),
+        resource_class=rc,
+        team=team,
+        topology_required=required or None,
+        topology_preferred=preferred or None,
+        priority=priority,
+        disruption=disruption,
+        submitted=seconds(submitted),
+        approved=approved,
+        expected_duration=executor.wall_seconds(duration),
+        preemptible=preemptible,
+        nominated_devices=nominated_ids(parse(nominated, ()), loaded),
+    )
 
 
 def nominated_ids(device_pks, loaded):
@@ -503,9 +519,9 @@ def nominated_ids(device_pks, loaded):
     return tuple(known[pk][0] for pk in device_pks if pk in known)
 
 
-def load_pod_sets_for_state(states):
-    """Pod sets of every workload in `states`, by a join rather than a 20k-long IN list."""
-    by_workload = defaultdict(list)
+def load_pod_set_rows(states):
+    """{workload pk: (pod set row, ...)} of every workload in `states`, by a join rather than a 20k-long
+    IN list; rows as `pod_set_from_row` reads them."""
     rows = fetch_rows(
         PodSet.objects.filter(workload__state__in=states)
         .order_by("workload_id", "id")
@@ -520,10 +536,7 @@ def load_pod_sets_for_state(states):
             as_text("tolerations"),
         )
     )
-    parse = JsonCache()
-    for workload_id, *row in rows:
-        by_workload[workload_id].append(pod_set_from_row(row, parse))
-    return by_workload
+    return {workload_id: tuple(row[1:] for row in group) for workload_id, group in groupby(rows, key=itemgetter(0))}
 
 
 def pod_set_from_row(row, parse):
@@ -558,8 +571,9 @@ def fetch_rows(queryset):
 
 class BuiltFromRows:
     """Snapshot records kept from the last load with the rows they were built from, so the next load
-    reuses every record whose rows did not change. Running work keeps its allocations for hours, and
-    building 50k frozen records each cycle cost more than reading their rows. The scope holds what a
+    reuses every record whose rows did not change. Running work keeps its allocations for hours and
+    queued work waits through many cycles, and building 70k frozen records each cycle cost more than
+    reading their rows. The scope holds what a
     record depends on besides its rows (the inventory's device names, the executor's clock); a new
     scope starts empty."""
 
@@ -575,6 +589,7 @@ class BuiltFromRows:
 
 
 RUNNING_RECORDS = BuiltFromRows()
+PENDING_RECORDS = BuiltFromRows()
 HOUR = 3600.0
 
 
@@ -592,7 +607,9 @@ def load_running(loaded):
         row[0]: row[1:]
         for row in fetch_rows(
             # No ORDER BY (the model's default would sort 50k rows on disk): this becomes a dict.
-            Workload.objects.filter(Exists(holding)).order_by().values_list(
+            Workload.objects.filter(Exists(holding))
+            .order_by()
+            .values_list(
                 "id",
                 "queue__name",
                 "priority",

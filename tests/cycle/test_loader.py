@@ -201,3 +201,31 @@ def test_it_drops_a_running_record_once_its_devices_are_released(cluster):
 
     assert snapshot.running == ()
     assert done.pk not in loaded.running_ids
+
+
+def test_it_reuses_pending_records_whose_rows_did_not_change(cluster):
+    steady = pending(cluster.queue_a, "steady", replicas=2, devices_per_pod=2, resource_class=cluster.training)
+    moved = pending(cluster.queue_a, "moved", replicas=2, devices_per_pod=2, resource_class=cluster.training)
+    first, _ = load_snapshot(timezone.now())
+    Workload.objects.filter(pk=moved.pk).update(priority=55)
+    moved.pod_sets.update(replicas=3)
+
+    second, _ = load_snapshot(timezone.now())
+
+    before = {workload.id: workload for workload in first.pending}
+    after = {workload.id: workload for workload in second.pending}
+    assert after[str(steady.pk)] is before[str(steady.pk)]
+    assert after[str(moved.pk)].priority == 55
+    assert after[str(moved.pk)].pod_sets[0].count == 3
+
+
+def test_it_recomputes_approval_when_only_the_policy_changed(cluster):
+    waiting = pending(cluster.queue_a, "big", replicas=2, devices_per_pod=4, resource_class=cluster.training)
+    first, _ = load_snapshot(timezone.now())
+    cluster.training.approval_threshold_devices = 4
+    cluster.training.save()
+
+    second, _ = load_snapshot(timezone.now())
+
+    assert [w.approved for w in first.pending if w.id == str(waiting.pk)] == [True]
+    assert [w.approved for w in second.pending if w.id == str(waiting.pk)] == [None]
