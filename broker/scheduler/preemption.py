@@ -26,6 +26,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from itertools import combinations
+from operator import attrgetter
 
 from broker.scheduler.capacity import ROOT
 from broker.scheduler.placement import place_within_scope
@@ -145,14 +146,22 @@ def _victim_order(workload: RunningWorkload) -> tuple:
     return (workload.priority, -workload.started, workload.id)
 
 
+def _in_victim_order(workloads: list[RunningWorkload]) -> list[RunningWorkload]:
+    """`sorted(workloads, key=_victim_order)` as three stable sorts, least significant key first, on
+    attribute getters (no key tuple built per workload: this orders all running work)."""
+    workloads = sorted(workloads, key=attrgetter("id"))
+    workloads.sort(key=attrgetter("started"), reverse=True)  # reverse keeps equal ones in order
+    workloads.sort(key=attrgetter("priority"))
+    return workloads
+
+
 class VictimIndex:
     """Running work arranged for victim searches, built once per cycle."""
 
     def __init__(self, cycle):
         # Sorted once: the per-queue and per-class lists taken from it in order are in victim order too.
-        candidates = sorted(
-            (workload for workload in cycle.snapshot.running if workload.preemptible and not workload.evicting),
-            key=_victim_order,
+        candidates = _in_victim_order(
+            [workload for workload in cycle.snapshot.running if workload.preemptible and not workload.evicting]
         )
         by_queue: dict[str, list[RunningWorkload]] = {}
         by_queue_class: dict[str, dict[str, list[RunningWorkload]]] = {}

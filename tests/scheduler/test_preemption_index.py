@@ -4,7 +4,14 @@ import random
 from dataclasses import replace
 
 from broker.scheduler.cycle import Cycle
-from broker.scheduler.preemption import PriorityRun, _cohort_roots, _index, _victim_order, eligible_victims
+from broker.scheduler.preemption import (
+    PriorityRun,
+    _cohort_roots,
+    _in_victim_order,
+    _index,
+    _victim_order,
+    eligible_victims,
+)
 from broker.scheduler.snapshot import Reservation, RunningPod, RunningWorkload
 from broker.scheduler.synthetic import synthetic_snapshot
 
@@ -36,6 +43,12 @@ def test_it_orders_victims_by_priority_then_newest_then_id():
     ordered = sorted(workloads(1), key=_victim_order)
     keys = [(workload.priority, -workload.started, workload.id) for workload in ordered]
     assert keys == sorted(keys)
+
+
+def test_it_sorts_all_running_work_into_victim_order_by_stable_passes():
+    shuffled = workloads(4, count=500)
+    random.Random(5).shuffle(shuffled)
+    assert _in_victim_order(shuffled) == sorted(shuffled, key=_victim_order)
 
 
 def test_it_finds_lower_and_up_to_priority_as_a_scan_would():
