@@ -9,10 +9,12 @@ Upserts (`upsert_rows`) COPY into a temporary table and merge it with one
 `INSERT ... SELECT ... ON CONFLICT DO UPDATE`. Elsewhere (SQLite, the embedded default) the same calls fall
 back to bulk_create (with update_conflicts for upserts) and `pk__in`, which are fast enough at the sizes
 the embedded default sees.
+A JSON value may come already encoded, as JsonText: COPY hands it to the server as it is.
 Errors come out as Django's database exceptions either way (an IntegrityError for a second active
 allocation of one device), so callers handle them as they would for the ORM.
 """
 
+import json
 from functools import partial
 
 from django.db import connection, connections, transaction
@@ -23,13 +25,25 @@ def is_postgresql():
     return connection.vendor == "postgresql"
 
 
+class JsonText(str):
+    """A JSON column's value already encoded (json.dumps of it). The caller often has the text at hand;
+    encoding the value again per row (and decoding it for the ORM's fallback) cost as much as the COPY."""
+
+
+def _instances(model, fields, rows):
+    """Model instances for the ORM's fallback: JsonText decoded, as the field expects the value."""
+    for row in rows:
+        values = (json.loads(value) if isinstance(value, JsonText) else value for value in row)
+        yield model(**dict(zip(fields, values, strict=True)))
+
+
 def insert_rows(model, fields, rows, batch_size=2000):
     """Insert `rows` (tuples of values in `fields` order; foreign keys by their `_id` attname)."""
     rows = list(rows)
     if not rows:
         return 0
     if not is_postgresql():
-        model.objects.bulk_create((model(**dict(zip(fields, row, strict=True))) for row in rows), batch_size=batch_size)
+        model.objects.bulk_create(_instances(model, fields, rows), batch_size=batch_size)
         return len(rows)
     meta = model._meta
     columns = ", ".join(connection.ops.quote_name(meta.get_field(name).column) for name in _field_names(fields))
@@ -50,7 +64,7 @@ def upsert_rows(model, fields, rows, unique_fields, update_fields, batch_size=20
         return 0
     if not is_postgresql():
         model.objects.bulk_create(
-            (model(**dict(zip(fields, row, strict=True))) for row in rows),
+            _instances(model, fields, rows),
             batch_size=batch_size,
             update_conflicts=True,
             unique_fields=_field_names(unique_fields),
@@ -74,14 +88,7 @@ def upsert_rows(model, fields, rows, unique_fields, update_fields, batch_size=20
         f"INSERT INTO {table} ({columns}) SELECT {columns} FROM {temporary} "
         f"ON CONFLICT ({conflict}) DO UPDATE SET {updates}"
     )
-    # JSON (to psycopg's Jsonb, dumped as the ORM dumps it) and datetimes (naive ones made aware as the
-    # ORM does) go through their field's preparation; other values pass as given, already of the
-    # column's Python type. The wrapper itself, not the thread-local proxy: looked up once, not per value.
-    db = connections[connection.alias]
-    prepare = [
-        partial(f.get_db_prep_save, connection=db) if isinstance(f, JSONField | DateTimeField) else None
-        for f in model_fields
-    ]
+    prepare = [_preparation(f) for f in model_fields]
     # atomic: one transaction (or savepoint) for the table's life; a failure rolls its creation back.
     with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
         cursor.execute(create)
@@ -91,6 +98,20 @@ def upsert_rows(model, fields, rows, unique_fields, update_fields, batch_size=20
         cursor.execute(merge)
         cursor.execute(f"DROP TABLE {temporary}")
     return len(rows)
+
+
+def _preparation(field):
+    """What a value for `field` goes through before the COPY (None: nothing). JSON (to psycopg's Jsonb,
+    dumped as the ORM dumps it; JsonText as it is: the server parses the text) and naive datetimes (made
+    aware as the ORM does) go through their field's preparation; aware datetimes and other values pass
+    as given, already of the column's Python type."""
+    # The wrapper itself, not the thread-local proxy: looked up once, not per value.
+    prep = partial(field.get_db_prep_save, connection=connections[connection.alias])
+    if isinstance(field, JSONField):
+        return lambda value: value if isinstance(value, JsonText) else prep(value)
+    if isinstance(field, DateTimeField):
+        return lambda value: value if value is None or getattr(value, "tzinfo", None) is not None else prep(value)
+    return None
 
 
 def _field_names(fields):

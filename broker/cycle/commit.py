@@ -9,6 +9,8 @@ REPEATABLE READ, so a row changed after the snapshot makes the locking reads bel
 serialization error, which is the same refusal; the unique index on active allocations is the last guard.
 """
 
+import gc
+import hashlib
 import json
 import logging
 import re
@@ -16,6 +18,8 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import lru_cache
+from typing import NamedTuple
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
@@ -25,7 +29,7 @@ from django.utils import timezone
 
 from broker.audit.models import record
 from broker.costs.sampling import capacity_rows, record_capacity_sample, sample_capacity
-from broker.cycle.bulk import column_in, insert_rows, pk_in, upsert_rows
+from broker.cycle.bulk import JsonText, column_in, insert_rows, pk_in, upsert_rows
 from broker.cycle.executor import move
 from broker.cycle.loader import as_text
 from broker.inventory.models import ClusterState, Device, Health, InventoryRevision
@@ -52,7 +56,10 @@ EXPLANATION_FIELDS = (
 
 ALLOCATION_COLUMNS = ("workload_id", "device_id", "device_class_id", "pod_set", "pod_index", "cycle_id", "allocated_at",
                       "released_at")  # fmt: skip
+JSON_FIELDS = {"secondary", "details", "suggestions"}
 EXPLANATION_COLUMNS = ("workload_id", "cycle_id", "updated_at", *EXPLANATION_FIELDS)
+STORED_EXPLANATION_COLUMNS = (*EXPLANATION_COLUMNS, "fingerprint")
+FINGERPRINT_BYTES = 16  # 32 hex digits: Explanation.fingerprint
 HISTORY_COLUMNS = ("workload_id", "cycle_id", "reason", "message", "at")
 # An admitted workload's nomination and eviction record are done with. Set in the admission's own state
 # UPDATE: a second pass over 20,000 just-rewritten rows (and their 17 indexes) cost as much as the first.
@@ -91,6 +98,19 @@ class CommitDelta:
 def commit_result(result, loaded, cycle, snapshot=None):
     """Write `result` (decided on `loaded`, from `snapshot`) and finish `cycle`; returns the CommitDelta.
     Raises StaleSnapshot (cycle marked Refused, nothing else written) when the snapshot went stale."""
+    # As while loading and deciding (broker.cycle.loader.load_snapshot): the heap holds the snapshot and
+    # the decisions, nothing in it is garbage yet, and the collector's passes over it (each full one
+    # 300 ms at 100k devices) cost a fifth to a half of a large commit.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return write_result(result, loaded, cycle, snapshot)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def write_result(result, loaded, cycle, snapshot):
     started = time.perf_counter()
     try:
         with transaction.atomic():
@@ -373,22 +393,31 @@ def plain(value):
     return json.loads(json.dumps(value, default=str))
 
 
-def explanation_values(decision):
+def explanation_content(decision):
+    """The decision as the Explanation's fields, JSON values still as the core made them (tuples)."""
     estimated = None
     if decision.estimated_start is not None:
         # Whole seconds: the estimate moves by fractions every cycle and that is not news.
         estimated = datetime.fromtimestamp(round(decision.estimated_start), tz=UTC)
     return {
         "reason": decision.reason,
-        "secondary": plain(list(decision.secondary)),
+        "secondary": decision.secondary,
         "message": decision.message,
-        "details": plain(decision.details),
+        "details": decision.details,
         "position_in_queue": decision.position_in_queue,
         "position_in_cluster": decision.position_in_cluster,
         "estimated_start": estimated,
-        "suggestions": plain(
-            [{"kind": s.kind, "description": s.description, "change": s.change} for s in decision.suggestions]
-        ),
+        "suggestions": [
+            {"kind": s.kind, "description": s.description, "change": s.change} for s in decision.suggestions
+        ],
+    }
+
+
+def explanation_values(content):
+    """`content` as stored: each JSON field encoded as `plain` shapes it (tuples as lists)."""
+    return {
+        name: JsonText(json.dumps(value, default=str)) if name in JSON_FIELDS else value
+        for name, value in content.items()
     }
 
 
@@ -400,26 +429,61 @@ def comparable_details(details):
     have no expected duration") counts work elsewhere in the cluster and moves with every start and
     eviction, so its numbers are not news; its wording is."""
     note = details.get("estimate") if isinstance(details, dict) else None
-    if not isinstance(note, str) or not DIGITS.search(note):
+    if not isinstance(note, str):
         return details
-    return {**details, "estimate": DIGITS.sub("#", note)}
+    return {**details, "estimate": without_numbers(note)}
+
+
+@lru_cache(maxsize=1024)
+def without_numbers(note):
+    # A handful of distinct notes per cycle, each shared by thousands of decisions.
+    return DIGITS.sub("#", note)
+
+
+def fingerprint(content):
+    """A digest of everything `unchanged` compares but the estimated start (compared with a tolerance,
+    so stored beside it): two contents have the same fingerprint when their JSON is equal, keys in any
+    order, tuples as lists, the estimate note's numbers left out. Stored with each Explanation so a cycle
+    compares 20,000 explanations without reading and decoding their JSON."""
+    comparable = [
+        comparable_details(content[name]) if name == "details" else content[name]
+        for name in EXPLANATION_FIELDS
+        if name != "estimated_start"
+    ]
+    try:
+        text = json.dumps(comparable, sort_keys=True, default=str)
+    except TypeError:  # keys of mixed types cannot be sorted; as JSON they are all strings
+        text = json.dumps(plain(comparable), sort_keys=True, default=str)
+    return hashlib.blake2b(text.encode(), digest_size=FINGERPRINT_BYTES).hexdigest()
+
+
+def estimate_unchanged(old, new, tolerance):
+    """Whether an estimated start moved by less than `tolerance` seconds (a known one never matches an
+    unknown one)."""
+    if old == new:
+        return True
+    return old is not None and new is not None and abs((new - old).total_seconds()) < tolerance
 
 
 def unchanged(before, values, tolerance):
-    """Whether the stored explanation `before` still says what `values` says: every field equal, except
-    an estimated start that moved by less than `tolerance` seconds and the numbers in the estimate note."""
+    """Whether the explanation `before` still says what `values` says: every field equal, except an
+    estimated start that moved by less than `tolerance` seconds and the numbers in the estimate note.
+    `explain` asks the same of the fingerprint and estimate it stored."""
     if before is None:
         return False
-    for name in EXPLANATION_FIELDS:
-        old, new = before[name], values[name]
-        if old == new:
-            continue
-        if name == "estimated_start":
-            if old is None or new is None or abs((new - old).total_seconds()) >= tolerance:
-                return False
-        elif name != "details" or comparable_details(old) != comparable_details(new):
-            return False
-    return True
+    return fingerprint(before) == fingerprint(values) and estimate_unchanged(
+        before["estimated_start"], values["estimated_start"], tolerance
+    )
+
+
+class Stored(NamedTuple):
+    """What `explain` reads of a stored explanation: not the JSON columns, whose decoding for every
+    pending workload cost more than all the rest of the comparison."""
+
+    fingerprint: str
+    estimated_start: datetime | None
+    reason: str
+    message: str
 
 
 def explain(decisions, admitted, cycle, now):
@@ -429,30 +493,33 @@ def explain(decisions, admitted, cycle, now):
     decisions = [d for d in decisions if int(d.workload_id) not in skip]
     if not decisions:
         return []
-    ids = [int(d.workload_id) for d in decisions]
-    stored = Explanation.objects.filter(**column_in("workload", ids))
-    existing = {
-        row[0]: dict(zip(EXPLANATION_FIELDS, row[1:], strict=True))
-        for row in stored.values_list("workload_id", *EXPLANATION_FIELDS)
-    }
+    rows = Explanation.objects.filter(**column_in("workload", [int(d.workload_id) for d in decisions]))
+    existing = {row[0]: Stored(*row[1:]) for row in rows.values_list("workload_id", *Stored._fields)}
     tolerance = settings.EXPLANATION_ESTIMATE_TOLERANCE_SECONDS
     upserts = []
     history = []
     for decision in decisions:
         pk = int(decision.workload_id)
-        values = explanation_values(decision)
+        content = explanation_content(decision)
+        digest = fingerprint(content)
         before = existing.get(pk)
-        if unchanged(before, values, tolerance):
+        # An empty stored fingerprint (a row from before fingerprints, or saved by another writer) never matches.
+        if (
+            before is not None
+            and before.fingerprint == digest
+            and estimate_unchanged(before.estimated_start, content["estimated_start"], tolerance)
+        ):
             continue
-        upserts.append((pk, cycle.pk, now, *(values[name] for name in EXPLANATION_FIELDS)))
-        if before is None or (before["reason"], before["message"]) != (values["reason"], values["message"]):
-            history.append((pk, cycle.pk, values["reason"], values["message"], now))
+        values = explanation_values(content)
+        upserts.append((pk, cycle.pk, now, *(values[name] for name in EXPLANATION_FIELDS), digest))
+        if before is None or (before.reason, before.message) != (content["reason"], content["message"]):
+            history.append((pk, cycle.pk, content["reason"], content["message"], now))
     upsert_rows(
         Explanation,
-        EXPLANATION_COLUMNS,
+        STORED_EXPLANATION_COLUMNS,
         upserts,
         unique_fields=["workload_id"],
-        update_fields=EXPLANATION_COLUMNS[1:],
+        update_fields=STORED_EXPLANATION_COLUMNS[1:],
     )
     insert_rows(ExplanationChange, HISTORY_COLUMNS, history)
     return sorted(row[0] for row in upserts)

@@ -233,9 +233,21 @@ class Explanation(models.Model):
     estimated_start = models.DateTimeField(null=True, blank=True)
     suggestions = models.JSONField(default=list, blank=True)
     updated_at = models.DateTimeField(default=timezone.now)
+    # db_default: rows written without it (a COPY naming other columns, before the migration) are empty.
+    fingerprint = models.CharField(
+        max_length=32, blank=True, db_default="", help_text="Digest of what the cycle compares; empty: compare as new."
+    )
 
     def __str__(self):
         return f"{self.workload}: {self.reason}"
+
+    def save(self, *args, **kwargs):
+        # Only the cycle's commit (bulk writes, no save()) knows the fingerprint of what it writes. Content
+        # saved any other way must not keep the old one, or the next cycle would take it for its own.
+        self.fingerprint = ""
+        if kwargs.get("update_fields") is not None:
+            kwargs["update_fields"] = {*kwargs["update_fields"], "fingerprint"}
+        super().save(*args, **kwargs)
 
 
 class ExplanationChange(models.Model):
