@@ -199,6 +199,7 @@ class Assessor:
             request.preferred,
             self.cycle.access_key(request.default_access),
             excluded,
+            request.team,  # the Reserved message names it, though the access key may leave it out
         )
         cached = self._capacity_cache.get(key)
         if cached is None:
