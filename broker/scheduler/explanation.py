@@ -480,8 +480,11 @@ def _largest_domain(view: View, level_index: int, level: str) -> dict:
     counts = view.domain_counts(level_index)
     if not counts:
         return {"level": level, "name": None, "free": 0}
-    key = min(counts, key=lambda key: (-counts[key], key))
-    return {"level": level, "name": key[-1], "free": counts[key]}
+    # The most free devices, ties to the first name: the maximum at C speed, then only its holders
+    # compared (at the node level there are as many domains as nodes).
+    most = max(counts.values())
+    key = min(key for key, count in counts.items() if count == most)
+    return {"level": level, "name": key[-1], "free": most}
 
 
 def _why_never(view: View, request: Request, class_name: str) -> str:
