@@ -253,12 +253,14 @@ class CapacityState:
         self.slot_by_id: dict[str, Slot] = dict(zip(index.device_ids, self.slots, strict=True))
 
     def _hold_running(self, snapshot: Snapshot) -> None:
+        slot_by_id = self.slot_by_id
         for workload in snapshot.running:
+            holder = workload.id
             for pod in workload.pods:
                 for device_id in pod.device_ids:
-                    slot = self.slot_by_id.get(device_id)
+                    slot = slot_by_id.get(device_id)
                     if slot is not None:
-                        slot.holder = workload.id
+                        slot.holder = holder
 
     def _reserve(self, snapshot: Snapshot) -> None:
         team_of_queue = {queue.name: queue.team for queue in snapshot.queues}
