@@ -60,6 +60,9 @@ JSON_FIELDS = {"secondary", "details", "suggestions"}
 EXPLANATION_COLUMNS = ("workload_id", "cycle_id", "updated_at", *EXPLANATION_FIELDS)
 STORED_EXPLANATION_COLUMNS = (*EXPLANATION_COLUMNS, "fingerprint")
 FINGERPRINT_BYTES = 16  # 32 hex digits: Explanation.fingerprint
+FINGERPRINTED_FIELDS = tuple(name for name in EXPLANATION_FIELDS if name != "estimated_start")
+# One encoder for every fingerprint (json.dumps builds one per call); decisions are trees, no cycle check.
+CANONICAL_JSON = json.JSONEncoder(sort_keys=True, default=str, check_circular=False)
 HISTORY_COLUMNS = ("workload_id", "cycle_id", "reason", "message", "at")
 # An admitted workload's nomination and eviction record are done with. Set in the admission's own state
 # UPDATE: a second pass over 20,000 just-rewritten rows (and their 17 indexes) cost as much as the first.
@@ -446,14 +449,12 @@ def fingerprint(content):
     order, tuples as lists, the estimate note's numbers left out. Stored with each Explanation so a cycle
     compares 20,000 explanations without reading and decoding their JSON."""
     comparable = [
-        comparable_details(content[name]) if name == "details" else content[name]
-        for name in EXPLANATION_FIELDS
-        if name != "estimated_start"
+        comparable_details(content[name]) if name == "details" else content[name] for name in FINGERPRINTED_FIELDS
     ]
     try:
-        text = json.dumps(comparable, sort_keys=True, default=str)
+        text = CANONICAL_JSON.encode(comparable)
     except TypeError:  # keys of mixed types cannot be sorted; as JSON they are all strings
-        text = json.dumps(plain(comparable), sort_keys=True, default=str)
+        text = CANONICAL_JSON.encode(plain(comparable))
     return hashlib.blake2b(text.encode(), digest_size=FINGERPRINT_BYTES).hexdigest()
 
 
@@ -496,7 +497,8 @@ def explain(decisions, admitted, cycle, now):
     rows = Explanation.objects.filter(**column_in("workload", [int(d.workload_id) for d in decisions]))
     existing = {row[0]: Stored(*row[1:]) for row in rows.values_list("workload_id", *Stored._fields)}
     tolerance = settings.EXPLANATION_ESTIMATE_TOLERANCE_SECONDS
-    upserts = []
+    inserts = []
+    updates = []
     history = []
     for decision in decisions:
         pk = int(decision.workload_id)
@@ -511,18 +513,23 @@ def explain(decisions, admitted, cycle, now):
         ):
             continue
         values = explanation_values(content)
-        upserts.append((pk, cycle.pk, now, *(values[name] for name in EXPLANATION_FIELDS), digest))
+        row = (pk, cycle.pk, now, *(values[name] for name in EXPLANATION_FIELDS), digest)
+        (inserts if before is None else updates).append(row)
         if before is None or (before.reason, before.message) != (content["reason"], content["message"]):
             history.append((pk, cycle.pk, content["reason"], content["message"], now))
+    # New rows straight in; only the rewritten ones need the upsert's merge. A row another writer
+    # inserted since the read makes the insert fail (the refusal's unique violation) or the upsert's
+    # REPEATABLE READ fail, the same stale snapshot either way.
+    insert_rows(Explanation, STORED_EXPLANATION_COLUMNS, inserts)
     upsert_rows(
         Explanation,
         STORED_EXPLANATION_COLUMNS,
-        upserts,
+        updates,
         unique_fields=["workload_id"],
         update_fields=STORED_EXPLANATION_COLUMNS[1:],
     )
     insert_rows(ExplanationChange, HISTORY_COLUMNS, history)
-    return sorted(row[0] for row in upserts)
+    return sorted(row[0] for row in (*inserts, *updates))
 
 
 # --- 4. tell the dashboards ------------------------------------------------------------------------------

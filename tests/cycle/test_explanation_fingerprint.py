@@ -172,3 +172,17 @@ def test_it_stores_encoded_json_as_the_orm_stores_the_value(cluster):
 
 def plain_json(content):
     return {name: plain(content[name]) for name in ("secondary", "details", "suggestions")}
+
+
+def test_it_inserts_new_explanations_and_rewrites_changed_ones_in_one_cycle(cluster, waiting):
+    newcomer = pending(cluster.queue_b, "newcomer", replicas=3, devices_per_pod=4, resource_class=cluster.training)
+
+    run = run_once(
+        decider=rewriting(lambda d: dataclasses.replace(d, position_in_cluster=(d.position_in_cluster or 0) + 7))
+    )
+
+    rows = {e.workload_id: e for e in Explanation.objects.filter(workload__in=[waiting, newcomer])}
+    assert {pk: e.cycle_id for pk, e in rows.items()} == {waiting.pk: run.cycle_id, newcomer.pk: run.cycle_id}
+    assert all(len(e.fingerprint) == 32 and e.position_in_cluster >= 7 for e in rows.values())
+    assert ExplanationChange.objects.filter(workload=newcomer).count() == 1
+    assert ExplanationChange.objects.filter(workload=waiting).count() == 1
