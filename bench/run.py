@@ -137,7 +137,8 @@ def summary_line(name: str, result: dict) -> str:
     elif name == "cycle":
         cells = ", ".join(
             f"{c['devices'] // 1000}k/{c['pending'] // 1000}k first {c['first']['cycle_ms']:.0f} refill "
-            f"{c['refill']['cycle_ms']:.0f} steady {c['steady']['cycle_ms']:.0f} ms"
+            f"{c['refill']['cycle_ms']:.0f} steady {c['steady']['cycle_ms']:.0f} "
+            f"steady_cold {c['steady_cold'].get('cycle_ms', 0):.0f} ms"
             for c in result["cases"]
         )
         text = f"cycle load+decide+commit (target 2 s): {cells}"

@@ -590,6 +590,19 @@ class BuiltFromRows:
 
 RUNNING_RECORDS = BuiltFromRows()
 PENDING_RECORDS = BuiltFromRows()
+
+
+def forget_everything_loaded():
+    """Drop every cache the loader and the decision core keep between cycles: the next cycle reads and
+    indexes everything, as a newly started worker does (benchmarks and tests use it)."""
+    from broker.scheduler.capacity import InventoryIndex
+
+    INVENTORY_CACHE.clear()
+    RUNNING_RECORDS.keep(None, {})
+    PENDING_RECORDS.keep(None, {})
+    InventoryIndex._last = None
+
+
 HOUR = 3600.0
 
 

@@ -229,3 +229,15 @@ def test_it_recomputes_approval_when_only_the_policy_changed(cluster):
 
     assert [w.approved for w in first.pending if w.id == str(waiting.pk)] == [True]
     assert [w.approved for w in second.pending if w.id == str(waiting.pk)] == [None]
+
+
+def test_it_reads_everything_again_after_forgetting_what_it_loaded(cluster):
+    from broker.cycle.loader import forget_everything_loaded
+
+    first, _ = load_snapshot(timezone.now())
+    forget_everything_loaded()
+
+    second, _ = load_snapshot(timezone.now())
+
+    assert second.devices is not first.devices
+    assert second.devices == first.devices
