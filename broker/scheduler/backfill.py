@@ -13,6 +13,7 @@ that can hold it at all) is kept free anyway, with no start time. Only one head 
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 from broker.scheduler.capacity import ROOT, View
@@ -47,34 +48,92 @@ class Protection:
 
 
 def release_timeline(cycle) -> list[tuple[float, str]]:
-    """(expected end, workload id) of everything holding devices whose end is known, earliest first.
+    """(expected end, workload id) of everything holding devices whose end is known, earliest first, as
+    far as simulations reach: the first `estimate_horizon_events` releases and any at the same time as
+    the last of them (a simulation handles whole release times until it has handled that many).
 
-    Asked by backfill during the cycle and by estimates after it. Chosen victims and admissions only
-    grow during a cycle, so the parts already built are kept (on the cycle) and only the new admissions
-    are added; (end, id) pairs are unique, so the sorted list is the same however it was assembled."""
-    now = cycle.snapshot.now
-    cache = cycle.__dict__.setdefault("_release_timeline", {})
-    victims = len(cycle.chosen_victims)
-    if cache.get("victims") != victims:
-        running = []
+    Asked by backfill during the cycle and by estimates after it. Chosen victims end now; they and the
+    admissions only grow during a cycle, so what is read of running work is gathered once (on the cycle)."""
+    return _timeline(cycle).events(cycle, cycle.config.estimate_horizon_events)
+
+
+def unknown_ends(cycle) -> int:
+    """Running workloads holding devices with no expected end (not evicting, not chosen as victims)."""
+    victims = cycle.chosen_victims
+    return sum(1 for workload_id in _timeline(cycle).without_end if workload_id not in victims)
+
+
+def _timeline(cycle) -> ReleaseTimeline:
+    timeline = cycle.__dict__.get("_release_timeline")
+    if timeline is None:
+        timeline = cycle.__dict__["_release_timeline"] = ReleaseTimeline(cycle)
+    return timeline
+
+
+class ReleaseTimeline:
+    """What `release_timeline` reads of running work, gathered once per cycle.
+
+    Simulations consume at most `estimate_horizon_events` releases (plus those at the same time as the
+    last of them), so only that many of the earliest ends are ever put in order: a partial selection
+    of the ~all running work instead of a full sort each time the chosen victims change."""
+
+    def __init__(self, cycle):
+        now = cycle.snapshot.now
+        self.now = now
+        self.evicting: list[str] = []
+        self.without_end: list[str] = []
+        self.ends: list[tuple[float, str]] = []  # not evicting, end known; chosen victims still in
         for workload in cycle.snapshot.running:
-            if workload.evicting or workload.id in cycle.chosen_victims:
-                running.append((now, workload.id))
-            elif workload.expected_end is not None:
-                running.append((max(now, workload.expected_end), workload.id))
-        running.sort()
-        cache["victims"], cache["running"] = victims, running
-    admitted_ids = list(cycle.log.admitted)
-    admitted = cache.setdefault("admitted", [])
-    for workload_id in admitted_ids[cache.get("seen", 0) :]:
-        duration = cycle.requests[workload_id].workload.expected_duration
-        if duration is not None:
-            admitted.append((now + duration, workload_id))
-    cache["seen"] = len(admitted_ids)
-    admitted.sort()
-    events = cache["running"] + admitted
-    events.sort()
-    return events
+            if workload.evicting:
+                self.evicting.append(workload.id)
+            elif workload.expected_end is None:
+                self.without_end.append(workload.id)
+            else:
+                end = workload.expected_end
+                self.ends.append((end if end > now else now, workload.id))
+        self.earliest: list[tuple[float, str]] = []  # the smallest of `ends`, in order
+        self.admitted: list[tuple[float, str]] = []
+        self.admitted_seen = 0
+
+    def events(self, cycle, horizon: int) -> list[tuple[float, str]]:
+        victims = cycle.chosen_victims
+        now = self.now
+        ending_now = sorted(
+            {(now, workload_id) for workload_id in self.evicting}
+            | {(now, workload_id) for workload_id in victims if workload_id in cycle.running}
+        )
+        events: list[tuple[float, str]] = []
+        for event in heapq.merge(ending_now, self._ends_except(victims, horizon), self._admitted(cycle)):
+            if len(events) >= horizon and (not events or event[0] != events[-1][0]):
+                break
+            events.append(event)
+        return events
+
+    def _ends_except(self, victims, horizon: int):
+        position = 0
+        while True:
+            if position == len(self.earliest):
+                if position == len(self.ends):
+                    return
+                self._select(2 * position + horizon + 64)  # room for victims skipped and ties
+            event = self.earliest[position]
+            position += 1
+            if event[1] not in victims:
+                yield event
+
+    def _select(self, count: int) -> None:
+        # (end, id) pairs are unique, so the `count` smallest come in the order a full sort gives them.
+        self.earliest = heapq.nsmallest(count, self.ends) if count < len(self.ends) else sorted(self.ends)
+
+    def _admitted(self, cycle) -> list[tuple[float, str]]:
+        admitted_ids = list(cycle.log.admitted)
+        for workload_id in admitted_ids[self.admitted_seen :]:
+            duration = cycle.requests[workload_id].workload.expected_duration
+            if duration is not None:
+                self.admitted.append((self.now + duration, workload_id))
+        self.admitted_seen = len(admitted_ids)
+        self.admitted.sort()
+        return self.admitted
 
 
 def held_slots(cycle, workload_id: str, access) -> list:

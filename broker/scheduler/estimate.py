@@ -13,7 +13,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
-from broker.scheduler.backfill import release_timeline
+from broker.scheduler.backfill import release_timeline, unknown_ends
 from broker.scheduler.placement import place_gang
 
 NO_ESTIMATE_REASONS = ("InvalidRequest", "NotEntitled", "AwaitingApproval")
@@ -29,11 +29,7 @@ def estimated_starts(cycle, waiting: list[str], reasons: dict[str, str]) -> dict
         else:
             remaining.append(cycle.requests[workload_id])
     protection = cycle.protection
-    unknown = sum(
-        1
-        for workload in cycle.snapshot.running
-        if workload.expected_end is None and not workload.evicting and workload.id not in cycle.chosen_victims
-    )
+    unknown = unknown_ends(cycle)
     unknown += sum(
         1 for workload_id in cycle.log.admitted if cycle.requests[workload_id].workload.expected_duration is None
     )
