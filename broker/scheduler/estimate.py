@@ -65,6 +65,8 @@ def _simulate(cycle, remaining) -> dict[str, float]:
         key = _shape(request) + ((request.workload.id,) if request.workload.id == head else ())
         members.setdefault(key, deque()).append((position, request))
     handled = 0
+    placement_ids: dict[tuple, int] = {}
+    front = {key: _Front(cycle, queue[0][1]) for key, queue in members.items()}
     while events and members and handled < cycle.config.estimate_horizon_events:
         time = events[0][0]
         while events and events[0][0] == time:
@@ -72,22 +74,23 @@ def _simulate(cycle, remaining) -> dict[str, float]:
             _release(cycle, workload_id)
             handled += 1
         held = _held_for_head(cycle, started)
-        unplaceable: set = set()  # placements failed since this release; starts only take devices away
+        unplaceable: set[int] = set()  # placements failed since this release; starts only take devices away
         fronts = [(queue[0][0], index, key) for index, (key, queue) in enumerate(members.items())]
         heapq.heapify(fronts)
         failed = []
         while fronts:
             _, index, key = heapq.heappop(fronts)
-            request = members[key][0][1]
-            class_name, plan = _try_start(cycle, request, held, unplaceable)
+            class_name, plan = _try_start(cycle, front[key], held, unplaceable, placement_ids)
             if plan is None:
                 failed.append((members[key][0][0], index, key))
                 continue
+            request = front[key].request
             workload_id = request.workload.id
             _start(cycle, request, class_name, plan)
             started[workload_id] = time
             members[key].popleft()
             if members[key]:
+                front[key] = _Front(cycle, members[key][0][1])
                 heapq.heappush(fronts, (members[key][0][0], index, key))
             if held and workload_id == head:
                 held = frozenset()  # the head starts: what failed only because of its hold may fit now
@@ -128,25 +131,59 @@ def _shape(request) -> tuple:
     )
 
 
-def _try_start(cycle, request, held: frozenset, unplaceable: set):
-    """The first class whose quota and placement let `request` start now, and its plan. `unplaceable`
-    holds placements that failed since the last release, for requests of other queues to skip."""
-    levels = cycle.state.levels
-    required = levels.index(request.required) if request.required else None
-    preferred = levels.index(request.preferred) if request.preferred else None
-    for class_name in request.classes:
-        if not cycle.quota.fits(request.queue.name, class_name, request.needed):
-            continue
-        excluded = held if cycle.protection and request.id != cycle.protection.workload_id else frozenset()
-        key = _placement_key(cycle, request, class_name, excluded)
-        if key in unplaceable:
+class _Front:
+    """The first waiting workload of one shape, with what every try of it needs worked out once: a
+    front is tried at each release time until it starts."""
+
+    __slots__ = ("request", "queue", "needed", "required", "preferred", "excludable", "placements")
+
+    def __init__(self, cycle, request):
+        levels = cycle.state.levels
+        protection = cycle.protection
+        self.request = request
+        self.queue = request.queue.name
+        self.needed = request.needed
+        self.required = levels.index(request.required) if request.required else None
+        self.preferred = levels.index(request.preferred) if request.preferred else None
+        self.excludable = protection is not None and request.id != protection.workload_id
+        self.placements: dict[frozenset, tuple] = {}  # nodes excluded -> placement id (or None) per class
+
+    def placement_ids(self, cycle, excluded: frozenset, ids: dict[tuple, int]) -> tuple:
+        """Per class, a number standing for `_placement_key` (one hashed int instead of a key tuple
+        hashed at every try), None where failures are not remembered."""
+        known = self.placements.get(excluded)
+        if known is None:
+            known = self.placements[excluded] = tuple(
+                _placement_id(_placement_key(cycle, self.request, class_name, excluded), ids)
+                for class_name in self.request.classes
+            )
+        return known
+
+
+def _placement_id(key: tuple | None, ids: dict[tuple, int]) -> int | None:
+    if key is None:
+        return None
+    known = ids.get(key)
+    if known is None:
+        known = ids[key] = len(ids)
+    return known
+
+
+def _try_start(cycle, front: _Front, held: frozenset, unplaceable: set[int], ids: dict[tuple, int]):
+    """The first class whose quota and placement let the front start now, and its plan. `unplaceable`
+    holds placements that failed since the last release, for requests of other queues to skip (known
+    failures are skipped before the quota is asked: both only answer, so the order cannot matter)."""
+    request = front.request
+    excluded = held if front.excludable else frozenset()
+    for class_name, placement in zip(request.classes, front.placement_ids(cycle, excluded, ids), strict=True):
+        if placement in unplaceable or not cycle.quota.fits(front.queue, class_name, front.needed):
             continue
         view = cycle.view(class_name, request.default_access, excluded)
-        plan = place_gang(view, request.demands, required, preferred)
+        plan = place_gang(view, request.demands, front.required, front.preferred)
         if plan is not None:
             return class_name, plan
-        if key is not None:
-            unplaceable.add(key)
+        if placement is not None:
+            unplaceable.add(placement)
     return None, None
 
 
