@@ -319,7 +319,8 @@ def state_key(now=None):
     inventory service, API and admin change moves it); the nodes (how many, which are cordoned, where;
     a small table); the largest device id; the active allocations (how many, the largest id: an
     admission adds rows, a release shrinks the count); the workloads waiting for capacity (how many,
-    which); the last cycle (it rewrites the explanations); and, because they depend on the clock, the
+    which); the last cycle by id and start (it rewrites the explanations; SQLite reuses an id after a
+    rolled-back transaction); and, because they depend on the clock, the
     active reservations and the approval windows closed now. The database's own identity comes first,
     so a recreated database never reads another one's entries.
     """
@@ -332,7 +333,7 @@ def state_key(now=None):
     sql = f"""
         SELECT {identity},
             (SELECT coalesce(sum(generation), 0) FROM {_table(ClusterState)}),
-            (SELECT max(id) FROM {_table(SchedulingCycle)}),
+            (SELECT id || ':' || started_at FROM {_table(SchedulingCycle)} ORDER BY id DESC LIMIT 1),
             (SELECT count(*) || ':' || coalesce(max(id), 0) || ':' || coalesce(sum(domain_id), 0)
                 || ':' || coalesce(sum(CASE WHEN cordoned THEN id ELSE 0 END), 0) FROM {_table(Node)}),
             (SELECT max(id) FROM {_table(Device)}),
