@@ -35,7 +35,7 @@ from django.db.models.functions import Cast
 from django.utils import timezone
 
 from broker.governance.approvals import outside_window
-from broker.inventory.models import ClusterState, Device, Domain, Health, Node
+from broker.inventory.models import ClusterState, Device, Domain, Health, InventoryRevision, Node
 from broker.policy.models import DeviceClass, Reservation, ResourceClassDeviceClass
 from broker.scheduler import snapshot as snap
 from broker.scheduler.accounting import HELD_BY_POLICY, add_demand, strands, workload_classes
@@ -317,7 +317,8 @@ def state_key(now=None):
     Watermarks, not a counter: bulk updates (the commit, the executor) send no signal, so the key is
     read from the rows themselves, with indexed or small queries only: the inventory generation (every
     inventory service, API and admin change moves it); the nodes (how many, which are cordoned, where;
-    a small table); the largest device id; the active allocations (how many, the largest id: an
+    a small table); the largest device id; the inventory revision token (triggers move it on every
+    inventory write, bulk ones included); the active allocations (how many, the largest id: an
     admission adds rows, a release shrinks the count); the workloads waiting for capacity (how many,
     which); the last cycle by id and start (it rewrites the explanations; SQLite reuses an id after a
     rolled-back transaction); and, because they depend on the clock, the
@@ -337,6 +338,7 @@ def state_key(now=None):
             (SELECT count(*) || ':' || coalesce(max(id), 0) || ':' || coalesce(sum(domain_id), 0)
                 || ':' || coalesce(sum(CASE WHEN cordoned THEN id ELSE 0 END), 0) FROM {_table(Node)}),
             (SELECT max(id) FROM {_table(Device)}),
+            (SELECT token FROM {_table(InventoryRevision)}),
             (SELECT max(id) FROM {_table(Allocation)}),
             (SELECT count(*) FROM {_table(Allocation)} WHERE released_at IS NULL),
             (SELECT count(*) || ':' || coalesce(sum(id), 0) FROM {_table(Workload)} WHERE state IN ({placeholders}))

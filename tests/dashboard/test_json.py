@@ -140,3 +140,19 @@ def test_it_answers_a_workload_json_only_to_its_readers(client, scene, alice):
 
 def test_it_requires_a_login_for_json(client, scene):
     assert client.get(reverse("dashboard:api-heatmap")).status_code == 302
+
+
+def test_it_shows_a_device_that_a_plain_update_took_down(client, scene, olivia, cluster):
+    from broker.inventory.models import Device
+    from broker.workloads.models import Allocation
+
+    client.force_login(olivia)
+    before = {cell["name"]: cell for cell in client.get(reverse("dashboard:api-heatmap")).json()["cells"]}
+    held = Allocation.objects.filter(released_at__isnull=True).values("device_id")
+    free = Device.objects.filter(node__domain__name="r1").exclude(pk__in=held).order_by("pk").first()
+    # No signal, no generation bump, no cycle: only the inventory triggers see it.
+    Device.objects.filter(pk=free.pk).update(health="Unhealthy")
+
+    after = {cell["name"]: cell for cell in client.get(reverse("dashboard:api-heatmap")).json()["cells"]}
+
+    assert after["r1"]["counts"]["unhealthy"] == before["r1"]["counts"]["unhealthy"] + 1
