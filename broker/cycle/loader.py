@@ -19,17 +19,18 @@ from operator import itemgetter
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Exists, F, FloatField, OuterRef, TextField
+from django.db.models import F, FloatField, TextField
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Cast
 
+from broker.cycle.bulk import pk_in
 from broker.cycle.executor import get_executor
 from broker.governance.approvals import outside_window
 from broker.inventory.models import ClusterState, Device, Domain, Health, InventoryRevision, Node, TopologyLevel
 from broker.policy.models import Cohort, DeviceClass, Queue, Reservation, ResourceClass, ResourceClassDeviceClass
 from broker.scheduler import snapshot as s
 from broker.workloads.models import Allocation, ApprovalState, PodSet, Workload
-from broker.workloads.states import State
+from broker.workloads.states import HOLDING_STATES, State
 
 WAITING = (State.PENDING, State.AWAITING_APPROVAL)
 
@@ -615,28 +616,12 @@ def load_running(loaded):
     )
     if not allocations:
         return ()
-    holding = Allocation.objects.filter(workload_id=OuterRef("pk"), released_at__isnull=True)
-    info = {
-        row[0]: row[1:]
-        for row in fetch_rows(
-            # No ORDER BY (the model's default would sort 50k rows on disk): this becomes a dict.
-            Workload.objects.filter(Exists(holding))
-            .order_by()
-            .values_list(
-                "id",
-                "queue__name",
-                "priority",
-                "disruption_mode",
-                "preemptible",
-                "state",
-                epoch("admitted_at"),
-                epoch("started_at"),
-                "expected_duration_seconds",
-                epoch("eviction_requested_at"),
-                "evicted_for_id",
-            )
-        )
-    }
+    # The holders are the Admitted and Running workloads (an index scan), plus, should a bug leave
+    # devices with a workload in another state, those few, fetched by id.
+    info = {row[0]: row[1:] for row in fetch_rows(holder_rows(Workload.objects.filter(state__in=HOLDING_STATES)))}
+    strays = {row[0] for row in allocations} - info.keys()
+    if strays:
+        info.update((row[0], row[1:]) for row in fetch_rows(holder_rows(Workload.objects.filter(**pk_in(strays)))))
     executor = get_executor()
     class_names = {pk: name for name, pk in loaded.device_class_pks.items()}
     scope = (loaded.inventory_token, executor.wall_seconds(HOUR))
@@ -656,6 +641,23 @@ def load_running(loaded):
         running.append(workload)
     RUNNING_RECORDS.keep(scope, records)
     return tuple(running)
+
+
+def holder_rows(workloads):
+    """What a RunningWorkload needs from its workload row (no ORDER BY: the rows become a dict)."""
+    return workloads.order_by().values_list(
+        "id",
+        "queue__name",
+        "priority",
+        "disruption_mode",
+        "preemptible",
+        "state",
+        epoch("admitted_at"),
+        epoch("started_at"),
+        "expected_duration_seconds",
+        epoch("eviction_requested_at"),
+        "evicted_for_id",
+    )
 
 
 def running_workload(workload_id, rows, info, loaded, class_names, executor):

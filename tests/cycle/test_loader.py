@@ -241,3 +241,16 @@ def test_it_reads_everything_again_after_forgetting_what_it_loaded(cluster):
 
     assert second.devices is not first.devices
     assert second.devices == first.devices
+
+
+def test_it_counts_devices_a_finished_workload_still_holds(cluster):
+    devices = list(Device.objects.order_by("pk"))
+    stray = running(cluster.queue_a, "stray", devices[:2], cluster.h100, state=State.SUCCEEDED)
+
+    snapshot, loaded = load_snapshot(timezone.now())
+
+    (held,) = snapshot.running
+    assert held.id == str(stray.pk)
+    assert held.device_count == 2
+    assert held.preemptible is False, "a workload that should not hold devices is never a victim"
+    assert stray.pk in loaded.running_ids
