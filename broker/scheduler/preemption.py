@@ -118,28 +118,35 @@ def _waiting_for_evictions_only(cycle, request) -> Found | None:
 
 class PriorityRun:
     """Workloads in victim order (priority, then most recently started, then id), so that those a
-    preemptor's priority lets it evict are a prefix found by bisection rather than a scan."""
+    preemptor's priority lets it evict are a prefix found by bisection rather than a scan (on the
+    workloads' own attributes: no list of keys is built for a run that may be searched once)."""
 
     def __init__(self, ordered: list[RunningWorkload]):
         """`ordered`: workloads already in victim order (`_victim_order`)."""
         self.workloads = ordered
-        self.priorities = [workload.priority for workload in self.workloads]
-        self.negated_starts = [-workload.started for workload in self.workloads]
 
     def below(self, priority) -> list[RunningWorkload]:
         """Those of lower priority."""
-        return self.workloads[: bisect_left(self.priorities, priority)]
+        return self.workloads[: bisect_left(self.workloads, priority, key=_priority)]
 
     def up_to(self, priority) -> list[RunningWorkload]:
         """Those of lower or equal priority."""
-        return self.workloads[: bisect_right(self.priorities, priority)]
+        return self.workloads[: bisect_right(self.workloads, priority, key=_priority)]
 
     def below_or_newer_equal(self, priority, since) -> list[RunningWorkload]:
         """Those of lower priority, and those of equal priority started after `since` (within equal
         priority the most recently started come first, so they end the prefix)."""
-        equal_start = bisect_left(self.priorities, priority)
-        equal_end = bisect_right(self.priorities, priority, equal_start)
-        return self.workloads[: bisect_left(self.negated_starts, -since, equal_start, equal_end)]
+        workloads = self.workloads
+        equal_start = bisect_left(workloads, priority, key=_priority)
+        equal_end = bisect_right(workloads, priority, equal_start, key=_priority)
+        return workloads[: bisect_left(workloads, -since, equal_start, equal_end, key=_negated_start)]
+
+
+_priority = attrgetter("priority")
+
+
+def _negated_start(workload: RunningWorkload) -> float:
+    return -workload.started
 
 
 def _victim_order(workload: RunningWorkload) -> tuple:
@@ -148,7 +155,7 @@ def _victim_order(workload: RunningWorkload) -> tuple:
 
 def _in_victim_order(workloads: list[RunningWorkload]) -> list[RunningWorkload]:
     """`sorted(workloads, key=_victim_order)` as three stable sorts, least significant key first, on
-    attribute getters (no key tuple built per workload: this orders all running work)."""
+    attribute getters (no key tuple built per workload: this orders all of a queue's running work)."""
     workloads = sorted(workloads, key=attrgetter("id"))
     workloads.sort(key=attrgetter("started"), reverse=True)  # reverse keeps equal ones in order
     workloads.sort(key=attrgetter("priority"))
@@ -156,25 +163,24 @@ def _in_victim_order(workloads: list[RunningWorkload]) -> list[RunningWorkload]:
 
 
 class VictimIndex:
-    """Running work arranged for victim searches, built once per cycle."""
+    """Running work arranged for victim searches, made once per cycle. A queue's work is put in victim
+    order only when a search first asks for it: many cycles search few queues, or none of their classes."""
 
     def __init__(self, cycle):
-        # Sorted once: the per-queue and per-class lists taken from it in order are in victim order too.
-        candidates = _in_victim_order(
-            [workload for workload in cycle.snapshot.running if workload.preemptible and not workload.evicting]
-        )
-        by_queue: dict[str, list[RunningWorkload]] = {}
-        by_queue_class: dict[str, dict[str, list[RunningWorkload]]] = {}
-        for workload in candidates:
-            by_queue.setdefault(workload.queue, []).append(workload)
-            by_queue_class.setdefault(workload.queue, {}).setdefault(workload.device_class, []).append(workload)
-        self.by_queue = {queue: PriorityRun(workloads) for queue, workloads in by_queue.items()}
-        # Cohort reclaim takes a borrower's work per device class, and only of classes it borrows above
-        # nominal: whole classes are skipped without looking at their workloads.
-        self.by_queue_class = {
-            queue: {device_class: PriorityRun(workloads) for device_class, workloads in sorted(classes.items())}
-            for queue, classes in sorted(by_queue_class.items())
-        }
+        self.candidates: dict[str, list[RunningWorkload]] = {}  # by queue, in snapshot order
+        evicting = set()
+        # An evicting workload's devices are for the workload it is evicted for while that one waits.
+        self.evicted_for: dict[str, str] = {}
+        for workload in cycle.snapshot.running:
+            if workload.evicting:
+                evicting.add(workload.id)
+                if workload.evicted_for in cycle.requests:
+                    self.evicted_for[workload.id] = workload.evicted_for
+            elif workload.preemptible:
+                self.candidates.setdefault(workload.queue, []).append(workload)
+        self.queues = sorted(self.candidates)
+        self._own: dict[str, PriorityRun] = {}
+        self._by_class: dict[str, dict[str, PriorityRun]] = {}
         team_of_queue = {queue.name: queue.team for queue in cycle.snapshot.queues}
         self.on_reserved: dict[str, set[str]] = {}
         for slot in cycle.state.extras:  # reserved devices are never plain: the extras hold all of them
@@ -183,17 +189,28 @@ class VictimIndex:
             holder = cycle.running.get(slot.holder)
             if holder is not None and team_of_queue.get(holder.queue) != slot.owner:
                 self.on_reserved.setdefault(slot.owner, set()).add(holder.id)
-        evicting = {workload.id for workload in cycle.snapshot.running if workload.evicting}
         self.evicting_slots = [slot for slot in cycle.state.slots if slot.holder in evicting] if evicting else []
-        # An evicting workload's devices are for the workload it is evicted for while that one waits.
-        self.evicted_for = {
-            workload.id: workload.evicted_for
-            for workload in cycle.snapshot.running
-            if workload.evicting and workload.evicted_for in cycle.requests
-        }
         self.cohort_root = _cohort_roots(cycle.snapshot)
         self.device_count: dict[str, int] = {}  # filled as searches meet the workloads
         self.freed: dict[tuple, dict[tuple, list]] = {}
+
+    def own(self, queue: str) -> PriorityRun | None:
+        """The queue's preemptible work, not evicting, in victim order."""
+        run = self._own.get(queue)
+        if run is None and queue in self.candidates:
+            run = self._own[queue] = PriorityRun(_in_victim_order(self.candidates[queue]))
+        return run
+
+    def by_class(self, queue: str) -> dict[str, PriorityRun]:
+        """The same per device class, by class name: cohort reclaim takes a borrower's work only of the
+        classes it borrows above nominal, so whole classes are skipped without looking at their work."""
+        runs = self._by_class.get(queue)
+        if runs is None:
+            by_class: dict[str, list[RunningWorkload]] = {}
+            for workload in self.own(queue).workloads:  # taken in order: each class's list stays ordered
+                by_class.setdefault(workload.device_class, []).append(workload)
+            runs = self._by_class[queue] = {name: PriorityRun(by_class[name]) for name in sorted(by_class)}
+        return runs
 
 
 def _index(cycle) -> VictimIndex:
@@ -204,23 +221,30 @@ def _index(cycle) -> VictimIndex:
 
 def eligible_victims(cycle, request, class_name: str) -> list[Victim]:
     """Running workloads the policy lets `request` preempt, with the rule that allows each, by id."""
+    eligible = _eligible(cycle, request, class_name)
+    return [Victim(*eligible[workload_id]) for workload_id in sorted(eligible)]
+
+
+def _eligible(cycle, request, class_name: str) -> dict[str, tuple[RunningWorkload, str]]:
+    """`eligible_victims` as workload id -> (workload, rule), in no particular order: a search that
+    settles early makes a Victim only of the one it chooses."""
     index = _index(cycle)
     chosen = cycle.chosen_victims
     queue = request.queue
-    found: dict[str, Victim] = {}
-    own = index.by_queue.get(queue.name)
+    found: dict[str, tuple[RunningWorkload, str]] = {}
+    own = index.own(queue.name)
     if own is not None:
         for workload in _within_queue_candidates(own, queue.within_queue, request.workload):
             if workload.id not in chosen:
-                found[workload.id] = Victim(workload, "WithinQueue")
+                found[workload.id] = (workload, "WithinQueue")
     for workload_id in sorted(index.on_reserved.get(request.team, ())):
         if workload_id not in chosen and workload_id not in found:
-            found[workload_id] = Victim(cycle.running[workload_id], "ReservationReclaim")
+            found[workload_id] = (cycle.running[workload_id], "ReservationReclaim")
     if queue.reclaim_within_cohort != "Never" and _within_nominal_after(cycle, request, class_name):
         for workload in _cohort_reclaim_candidates(cycle, index, request):
             if workload.id not in chosen and workload.id not in found:
-                found[workload.id] = Victim(workload, "ReclaimWithinCohort")
-    return [found[workload_id] for workload_id in sorted(found)]
+                found[workload.id] = (workload, "ReclaimWithinCohort")
+    return found
 
 
 def _within_queue_candidates(run: PriorityRun, policy: str, preemptor) -> list[RunningWorkload]:
@@ -239,10 +263,12 @@ def _cohort_reclaim_candidates(cycle, index: VictimIndex, request):
     if root is None:
         return
     priority = request.workload.priority
-    for other, classes in index.by_queue_class.items():
+    for other in index.queues:
         if other == queue.name or index.cohort_root.get(other) != root:
             continue
-        for device_class, run in classes.items():
+        if not any(cycle.quota.is_borrowing(other, name) for name in cycle.class_names):
+            continue  # its work is not put in order for nothing
+        for device_class, run in index.by_class(other).items():
             if not cycle.quota.is_borrowing(other, device_class):
                 continue
             yield from run.up_to(priority) if queue.reclaim_within_cohort == "Any" else run.below(priority)
@@ -271,12 +297,17 @@ def _search_class(cycle, request, class_name: str, with_victims: bool = True) ->
     class_index = cycle.state.class_index[class_name]
     level_index = cycle.state.levels.index(request.required) if request.required else None
     evicting = _by_scope(cycle, _evicting_slots(cycle, access, request.id), class_index, level_index)
-    victims = eligible_victims(cycle, request, class_name) if with_victims else []
+    eligible = _eligible(cycle, request, class_name) if with_victims else {}
     base_view = cycle.view(class_name, access)
     most = base_view.total() + sum(len(slots) for slots in evicting.values())
-    if most + _device_total(cycle, victims) < request.needed:
+    if most + _device_total(cycle, [workload for workload, _ in eligible.values()]) < request.needed:
         return None
     freed_key = (cycle.access_key(access), class_index, level_index)
+    if level_index is None and eligible:
+        found = _cheapest_single(cycle, request, class_name, eligible, evicting.get(ROOT, []), freed_key)
+        if found is not _UNDECIDED:
+            return found
+    victims = [Victim(*eligible[workload_id]) for workload_id in sorted(eligible)]
     freed = {victim.workload.id: _freed_by_scope(cycle, victim.workload, access, freed_key) for victim in victims}
     # Scopes in order of the fewest victims they could possibly need; stop once a found set is smaller.
     by_scope: dict[tuple, list[Victim]] = {scope: [] for scope in evicting}
@@ -301,6 +332,44 @@ def _search_class(cycle, request, class_name: str, with_victims: bool = True) ->
         if found is not None and (best is None or cost_key(found.victims) < cost_key(best.victims)):
             best = found
     return best
+
+
+_UNDECIDED = object()
+
+
+def _cheapest_single(cycle, request, class_name, eligible, evicting_here, freed_key):
+    """Without a required level (one scope, the whole cluster): what the full search below answers
+    when one victim suffices, found by walking the victims cheapest first and working out what one
+    frees only when its device count could cover the deficit. _UNDECIDED when the full search may
+    answer otherwise: no single victim works, or the walk would pass the search budget.
+
+    The full search would check the same singles in the same order: candidates are the victims that
+    free anything here (none that frees less than the deficit could be chosen alone), a set of one is
+    tried once its gain covers the deficit, and the first feasible one ends the search."""
+    access = request.default_access
+    freed: dict[str, dict] = {}
+    search = _ScopeSearch(cycle, request, class_name, ROOT, evicting_here, freed)
+    evicting = _evicting_ids(evicting_here)
+    if search.feasible(()):
+        return Found((), evicting) if evicting else None
+    view = cycle.view(class_name, access)
+    deficit = max(1, request.needed - view.total() - len(evicting_here))
+    budget = cycle.config.preemption_search_limit  # a walk within it examines no more sets than the search
+    counts = _index(cycle).device_count
+    ordered = sorted((workload for workload, _ in eligible.values()), key=_victim_order)
+    for position, workload in enumerate(ordered):
+        if position >= budget:
+            return _UNDECIDED
+        if counts[workload.id] < deficit:
+            continue  # it frees at most the devices it holds
+        scopes = _freed_by_scope(cycle, workload, access, freed_key)
+        if len(scopes.get(ROOT, ())) < deficit:
+            continue
+        freed[workload.id] = scopes
+        victim = Victim(*eligible[workload.id])
+        if search.feasible((victim,)):
+            return Found((victim,), evicting)
+    return _UNDECIDED
 
 
 def _fewest_needed(gains_descending: list[int], deficit: int) -> int | None:
@@ -337,13 +406,13 @@ def _evicting_slots(cycle, access, request_id=None) -> list:
     return slots
 
 
-def _device_total(cycle, victims) -> int:
+def _device_total(cycle, workloads) -> int:
     counts = _index(cycle).device_count
     total = 0
-    for victim in victims:
-        count = counts.get(victim.workload.id)
+    for workload in workloads:
+        count = counts.get(workload.id)
         if count is None:
-            count = counts[victim.workload.id] = victim.workload.device_count
+            count = counts[workload.id] = workload.device_count
         total += count
     return total
 

@@ -1,0 +1,64 @@
+"""Victim searches that settle early (one victim, found walking the victims cheapest first) choose what
+the full search chooses."""
+
+from dataclasses import replace
+
+import pytest
+
+from broker.scheduler import preemption
+from broker.scheduler.cycle import decide
+from broker.scheduler.snapshot import PodSet
+from broker.scheduler.synthetic import synthetic_snapshot
+
+
+def preempting_snapshot(seed: int, sizes: tuple, search_limit: int, one_device_pods: bool):
+    snapshot = synthetic_snapshot(nodes=40, pending=300, seed=seed, busy=0.95, sizes=sizes)
+    queues = tuple(
+        replace(
+            queue,
+            within_queue=("LowerOrNewerEqualPriority", "LowerPriority", "Never")[index % 3],
+            reclaim_within_cohort=("Any", "LowerPriority", "Never")[index % 3 - 1],
+        )
+        for index, queue in enumerate(snapshot.queues)
+    )
+    pending = snapshot.pending
+    if one_device_pods:  # several small victims may then do what one larger one does
+        pending = tuple(
+            replace(
+                workload,
+                pod_sets=(PodSet("main", workload.pod_sets[0].count * workload.pod_sets[0].devices_per_pod, None, 1),),
+            )
+            if workload.topology_required is None
+            else workload
+            for workload in pending
+        )
+    config = replace(snapshot.config, preemptions_per_queue_per_cycle=6, preemption_search_limit=search_limit)
+    return replace(snapshot, queues=queues, pending=pending, config=config)
+
+
+@pytest.mark.parametrize(
+    ("seed", "sizes", "search_limit", "one_device_pods"),
+    [
+        (11, (1, 2, 4, 8), 4096, False),  # singles with room enough that do not fit: skipped
+        (3, (2, 4, 8, 16), 4096, False),
+        (7, (2, 4, 8), 2, True),  # the budget runs out before a single is found: greedy decides
+        (3, (2, 4, 8), 1, True),
+    ],
+)
+def test_it_chooses_the_single_victims_the_full_search_chooses(monkeypatch, seed, sizes, search_limit, one_device_pods):
+    snapshot = preempting_snapshot(seed, sizes, search_limit, one_device_pods)
+    settled = []
+    cheapest_single = preemption._cheapest_single
+
+    def counted(*args):
+        found = cheapest_single(*args)
+        settled.append(found is not preemption._UNDECIDED and found is not None and bool(found.victims))
+        return found
+
+    monkeypatch.setattr(preemption, "_cheapest_single", counted)
+    shortcut = decide(snapshot)
+    assert any(settled), "no search settled early: nothing tested"
+    assert not all(settled), "every search settled early: the full search was not compared"
+    monkeypatch.setattr(preemption, "_cheapest_single", lambda *_: preemption._UNDECIDED)
+    assert decide(snapshot) == shortcut
+    assert shortcut.preemptions
