@@ -1,9 +1,10 @@
 """Bulk writes for a cycle that touches tens of thousands of rows at once.
 
 On PostgreSQL, rows are inserted with COPY (no model instances, no giant INSERT text for the client-side
-binding to splice), and large id sets are passed as one array parameter (`= ANY(%s)`) instead of an
-IN list of 20,000 placeholders. Not `IN (SELECT unnest(%s))`: right after a commit moved 20,000 rows to a
-state the table's statistics have not seen yet, the planner takes that state for one row and runs the
+binding to splice; binary where every column has a plain binary form), and large id sets are passed as
+one array parameter (`= ANY(%s)`) instead of an IN list of 20,000 placeholders. Not
+`IN (SELECT unnest(%s))`: right after a commit moved 20,000 rows to a state the table's statistics
+have not seen yet, the planner takes that state for one row and runs the
 unnest once per row it finds (a nested loop: 49 s for the executor's start of 19,992 admissions).
 Upserts (`upsert_rows`) COPY into a temporary table and merge it with one
 `INSERT ... SELECT ... ON CONFLICT DO UPDATE`. Elsewhere (SQLite, the embedded default) the same calls fall
@@ -46,13 +47,46 @@ def insert_rows(model, fields, rows, batch_size=2000):
         model.objects.bulk_create(_instances(model, fields, rows), batch_size=batch_size)
         return len(rows)
     meta = model._meta
-    columns = ", ".join(connection.ops.quote_name(meta.get_field(name).column) for name in _field_names(fields))
-    sql = f"COPY {connection.ops.quote_name(meta.db_table)} ({columns}) FROM STDIN"
+    model_fields = [meta.get_field(name) for name in _field_names(fields)]
+    columns = ", ".join(connection.ops.quote_name(field.column) for field in model_fields)
+    types = binary_types(model_fields)
+    binary = " (FORMAT BINARY)" if types else ""
+    sql = f"COPY {connection.ops.quote_name(meta.db_table)} ({columns}) FROM STDIN{binary}"
     connection.ensure_connection()
     with connection.wrap_database_errors, connection.connection.cursor() as cursor, cursor.copy(sql) as copy:
+        if types:
+            copy.set_types(types)
         for row in rows:
             copy.write_row(row)
     return len(rows)
+
+
+# Column types (as Django declares them on PostgreSQL) that binary COPY takes straight from the Python
+# values the cycle holds: ints, strings, aware datetimes, booleans, floats.
+BINARY_TYPES = {
+    "bigint": "int8",
+    "integer": "int4",
+    "smallint": "int2",
+    "varchar": "text",
+    "text": "text",
+    "timestamp with time zone": "timestamptz",
+    "boolean": "bool",
+    "double precision": "float8",
+}
+
+
+def binary_types(fields):
+    """psycopg type names for a binary COPY of these columns, or None when one has no plain binary
+    form here (JSON, numeric, ...): binary COPY skips the server's text parsing and psycopg's text
+    formatting of every value (a third of the time for 100k allocation rows)."""
+    types = []
+    for field in fields:
+        declared = field.db_type(connection) or ""
+        name = BINARY_TYPES.get(declared.split("(", 1)[0].strip().lower())
+        if name is None:
+            return None
+        types.append(name)
+    return types
 
 
 def upsert_rows(model, fields, rows, unique_fields, update_fields, batch_size=2000):

@@ -66,3 +66,27 @@ def test_it_selects_exactly_the_given_ids_with_the_bulk_filters(cluster, absent)
         third.pk,
     }
     assert not Workload.objects.filter(**pk_in([])).exists()
+
+
+def test_it_copies_rows_of_plain_columns_in_binary_and_reads_them_back(cluster):
+    from django.db import connection
+
+    from broker.cycle.bulk import binary_types, insert_rows
+    from broker.workloads.models import Allocation, Explanation, WorkloadTransition
+
+    allocation_fields = [Allocation._meta.get_field(name) for name in ("workload", "device", "pod_set", "released_at")]
+    explanation_fields = [Explanation._meta.get_field(name) for name in ("workload", "details")]
+    if connection.vendor == "postgresql":
+        assert binary_types(allocation_fields) == ["int8", "int8", "text", "timestamptz"]
+        assert binary_types(explanation_fields) is None, "JSON goes as text"
+    workload = pending(cluster.queue_a, "moved", replicas=1, devices_per_pod=1)
+    at = timezone.now()
+
+    insert_rows(
+        WorkloadTransition,
+        ("workload_id", "from_state", "to_state", "at", "reason"),
+        [(workload.pk, State.PENDING, State.ADMITTED, at, "admitted in cycle 7: é ünïcode\ttab")],
+    )
+
+    (row,) = WorkloadTransition.objects.filter(workload=workload, to_state=State.ADMITTED)
+    assert (row.from_state, row.at, row.reason) == (State.PENDING, at, "admitted in cycle 7: é ünïcode\ttab")
