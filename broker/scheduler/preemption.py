@@ -222,29 +222,63 @@ def _index(cycle) -> VictimIndex:
 def eligible_victims(cycle, request, class_name: str) -> list[Victim]:
     """Running workloads the policy lets `request` preempt, with the rule that allows each, by id."""
     eligible = _eligible(cycle, request, class_name)
-    return [Victim(*eligible[workload_id]) for workload_id in sorted(eligible)]
+    return [Victim(*eligible.by_id[workload_id]) for workload_id in sorted(eligible.by_id)]
 
 
-def _eligible(cycle, request, class_name: str) -> dict[str, tuple[RunningWorkload, str]]:
-    """`eligible_victims` as workload id -> (workload, rule), in no particular order: a search that
-    settles early makes a Victim only of the one it chooses."""
+class _Eligible:
+    """`eligible_victims` before any Victim is made: the preemptor's own queue's (WithinQueue) as its
+    run gives them, in victim order, and the others by id. A search that settles early reads few."""
+
+    def __init__(self, own: list[RunningWorkload], others: dict[str, tuple[RunningWorkload, str]]):
+        self.own = own
+        self.others = others
+
+    def __bool__(self) -> bool:
+        return bool(self.own or self.others)
+
+    def workloads(self):
+        yield from self.own
+        for workload, _ in self.others.values():
+            yield workload
+
+    def in_victim_order(self) -> list[RunningWorkload]:
+        if not self.others:
+            return self.own
+        return sorted(self.workloads(), key=_victim_order)
+
+    def victim(self, workload: RunningWorkload) -> Victim:
+        other = self.others.get(workload.id)
+        return Victim(workload, "WithinQueue") if other is None else Victim(*other)
+
+    @property
+    def by_id(self) -> dict[str, tuple[RunningWorkload, str]]:
+        found = {workload.id: (workload, "WithinQueue") for workload in self.own}
+        found.update(self.others)
+        return found
+
+
+def _eligible(cycle, request, class_name: str) -> _Eligible:
     index = _index(cycle)
     chosen = cycle.chosen_victims
     queue = request.queue
-    found: dict[str, tuple[RunningWorkload, str]] = {}
-    own = index.own(queue.name)
-    if own is not None:
-        for workload in _within_queue_candidates(own, queue.within_queue, request.workload):
-            if workload.id not in chosen:
-                found[workload.id] = (workload, "WithinQueue")
-    for workload_id in sorted(index.on_reserved.get(request.team, ())):
-        if workload_id not in chosen and workload_id not in found:
-            found[workload_id] = (cycle.running[workload_id], "ReservationReclaim")
+    own: list[RunningWorkload] = []
+    run = index.own(queue.name)
+    if run is not None:
+        own = _within_queue_candidates(run, queue.within_queue, request.workload)
+        if chosen:
+            own = [workload for workload in own if workload.id not in chosen]
+    others: dict[str, tuple[RunningWorkload, str]] = {}
+    reserved = index.on_reserved.get(request.team)
+    if reserved:
+        own_ids = {workload.id for workload in own}
+        for workload_id in sorted(reserved):
+            if workload_id not in chosen and workload_id not in own_ids:
+                others[workload_id] = (cycle.running[workload_id], "ReservationReclaim")
     if queue.reclaim_within_cohort != "Never" and _within_nominal_after(cycle, request, class_name):
-        for workload in _cohort_reclaim_candidates(cycle, index, request):
-            if workload.id not in chosen and workload.id not in found:
-                found[workload.id] = (workload, "ReclaimWithinCohort")
-    return found
+        for workload in _cohort_reclaim_candidates(cycle, index, request):  # other queues: none is own
+            if workload.id not in chosen and workload.id not in others:
+                others[workload.id] = (workload, "ReclaimWithinCohort")
+    return _Eligible(own, others)
 
 
 def _within_queue_candidates(run: PriorityRun, policy: str, preemptor) -> list[RunningWorkload]:
@@ -297,17 +331,18 @@ def _search_class(cycle, request, class_name: str, with_victims: bool = True) ->
     class_index = cycle.state.class_index[class_name]
     level_index = cycle.state.levels.index(request.required) if request.required else None
     evicting = _by_scope(cycle, _evicting_slots(cycle, access, request.id), class_index, level_index)
-    eligible = _eligible(cycle, request, class_name) if with_victims else {}
+    eligible = _eligible(cycle, request, class_name) if with_victims else _Eligible([], {})
     base_view = cycle.view(class_name, access)
     most = base_view.total() + sum(len(slots) for slots in evicting.values())
-    if most + _device_total(cycle, [workload for workload, _ in eligible.values()]) < request.needed:
+    if not _hold_at_least(cycle, eligible.workloads(), request.needed - most):
         return None
     freed_key = (cycle.access_key(access), class_index, level_index)
     if level_index is None and eligible:
         found = _cheapest_single(cycle, request, class_name, eligible, evicting.get(ROOT, []), freed_key)
         if found is not _UNDECIDED:
             return found
-    victims = [Victim(*eligible[workload_id]) for workload_id in sorted(eligible)]
+    by_id = eligible.by_id
+    victims = [Victim(*by_id[workload_id]) for workload_id in sorted(by_id)]
     freed = {victim.workload.id: _freed_by_scope(cycle, victim.workload, access, freed_key) for victim in victims}
     # Scopes in order of the fewest victims they could possibly need; stop once a found set is smaller.
     by_scope: dict[tuple, list[Victim]] = {scope: [] for scope in evicting}
@@ -356,17 +391,16 @@ def _cheapest_single(cycle, request, class_name, eligible, evicting_here, freed_
     deficit = max(1, request.needed - view.total() - len(evicting_here))
     budget = cycle.config.preemption_search_limit  # a walk within it examines no more sets than the search
     counts = _index(cycle).device_count
-    ordered = sorted((workload for workload, _ in eligible.values()), key=_victim_order)
-    for position, workload in enumerate(ordered):
+    for position, workload in enumerate(eligible.in_victim_order()):
         if position >= budget:
             return _UNDECIDED
-        if counts[workload.id] < deficit:
+        if _device_count(counts, workload) < deficit:
             continue  # it frees at most the devices it holds
         scopes = _freed_by_scope(cycle, workload, access, freed_key)
         if len(scopes.get(ROOT, ())) < deficit:
             continue
         freed[workload.id] = scopes
-        victim = Victim(*eligible[workload.id])
+        victim = eligible.victim(workload)
         if search.feasible((victim,)):
             return Found((victim,), evicting)
     return _UNDECIDED
@@ -406,15 +440,22 @@ def _evicting_slots(cycle, access, request_id=None) -> list:
     return slots
 
 
-def _device_total(cycle, workloads) -> int:
+def _hold_at_least(cycle, workloads, devices: int) -> bool:
+    """Whether `workloads` hold `devices` devices between them (counted only until they do)."""
     counts = _index(cycle).device_count
     total = 0
     for workload in workloads:
-        count = counts.get(workload.id)
-        if count is None:
-            count = counts[workload.id] = workload.device_count
-        total += count
-    return total
+        if total >= devices:
+            return True
+        total += _device_count(counts, workload)
+    return total >= devices
+
+
+def _device_count(counts: dict[str, int], workload: RunningWorkload) -> int:
+    count = counts.get(workload.id)
+    if count is None:
+        count = counts[workload.id] = workload.device_count
+    return count
 
 
 def _freed_by_scope(cycle, workload: RunningWorkload, access, freed_key: tuple) -> dict:
