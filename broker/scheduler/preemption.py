@@ -227,23 +227,29 @@ def eligible_victims(cycle, request, class_name: str) -> list[Victim]:
 
 class _Eligible:
     """`eligible_victims` before any Victim is made: the preemptor's own queue's (WithinQueue) as its
-    run gives them, in victim order, and the others by id. A search that settles early reads few."""
+    run gives them, in victim order, chosen ones skipped as they are read, and the others by id. A
+    search that settles early reads few."""
 
-    def __init__(self, own: list[RunningWorkload], others: dict[str, tuple[RunningWorkload, str]]):
+    def __init__(self, own: list[RunningWorkload], chosen: set[str], others: dict[str, tuple[RunningWorkload, str]]):
         self.own = own
+        self.chosen = chosen
         self.others = others
 
     def __bool__(self) -> bool:
-        return bool(self.own or self.others)
+        return bool(self.others) or any(workload.id not in self.chosen for workload in self.own)
+
+    def own_unchosen(self):
+        chosen = self.chosen
+        return (workload for workload in self.own if workload.id not in chosen) if chosen else iter(self.own)
 
     def workloads(self):
-        yield from self.own
+        yield from self.own_unchosen()
         for workload, _ in self.others.values():
             yield workload
 
-    def in_victim_order(self) -> list[RunningWorkload]:
+    def in_victim_order(self):
         if not self.others:
-            return self.own
+            return self.own_unchosen()
         return sorted(self.workloads(), key=_victim_order)
 
     def victim(self, workload: RunningWorkload) -> Victim:
@@ -252,7 +258,7 @@ class _Eligible:
 
     @property
     def by_id(self) -> dict[str, tuple[RunningWorkload, str]]:
-        found = {workload.id: (workload, "WithinQueue") for workload in self.own}
+        found = {workload.id: (workload, "WithinQueue") for workload in self.own_unchosen()}
         found.update(self.others)
         return found
 
@@ -265,12 +271,10 @@ def _eligible(cycle, request, class_name: str) -> _Eligible:
     run = index.own(queue.name)
     if run is not None:
         own = _within_queue_candidates(run, queue.within_queue, request.workload)
-        if chosen:
-            own = [workload for workload in own if workload.id not in chosen]
     others: dict[str, tuple[RunningWorkload, str]] = {}
     reserved = index.on_reserved.get(request.team)
     if reserved:
-        own_ids = {workload.id for workload in own}
+        own_ids = {workload.id for workload in own}  # chosen ones among them are skipped anyway
         for workload_id in sorted(reserved):
             if workload_id not in chosen and workload_id not in own_ids:
                 others[workload_id] = (cycle.running[workload_id], "ReservationReclaim")
@@ -278,7 +282,7 @@ def _eligible(cycle, request, class_name: str) -> _Eligible:
         for workload in _cohort_reclaim_candidates(cycle, index, request):  # other queues: none is own
             if workload.id not in chosen and workload.id not in others:
                 others[workload.id] = (workload, "ReclaimWithinCohort")
-    return _Eligible(own, others)
+    return _Eligible(own, chosen, others)
 
 
 def _within_queue_candidates(run: PriorityRun, policy: str, preemptor) -> list[RunningWorkload]:
@@ -331,7 +335,7 @@ def _search_class(cycle, request, class_name: str, with_victims: bool = True) ->
     class_index = cycle.state.class_index[class_name]
     level_index = cycle.state.levels.index(request.required) if request.required else None
     evicting = _by_scope(cycle, _evicting_slots(cycle, access, request.id), class_index, level_index)
-    eligible = _eligible(cycle, request, class_name) if with_victims else _Eligible([], {})
+    eligible = _eligible(cycle, request, class_name) if with_victims else _Eligible([], set(), {})
     base_view = cycle.view(class_name, access)
     most = base_view.total() + sum(len(slots) for slots in evicting.values())
     if not _hold_at_least(cycle, eligible.workloads(), request.needed - most):
