@@ -17,6 +17,7 @@ from broker.scheduler.backfill import release_timeline, unknown_ends
 from broker.scheduler.placement import place_gang
 
 NO_ESTIMATE_REASONS = ("InvalidRequest", "NotEntitled", "AwaitingApproval")
+FROM_EXPECTED_ENDS = "from the expected ends of running work and the work ahead of it"
 
 
 def estimated_starts(cycle, waiting: list[str], reasons: dict[str, str]) -> dict[str, tuple]:
@@ -28,26 +29,24 @@ def estimated_starts(cycle, waiting: list[str], reasons: dict[str, str]) -> dict
             estimates[workload_id] = (None, f"no estimate: {reasons[workload_id]} must be resolved first")
         else:
             remaining.append(cycle.requests[workload_id])
-    protection = cycle.protection
     unknown = unknown_ends(cycle)
     unknown += sum(
         1 for workload_id in cycle.log.admitted if cycle.requests[workload_id].workload.expected_duration is None
     )
     started = _simulate(cycle, remaining)
+    if unknown:
+        not_started = (None, f"unknown: {unknown} running workload(s) have no expected duration")
+    else:
+        horizon = cycle.config.estimate_horizon_events
+        not_started = (None, f"unknown: it does not start within the next {horizon} releases")
+    protection = cycle.protection
+    planned = protection.planned_start if protection is not None else None
     for request in remaining:
-        when = started.get(request.id)
-        if protection is not None and protection.workload_id == request.id and protection.planned_start is not None:
-            when = protection.planned_start if when is None else min(when, protection.planned_start)
-        if when is not None:
-            estimates[request.id] = (when, "from the expected ends of running work and the work ahead of it")
-        elif unknown:
-            estimates[request.id] = (
-                None,
-                f"unknown: {unknown} running workload(s) have no expected duration",
-            )
-        else:
-            horizon = cycle.config.estimate_horizon_events
-            estimates[request.id] = (None, f"unknown: it does not start within the next {horizon} releases")
+        workload_id = request.workload.id
+        when = started.get(workload_id)
+        if planned is not None and workload_id == protection.workload_id:
+            when = planned if when is None else min(when, planned)
+        estimates[workload_id] = not_started if when is None else (when, FROM_EXPECTED_ENDS)
     return estimates
 
 
