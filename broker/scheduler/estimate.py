@@ -54,54 +54,78 @@ def _simulate(cycle, remaining) -> dict[str, float]:
     """Start waiting work in cluster order at each release time. Workloads of one shape (same classes,
     gang, topology, queue and team) succeed or fail alike, so each shape is a FIFO and a release time
     only visits each shape's first member, in cluster order, until that shape fails."""
-    events = [(end, order, workload_id) for order, (end, workload_id) in enumerate(release_timeline(cycle))]
-    heapq.heapify(events)
-    counter = len(events)
-    started: dict[str, float] = {}
-    head = cycle.protection.workload_id if cycle.protection is not None else None
-    members: dict[tuple, deque] = {}
-    for position, request in enumerate(remaining):
-        key = _shape(request) + ((request.workload.id,) if request.workload.id == head else ())
-        members.setdefault(key, deque()).append((position, request))
-    handled = 0
-    placement_ids: dict[tuple, int] = {}
-    front = {key: _Front(cycle, queue[0][1]) for key, queue in members.items()}
-    while events and members and handled < cycle.config.estimate_horizon_events:
-        time = events[0][0]
-        while events and events[0][0] == time:
-            _, _, workload_id = heapq.heappop(events)
-            _release(cycle, workload_id)
-            handled += 1
-        held = _held_for_head(cycle, started)
+    return _Simulation(cycle, remaining).run()
+
+
+class _Simulation:
+    def __init__(self, cycle, remaining):
+        self.cycle = cycle
+        timeline = release_timeline(cycle)
+        self.events = [(end, order, workload_id) for order, (end, workload_id) in enumerate(timeline)]
+        heapq.heapify(self.events)
+        self.counter = len(self.events)
+        self.started: dict[str, float] = {}
+        self.head = head = cycle.protection.workload_id if cycle.protection is not None else None
+        self.members: dict[tuple, deque] = {}
+        for position, request in enumerate(remaining):
+            key = _shape(request) + ((request.workload.id,) if request.workload.id == head else ())
+            self.members.setdefault(key, deque()).append((position, request))
+        self.front = {key: _Front(cycle, queue[0][1]) for key, queue in self.members.items()}
+        self.placement_ids: dict[tuple, int] = {}
+
+    def run(self) -> dict[str, float]:
+        events = self.events
+        handled = 0
+        while events and self.members and handled < self.cycle.config.estimate_horizon_events:
+            time = events[0][0]
+            while events and events[0][0] == time:
+                _, _, workload_id = heapq.heappop(events)
+                _release(self.cycle, workload_id)
+                handled += 1
+            self.start_what_fits(time)
+            self.members = {key: queue for key, queue in self.members.items() if queue}
+        return self.started
+
+    def start_what_fits(self, time: float) -> None:
+        members, front = self.members, self.front
+        held = _held_for_head(self.cycle, self.started)
         unplaceable: set[int] = set()  # placements failed since this release; starts only take devices away
+        hopeless: set[tuple] = set()  # fronts' placements per class all in `unplaceable`
         fronts = [(queue[0][0], index, key) for index, (key, queue) in enumerate(members.items())]
         heapq.heapify(fronts)
         failed = []
         while fronts:
             _, index, key = heapq.heappop(fronts)
-            class_name, plan = _try_start(cycle, front[key], held, unplaceable, placement_ids)
+            first = front[key]
+            excluded = held if first.excludable else frozenset()
+            placements = first.placement_ids(self.cycle, excluded, self.placement_ids)
+            class_name, plan = (None, None)
+            if placements not in hopeless:
+                class_name, plan = _try_start(self.cycle, first, excluded, placements, unplaceable)
             if plan is None:
+                if unplaceable.issuperset(placements):
+                    hopeless.add(placements)
                 failed.append((members[key][0][0], index, key))
                 continue
-            request = front[key].request
-            workload_id = request.workload.id
-            _start(cycle, request, class_name, plan)
-            started[workload_id] = time
+            self.start(first.request, class_name, plan, time)
             members[key].popleft()
             if members[key]:
-                front[key] = _Front(cycle, members[key][0][1])
+                front[key] = _Front(self.cycle, members[key][0][1])
                 heapq.heappush(fronts, (members[key][0][0], index, key))
-            if held and workload_id == head:
+            if held and first.request.id == self.head:
                 held = frozenset()  # the head starts: what failed only because of its hold may fit now
                 for entry in failed:
                     heapq.heappush(fronts, entry)
                 failed = []
-            duration = request.workload.expected_duration
-            if duration is not None:
-                counter += 1
-                heapq.heappush(events, (time + duration, counter, workload_id))
-        members = {key: queue for key, queue in members.items() if queue}
-    return started
+
+    def start(self, request, class_name: str, plan, time: float) -> None:
+        workload_id = request.workload.id
+        _start(self.cycle, request, class_name, plan)
+        self.started[workload_id] = time
+        duration = request.workload.expected_duration
+        if duration is not None:
+            self.counter += 1
+            heapq.heappush(self.events, (time + duration, self.counter, workload_id))
 
 
 def _start(cycle, request, class_name: str, plan) -> None:
@@ -168,13 +192,12 @@ def _placement_id(key: tuple | None, ids: dict[tuple, int]) -> int | None:
     return known
 
 
-def _try_start(cycle, front: _Front, held: frozenset, unplaceable: set[int], ids: dict[tuple, int]):
+def _try_start(cycle, front: _Front, excluded: frozenset, placements: tuple, unplaceable: set[int]):
     """The first class whose quota and placement let the front start now, and its plan. `unplaceable`
     holds placements that failed since the last release, for requests of other queues to skip (known
     failures are skipped before the quota is asked: both only answer, so the order cannot matter)."""
     request = front.request
-    excluded = held if front.excludable else frozenset()
-    for class_name, placement in zip(request.classes, front.placement_ids(cycle, excluded, ids), strict=True):
+    for class_name, placement in zip(request.classes, placements, strict=True):
         if placement in unplaceable or not cycle.quota.fits(front.queue, class_name, front.needed):
             continue
         view = cycle.view(class_name, request.default_access, excluded)
