@@ -193,6 +193,8 @@ class VictimIndex:
         self.cohort_root = _cohort_roots(cycle.snapshot)
         self.device_count: dict[str, int] = {}  # filled as searches meet the workloads
         self.freed: dict[tuple, dict[tuple, list]] = {}
+        self.running_by_class: dict[str, dict[str, list[RunningWorkload]]] = {}  # for lent_out, by queue
+        self.holders: dict[tuple, tuple[str, ...]] = {}  # (queue, class) -> `_holders_by_priority`
 
     def own(self, queue: str) -> PriorityRun | None:
         """The queue's preemptible work, not evicting, in victim order."""
@@ -591,10 +593,6 @@ def lent_out(cycle, request, class_name: str) -> dict | None:
     root = roots.get(queue.name)
     if root is None:
         return None
-    running_by_queue: dict[str, list] = {}
-    for workload in cycle.snapshot.running:
-        if workload.device_class == class_name:
-            running_by_queue.setdefault(workload.queue, []).append(workload)
     borrowers = []
     for other in sorted(roots):
         other_nominal = quota.nominal(other, class_name)
@@ -602,8 +600,8 @@ def lent_out(cycle, request, class_name: str) -> dict | None:
             continue
         over = quota.usage(other, class_name) - other_nominal
         if over > 0:
-            workloads = sorted(running_by_queue.get(other, ()), key=lambda w: (-w.priority, w.id))
-            borrowers.append({"queue": other, "over": over, "workloads": [w.id for w in workloads]})
+            workloads = list(_holders_by_priority(cycle, other, class_name))
+            borrowers.append({"queue": other, "over": over, "workloads": workloads})
     if not borrowers:
         return None
     held = "; ".join(
@@ -628,6 +626,23 @@ def lent_out(cycle, request, class_name: str) -> dict | None:
         f"but that quota is lent out: {held}; {why}"
     )
     return {"message": message, "borrowers": borrowers}
+
+
+def _holders_by_priority(cycle, queue: str, class_name: str) -> tuple[str, ...]:
+    """Ids of the queue's running work of `class_name` (evicting or not), highest priority first, then
+    by id. Running work is grouped by class once per cycle, not scanned for every explanation."""
+    index = _index(cycle)
+    by_queue = index.running_by_class.get(class_name)
+    if by_queue is None:
+        by_queue = index.running_by_class[class_name] = {}
+        for workload in cycle.snapshot.running:
+            if workload.device_class == class_name:
+                by_queue.setdefault(workload.queue, []).append(workload)
+    ids = index.holders.get((queue, class_name))
+    if ids is None:
+        ordered = sorted(by_queue.get(queue, ()), key=lambda workload: (-workload.priority, workload.id))
+        ids = index.holders[(queue, class_name)] = tuple(workload.id for workload in ordered)
+    return ids
 
 
 def _names(ids: list[str], most: int = 5) -> str:
