@@ -25,28 +25,33 @@ def estimated_starts(cycle, waiting: list[str], reasons: dict[str, str]) -> dict
     estimates: dict[str, tuple] = {}
     remaining = []
     for workload_id in waiting:
-        if reasons[workload_id] in NO_ESTIMATE_REASONS:
-            estimates[workload_id] = (None, f"no estimate: {reasons[workload_id]} must be resolved first")
+        reason = reasons[workload_id]
+        if reason in NO_ESTIMATE_REASONS:
+            estimates[workload_id] = (None, f"no estimate: {reason} must be resolved first")
         else:
-            remaining.append(cycle.requests[workload_id])
+            remaining.append(workload_id)
     unknown = unknown_ends(cycle)
     unknown += sum(
         1 for workload_id in cycle.log.admitted if cycle.requests[workload_id].workload.expected_duration is None
     )
-    started = _simulate(cycle, remaining)
+    requests = cycle.requests
+    started = _simulate(cycle, [requests[workload_id] for workload_id in remaining])
     if unknown:
         not_started = (None, f"unknown: {unknown} running workload(s) have no expected duration")
     else:
         horizon = cycle.config.estimate_horizon_events
         not_started = (None, f"unknown: it does not start within the next {horizon} releases")
+    # Most never start within the horizon: all get that note, then the few that start their time.
+    estimates.update(dict.fromkeys(remaining, not_started))
+    for workload_id, when in started.items():
+        estimates[workload_id] = (when, FROM_EXPECTED_ENDS)
     protection = cycle.protection
-    planned = protection.planned_start if protection is not None else None
-    for request in remaining:
-        workload_id = request.workload.id
-        when = started.get(workload_id)
-        if planned is not None and workload_id == protection.workload_id:
-            when = planned if when is None else min(when, planned)
-        estimates[workload_id] = not_started if when is None else (when, FROM_EXPECTED_ENDS)
+    if protection is not None and protection.planned_start is not None:
+        head = protection.workload_id
+        if head in estimates and reasons[head] not in NO_ESTIMATE_REASONS:
+            when = started.get(head)
+            when = protection.planned_start if when is None else min(when, protection.planned_start)
+            estimates[head] = (when, FROM_EXPECTED_ENDS)
     return estimates
 
 
