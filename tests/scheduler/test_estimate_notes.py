@@ -1,0 +1,61 @@
+"""Estimated starts write the not-started note for all at once and then the starts: the same notes as
+deciding workload by workload, the protected head's planned start included."""
+
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from broker.scheduler import estimate
+
+NOW = 500.0
+
+
+def one_by_one(cycle, waiting, reasons, started, unknown):
+    """The estimates as deciding each waiting workload in turn gives them."""
+    estimates = {}
+    protection = cycle.protection
+    for workload_id in waiting:
+        if reasons[workload_id] in estimate.NO_ESTIMATE_REASONS:
+            estimates[workload_id] = (None, f"no estimate: {reasons[workload_id]} must be resolved first")
+            continue
+        when = started.get(workload_id)
+        if protection is not None and protection.workload_id == workload_id and protection.planned_start is not None:
+            when = protection.planned_start if when is None else min(when, protection.planned_start)
+        if when is not None:
+            estimates[workload_id] = (when, estimate.FROM_EXPECTED_ENDS)
+        elif unknown:
+            estimates[workload_id] = (None, f"unknown: {unknown} running workload(s) have no expected duration")
+        else:
+            horizon = cycle.config.estimate_horizon_events
+            estimates[workload_id] = (None, f"unknown: it does not start within the next {horizon} releases")
+    return estimates
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_it_notes_what_deciding_one_workload_at_a_time_notes(monkeypatch, seed):
+    chance = random.Random(seed)
+    waiting = [f"w{index:03d}" for index in range(chance.randrange(1, 40))]
+    reasons = {
+        workload_id: chance.choice(("InsufficientCapacity", "QuotaExceeded", "NotEntitled", "AwaitingApproval"))
+        for workload_id in waiting
+    }
+    started = {
+        workload_id: NOW + chance.randrange(0, 5) * 10.0
+        for workload_id in waiting
+        if reasons[workload_id] not in estimate.NO_ESTIMATE_REASONS and chance.random() < 0.3
+    }
+    unknown = chance.choice((0, 0, 3))
+    head = chance.choice(waiting + ["admitted-head"])
+    protection = chance.choice(
+        (None, SimpleNamespace(workload_id=head, planned_start=chance.choice((None, NOW, NOW + 15.0, NOW + 95.0))))
+    )
+    cycle = SimpleNamespace(
+        requests={workload_id: SimpleNamespace(id=workload_id) for workload_id in waiting},
+        log=SimpleNamespace(admitted={}),
+        protection=protection,
+        config=SimpleNamespace(estimate_horizon_events=256),
+    )
+    monkeypatch.setattr(estimate, "_simulate", lambda cycle, remaining: dict(started))
+    monkeypatch.setattr(estimate, "unknown_ends", lambda cycle: unknown)
+    assert estimate.estimated_starts(cycle, waiting, reasons) == one_by_one(cycle, waiting, reasons, started, unknown)
