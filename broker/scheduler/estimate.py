@@ -71,24 +71,31 @@ class _Simulation:
         self.counter = len(self.events)
         self.started: dict[str, float] = {}
         self.head = head = cycle.protection.workload_id if cycle.protection is not None else None
-        self.members: dict[tuple, deque] = {}
+        # Shapes are numbered: the loops below look them up by number, not by hashing the shape again.
+        numbers: dict[tuple, int] = {}
+        self.members: list[deque] = []
         for position, request in enumerate(remaining):
             key = _shape(request) + ((request.workload.id,) if request.workload.id == head else ())
-            self.members.setdefault(key, deque()).append((position, request))
-        self.front = {key: _Front(cycle, queue[0][1]) for key, queue in self.members.items()}
+            number = numbers.get(key)
+            if number is None:
+                number = numbers[key] = len(self.members)
+                self.members.append(deque())
+            self.members[number].append((position, request))
+        self.front = [_Front(cycle, *queue[0]) for queue in self.members]
+        self.waiting = list(range(len(self.members)))  # shapes with members left
         self.placement_ids: dict[tuple, int] = {}
 
     def run(self) -> dict[str, float]:
         events = self.events
         handled = 0
-        while events and self.members and handled < self.cycle.config.estimate_horizon_events:
+        while events and self.waiting and handled < self.cycle.config.estimate_horizon_events:
             time = events[0][0]
             while events and events[0][0] == time:
                 _, _, workload_id = heapq.heappop(events)
                 _release(self.cycle, workload_id)
                 handled += 1
             self.start_what_fits(time)
-            self.members = {key: queue for key, queue in self.members.items() if queue}
+            self.waiting = [shape for shape in self.waiting if self.members[shape]]
         return self.started
 
     def start_what_fits(self, time: float) -> None:
@@ -96,12 +103,13 @@ class _Simulation:
         held = _held_for_head(self.cycle, self.started)
         unplaceable: set[int] = set()  # placements failed since this release; starts only take devices away
         hopeless: set[tuple] = set()  # fronts' placements per class all in `unplaceable`
-        fronts = [(queue[0][0], index, key) for index, (key, queue) in enumerate(members.items())]
+        fronts = [(front[shape].position, shape) for shape in self.waiting]
         heapq.heapify(fronts)
         failed = []
         while fronts:
-            _, index, key = heapq.heappop(fronts)
-            first = front[key]
+            entry = heapq.heappop(fronts)
+            shape = entry[1]
+            first = front[shape]
             excluded = held if first.excludable else frozenset()
             placements = first.placement_ids(self.cycle, excluded, self.placement_ids)
             class_name, plan = (None, None)
@@ -110,13 +118,13 @@ class _Simulation:
             if plan is None:
                 if unplaceable.issuperset(placements):
                     hopeless.add(placements)
-                failed.append((members[key][0][0], index, key))
+                failed.append(entry)
                 continue
             self.start(first.request, class_name, plan, time)
-            members[key].popleft()
-            if members[key]:
-                front[key] = _Front(self.cycle, members[key][0][1])
-                heapq.heappush(fronts, (members[key][0][0], index, key))
+            members[shape].popleft()
+            if members[shape]:
+                front[shape] = _Front(self.cycle, *members[shape][0])
+                heapq.heappush(fronts, (front[shape].position, shape))
             if held and first.request.id == self.head:
                 held = frozenset()  # the head starts: what failed only because of its hold may fit now
                 for entry in failed:
@@ -163,11 +171,12 @@ class _Front:
     """The first waiting workload of one shape, with what every try of it needs worked out once: a
     front is tried at each release time until it starts."""
 
-    __slots__ = ("request", "queue", "needed", "required", "preferred", "excludable", "placements")
+    __slots__ = ("position", "request", "queue", "needed", "required", "preferred", "excludable", "placements")
 
-    def __init__(self, cycle, request):
+    def __init__(self, cycle, position: int, request):
         levels = cycle.state.levels
         protection = cycle.protection
+        self.position = position  # in cluster order
         self.request = request
         self.queue = request.queue.name
         self.needed = request.needed
