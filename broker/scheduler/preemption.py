@@ -192,7 +192,7 @@ class VictimIndex:
         self.evicting_slots = [slot for slot in cycle.state.slots if slot.holder in evicting] if evicting else []
         self.cohort_root = _cohort_roots(cycle.snapshot)
         self.device_count: dict[str, int] = {}  # filled as searches meet the workloads
-        self.freed: dict[tuple, dict[tuple, list]] = {}
+        self.freed: dict[tuple, dict[str, dict[tuple, list]]] = {}  # freed key -> workload id -> by scope
         self.running_by_class: dict[str, dict[str, list[RunningWorkload]]] = {}  # for lent_out, by queue
         self.holders: dict[tuple, tuple[str, ...]] = {}  # (queue, class) -> `_holders_by_priority`
 
@@ -397,12 +397,15 @@ def _cheapest_single(cycle, request, class_name, eligible, evicting_here, freed_
     deficit = max(1, request.needed - view.total() - len(evicting_here))
     budget = cycle.config.preemption_search_limit  # a walk within it examines no more sets than the search
     counts = _index(cycle).device_count
+    known = _freed_memo(cycle, freed_key)
     for position, workload in enumerate(eligible.in_victim_order()):
         if position >= budget:
             return _UNDECIDED
         if _device_count(counts, workload) < deficit:
             continue  # it frees at most the devices it holds
-        scopes = _freed_by_scope(cycle, workload, access, freed_key)
+        scopes = known.get(workload.id)
+        if scopes is None:
+            scopes = _freed_now(cycle, workload, access, freed_key)
         if len(scopes.get(ROOT, ())) < deficit:
             continue
         freed[workload.id] = scopes
@@ -468,12 +471,24 @@ def _freed_by_scope(cycle, workload: RunningWorkload, access, freed_key: tuple) 
     """`_by_scope` of what evicting `workload` frees, for freed_key = (access key, class index, level
     index). Kept for the cycle, as one workload is a candidate in many searches: running work keeps its
     devices while decisions are made, and what a request may use of them depends only on its access key."""
-    memo = _index(cycle).freed
-    freed = memo.get((workload.id, freed_key))
-    if freed is None:
-        _, class_index, level_index = freed_key
-        freed = _by_scope(cycle, _freed_slots(cycle, workload, access), class_index, level_index)
-        memo[(workload.id, freed_key)] = freed
+    freed = _freed_memo(cycle, freed_key).get(workload.id)
+    return _freed_now(cycle, workload, access, freed_key) if freed is None else freed
+
+
+def _freed_memo(cycle, freed_key: tuple) -> dict[str, dict[tuple, list]]:
+    """What `_freed_by_scope` knows for `freed_key`, by workload id (a search looks its many victims up
+    by id, not by a key tuple made and hashed for each)."""
+    index = _index(cycle)
+    memo = index.freed.get(freed_key)
+    if memo is None:
+        memo = index.freed[freed_key] = {}
+    return memo
+
+
+def _freed_now(cycle, workload: RunningWorkload, access, freed_key: tuple) -> dict:
+    _, class_index, level_index = freed_key
+    freed = _by_scope(cycle, _freed_slots(cycle, workload, access), class_index, level_index)
+    _freed_memo(cycle, freed_key)[workload.id] = freed
     return freed
 
 
