@@ -79,6 +79,7 @@ class Assessor:
         self.state: CapacityState = cycle.state
         self._capacity_cache: dict = {}
         self._invalid_cache: dict = {}
+        self._numbers_cache: dict = {}
         self._shape_decisions: dict = {}
         snapshot = cycle.snapshot
         # Quota suggestions are verified by re-running the cycle for the very workload (see _increase_quota).
@@ -252,6 +253,16 @@ class Assessor:
         return {"codes": codes, "details": details}
 
     def _numbers(self, request: Request, class_name: str) -> dict:
+        """Free, unhealthy and reserved counts of one class as the request sees them; the same for every
+        request of one access key and required level (the state no longer changes), so made once."""
+        access = request.default_access
+        key = (class_name, self.cycle.access_key(access), request.required)
+        numbers = self._numbers_cache.get(key)
+        if numbers is None:
+            numbers = self._numbers_cache[key] = self._count(request, class_name)
+        return numbers
+
+    def _count(self, request: Request, class_name: str) -> dict:
         access = request.default_access
         view = self.cycle.view(class_name, access)
         class_index = view.class_index
