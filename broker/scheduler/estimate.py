@@ -74,8 +74,9 @@ class _Simulation:
         # Shapes are numbered: the loops below look them up by number, not by hashing the shape again.
         numbers: dict[tuple, int] = {}
         self.members: list[deque] = []
+        head_request = cycle.requests.get(head)
         for position, request in enumerate(remaining):
-            key = _shape(request) + ((request.workload.id,) if request.workload.id == head else ())
+            key = _shape(request) + ((head,) if request is head_request else ())
             number = numbers.get(key)
             if number is None:
                 number = numbers[key] = len(self.members)
