@@ -347,22 +347,8 @@ def _search_class(cycle, request, class_name: str, with_victims: bool = True) ->
         found = _cheapest_single(cycle, request, class_name, eligible, evicting.get(ROOT, []), freed_key)
         if found is not _UNDECIDED:
             return found
-    by_id = eligible.by_id
-    victims = [Victim(*by_id[workload_id]) for workload_id in sorted(by_id)]
-    freed = {victim.workload.id: _freed_by_scope(cycle, victim.workload, access, freed_key) for victim in victims}
-    # Scopes in order of the fewest victims they could possibly need; stop once a found set is smaller.
-    by_scope: dict[tuple, list[Victim]] = {scope: [] for scope in evicting}
-    for victim in victims:
-        for scope in freed[victim.workload.id]:
-            by_scope.setdefault(scope, []).append(victim)
-    ranked = []
-    for scope, candidates in by_scope.items():
-        gains = {victim.workload.id: len(freed[victim.workload.id][scope]) for victim in candidates}
-        evicting_here = evicting.get(scope, [])
-        deficit = request.needed - base_view.domain_count(scope) - len(evicting_here)
-        fewest = _fewest_needed(sorted(gains.values(), reverse=True), deficit)
-        if fewest is not None:
-            ranked.append((fewest, scope, candidates, gains, evicting_here))
+    ranked = _ranked_scopes(cycle, request, eligible, evicting, base_view, freed_key)
+    freed = _freed_memo(cycle, freed_key)
     ranked.sort(key=lambda entry: (entry[0], entry[1]))
     best = None
     for fewest, scope, candidates, gains, evicting_here in ranked:
@@ -373,6 +359,39 @@ def _search_class(cycle, request, class_name: str, with_victims: bool = True) ->
         if found is not None and (best is None or cost_key(found.victims) < cost_key(best.victims)):
             best = found
     return best
+
+
+def _ranked_scopes(cycle, request, eligible, evicting, base_view, freed_key) -> list[tuple]:
+    """(fewest victims it could need, scope, candidates, their gains, evicting slots there) of every
+    scope where evicting all candidates would free enough. Gains and Victims are made only for those
+    scopes: the freed totals rule the others out first (fewest is None exactly when they fall short)."""
+    access = request.default_access
+    by_id = eligible.by_id
+    freed: dict[str, dict] = {}
+    totals: dict[tuple, int] = dict.fromkeys(evicting, 0)
+    members: dict[tuple, list[str]] = {scope: [] for scope in evicting}
+    for workload_id in sorted(by_id):
+        freed[workload_id] = scopes = _freed_by_scope(cycle, by_id[workload_id][0], access, freed_key)
+        for scope, slots in scopes.items():
+            totals[scope] = totals.get(scope, 0) + len(slots)
+            members.setdefault(scope, []).append(workload_id)
+    victims: dict[str, Victim] = {}
+    ranked = []
+    for scope, workload_ids in members.items():
+        evicting_here = evicting.get(scope, [])
+        deficit = request.needed - base_view.domain_count(scope) - len(evicting_here)
+        if deficit > totals[scope]:
+            continue
+        gains = {workload_id: len(freed[workload_id][scope]) for workload_id in workload_ids}
+        fewest = _fewest_needed(sorted(gains.values(), reverse=True), deficit)
+        candidates = []
+        for workload_id in workload_ids:
+            victim = victims.get(workload_id)
+            if victim is None:
+                victim = victims[workload_id] = Victim(*by_id[workload_id])
+            candidates.append(victim)
+        ranked.append((fewest, scope, candidates, gains, evicting_here))
+    return ranked
 
 
 _UNDECIDED = object()
