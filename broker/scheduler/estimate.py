@@ -10,6 +10,7 @@ This runs after every decision of the cycle is made: it consumes the cycle's fre
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections import deque
 
@@ -83,8 +84,12 @@ class _Simulation:
                 self.members.append(deque())
             self.members[number].append((position, request))
         self.front = [_Front(cycle, *queue[0]) for queue in self.members]
-        self.waiting = list(range(len(self.members)))  # shapes with members left
+        self.waiting = len(self.members)  # shapes with members left
         self.placement_ids: dict[tuple, int] = {}
+        # Waiting shapes grouped by the placements their fronts try, each group in cluster order: once
+        # all of a group's placements failed since the release, the whole group is passed over at once.
+        self.groups: dict[tuple, list[tuple[int, int]]] = {}
+        self.grouped_for: frozenset | None = None  # the nodes held for the head when grouped
 
     def run(self) -> dict[str, float]:
         events = self.events
@@ -96,41 +101,72 @@ class _Simulation:
                 _release(self.cycle, workload_id)
                 handled += 1
             self.start_what_fits(time)
-            self.waiting = [shape for shape in self.waiting if self.members[shape]]
         return self.started
 
+    def group(self, held: frozenset) -> None:
+        self.groups = {}
+        self.grouped_for = held
+        for shape, queue in enumerate(self.members):
+            if queue:
+                self.add(shape, held)
+
+    def add(self, shape: int, held: frozenset) -> tuple:
+        first = self.front[shape]
+        placements = first.placement_ids(self.cycle, held if first.excludable else frozenset(), self.placement_ids)
+        bisect.insort(self.groups.setdefault(placements, []), (first.position, shape))
+        return placements
+
     def start_what_fits(self, time: float) -> None:
-        members, front = self.members, self.front
+        """Try the waiting fronts in cluster order (a heap of groups, each at its next untried front)."""
         held = _held_for_head(self.cycle, self.started)
+        if held != self.grouped_for:
+            self.group(held)
         unplaceable: set[int] = set()  # placements failed since this release; starts only take devices away
-        hopeless: set[tuple] = set()  # fronts' placements per class all in `unplaceable`
-        fronts = [(front[shape].position, shape) for shape in self.waiting]
-        heapq.heapify(fronts)
-        failed = []
-        while fronts:
-            entry = heapq.heappop(fronts)
-            shape = entry[1]
-            first = front[shape]
+        hopeless: set[tuple] = set()  # groups whose placements are all in `unplaceable`
+        next_try = dict.fromkeys(self.groups, 0)
+        agenda = [(entries[0][0], placements) for placements, entries in self.groups.items()]
+        heapq.heapify(agenda)
+        while agenda:
+            position, placements = heapq.heappop(agenda)
+            entries = self.groups[placements]
+            at = next_try[placements]
+            if placements in hopeless or at >= len(entries) or entries[at][0] != position:
+                continue  # passed over, or a stale entry of a front already tried
+            shape = entries[at][1]
+            first = self.front[shape]
             excluded = held if first.excludable else frozenset()
-            placements = first.placement_ids(self.cycle, excluded, self.placement_ids)
-            class_name, plan = (None, None)
-            if placements not in hopeless:
-                class_name, plan = _try_start(self.cycle, first, excluded, placements, unplaceable)
+            class_name, plan = _try_start(self.cycle, first, excluded, placements, unplaceable)
             if plan is None:
                 if unplaceable.issuperset(placements):
                     hopeless.add(placements)
-                failed.append(entry)
-                continue
-            self.start(first.request, class_name, plan, time)
-            members[shape].popleft()
-            if members[shape]:
-                front[shape] = _Front(self.cycle, *members[shape][0])
-                heapq.heappush(fronts, (front[shape].position, shape))
-            if held and first.request.id == self.head:
-                held = frozenset()  # the head starts: what failed only because of its hold may fit now
-                for entry in failed:
-                    heapq.heappush(fronts, entry)
-                failed = []
+                    continue
+                next_try[placements] = at = at + 1
+            else:
+                self.start(first.request, class_name, plan, time)
+                del entries[at]
+                self.advance(shape, held, next_try, agenda)
+            if at < len(entries):
+                heapq.heappush(agenda, (entries[at][0], placements))
+            if held and plan is not None and first.request.id == self.head:
+                held = frozenset()  # the head starts: all wait again, and what failed for its hold may fit
+                self.group(held)
+                next_try = dict.fromkeys(self.groups, 0)
+                agenda = [(entries[0][0], placements) for placements, entries in self.groups.items()]
+                heapq.heapify(agenda)
+        self.groups = {placements: entries for placements, entries in self.groups.items() if entries}
+
+    def advance(self, shape: int, held: frozenset, next_try: dict, agenda: list) -> None:
+        """The shape's next member becomes its front, in the group of its placements (after the fronts
+        that group tried at this release: they come earlier in cluster order)."""
+        queue = self.members[shape]
+        queue.popleft()
+        if not queue:
+            self.waiting -= 1
+            return
+        self.front[shape] = _Front(self.cycle, *queue[0])
+        placements = self.add(shape, held)
+        next_try.setdefault(placements, 0)
+        heapq.heappush(agenda, (self.front[shape].position, placements))
 
     def start(self, request, class_name: str, plan, time: float) -> None:
         workload_id = request.workload.id
