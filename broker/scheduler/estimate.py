@@ -123,9 +123,7 @@ class _Simulation:
             self.group(held)
         unplaceable: set[int] = set()  # placements failed since this release; starts only take devices away
         hopeless: set[tuple] = set()  # groups whose placements are all in `unplaceable`
-        next_try = dict.fromkeys(self.groups, 0)
-        agenda = [(entries[0][0], placements) for placements, entries in self.groups.items()]
-        heapq.heapify(agenda)
+        next_try, agenda = self.agenda()
         while agenda:
             position, placements = heapq.heappop(agenda)
             entries = self.groups[placements]
@@ -150,10 +148,15 @@ class _Simulation:
             if held and plan is not None and first.request.id == self.head:
                 held = frozenset()  # the head starts: all wait again, and what failed for its hold may fit
                 self.group(held)
-                next_try = dict.fromkeys(self.groups, 0)
-                agenda = [(entries[0][0], placements) for placements, entries in self.groups.items()]
-                heapq.heapify(agenda)
+                next_try, agenda = self.agenda()
         self.groups = {placements: entries for placements, entries in self.groups.items() if entries}
+
+    def agenda(self) -> tuple[dict, list]:
+        """Per group, the index of its next front to try (none tried yet), and a heap of the groups by
+        the cluster position of that front."""
+        agenda = [(entries[0][0], placements) for placements, entries in self.groups.items()]
+        heapq.heapify(agenda)
+        return dict.fromkeys(self.groups, 0), agenda
 
     def advance(self, shape: int, held: frozenset, next_try: dict, agenda: list) -> None:
         """The shape's next member becomes its front, in the group of its placements (after the fronts
