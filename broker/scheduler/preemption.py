@@ -190,6 +190,8 @@ class VictimIndex:
             if holder is not None and team_of_queue.get(holder.queue) != slot.owner:
                 self.on_reserved.setdefault(slot.owner, set()).add(holder.id)
         self.evicting_slots = [slot for slot in cycle.state.slots if slot.holder in evicting] if evicting else []
+        self.nominees = set(self.evicted_for.values())
+        self.evicting_for: dict[tuple, list] = {}  # `_evicting_slots` by (access key, nominee, claimed)
         self.cohort_root = _cohort_roots(cycle.snapshot)
         self.device_count: dict[str, int] = {}  # filled as searches meet the workloads
         self.freed: dict[tuple, dict[str, dict[tuple, list]]] = {}  # freed key -> workload id -> by scope
@@ -338,6 +340,8 @@ def _search_class(cycle, request, class_name: str, with_victims: bool = True) ->
     level_index = cycle.state.levels.index(request.required) if request.required else None
     evicting = _by_scope(cycle, _evicting_slots(cycle, access, request.id), class_index, level_index)
     eligible = _eligible(cycle, request, class_name) if with_victims else _Eligible([], set(), {})
+    if not evicting and not eligible:
+        return None  # no scope to search (what follows would find none)
     base_view = cycle.view(class_name, access)
     most = base_view.total() + sum(len(slots) for slots in evicting.values())
     if not _hold_at_least(cycle, eligible.workloads(), request.needed - most):
@@ -455,6 +459,21 @@ def _by_scope(cycle, slots, class_index: int, level_index: int | None) -> dict[t
 
 
 def _evicting_slots(cycle, access, request_id=None) -> list:
+    """(rank, slot) of devices being evicted that the request may count as free: those of workloads
+    evicted for nobody waiting or for this request, not claimed by a search this cycle. Kept per access
+    key and nominee while the claimed set stays the same size (it only grows during a cycle)."""
+    index = _index(cycle)
+    if not index.evicting_slots:
+        return []
+    nominee = request_id if request_id in index.nominees else None  # any other id is answered alike
+    key = (cycle.access_key(access), nominee, len(cycle.chosen_victims))
+    slots = index.evicting_for.get(key)
+    if slots is None:
+        slots = index.evicting_for[key] = _evicting_slots_now(cycle, access, nominee)
+    return slots
+
+
+def _evicting_slots_now(cycle, access, request_id) -> list:
     index = _index(cycle)
     slots = []
     for slot in index.evicting_slots:

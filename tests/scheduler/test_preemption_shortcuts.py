@@ -62,3 +62,28 @@ def test_it_chooses_the_single_victims_the_full_search_chooses(monkeypatch, seed
     monkeypatch.setattr(preemption, "_cheapest_single", lambda *_: preemption._UNDECIDED)
     assert decide(snapshot) == shortcut
     assert shortcut.preemptions
+
+
+def test_it_counts_the_evicting_devices_a_fresh_look_counts(monkeypatch):
+    snapshot = preempting_snapshot(7, (1, 2, 4, 8), 4096, False)
+    pending_ids = [workload.id for workload in snapshot.pending]
+    running = tuple(
+        replace(workload, evicting=True, evicted_for=pending_ids[index % len(pending_ids)] if index % 2 else None)
+        if index % 9 == 0
+        else workload
+        for index, workload in enumerate(snapshot.running)
+    )
+    snapshot = replace(snapshot, running=running)
+    remembered = preemption._evicting_slots
+    answers = []
+
+    def checked(cycle, access, request_id=None):
+        slots = remembered(cycle, access, request_id)
+        assert slots == preemption._evicting_slots_now(cycle, access, request_id)
+        answers.append((request_id in preemption._index(cycle).nominees, bool(slots)))
+        return slots
+
+    monkeypatch.setattr(preemption, "_evicting_slots", checked)
+    result = decide(snapshot)
+    assert (True, True) in answers and (False, True) in answers, "nominees and others both counted"
+    assert result.preemptions, "no victims were claimed while evicting devices were counted"
