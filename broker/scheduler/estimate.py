@@ -64,6 +64,8 @@ def _simulate(cycle, remaining) -> dict[str, float]:
 
 
 class _Simulation:
+    """`_simulate`'s state: the release events, the waiting shapes' FIFOs and their fronts."""
+
     def __init__(self, cycle, remaining):
         self.cycle = cycle
         timeline = release_timeline(cycle)
