@@ -83,6 +83,7 @@ class Cycle:
         self._access_keys: dict = {}
         self._empty_state: CapacityState | None = None
         self._node_domains: dict[int, dict] = {}
+        self._hopeless: set = set()  # see _hopeless_key
         self.chosen_victims: set[str] = set()
         self.preemption_failed: set = set()
         self.victim_index = None
@@ -122,15 +123,23 @@ class Cycle:
             by_queue.setdefault(workload.queue, []).append(workload)
         # 3b. Devices a preemptor's victims freed are held for it until its turn (its nomination).
         self._hold_nominated()
+        self._own_answers = {w.evicted_for for w in self.snapshot.running if w.evicting and w.evicted_for}
+        self._own_answers.update(w.id for w in self.snapshot.pending if w.nominated_devices)
         # 4. Order: fair share between queues (recomputed after each admission), then priority, then age.
         for workload in FairShareOrder(by_queue, self.book):
             request = self.requests[workload.id]
             self.log.cluster_order.append(request.id)
             self._release_nominated(request.id)
+            hopeless = self._hopeless_key(request)
+            if hopeless in self._hopeless:
+                self.log.outcomes[request.id] = Outcome(request)
+                continue
             # 5. Gates, quota and a placement of the whole gang, first device class that works.
             if not self._admit(request):
                 # 6. No room: look for the cheapest victims, else keep a place for the head of the line.
                 self._after_failure(request)
+                if hopeless is not None and self._failed_outright(request):
+                    self._hopeless.add(hopeless)
         # 7. Explain every workload not admitted, against the state at the end of the cycle.
         pending = explanation.explain_all(self)
         # 8. Assemble the result in a stable order.
@@ -166,6 +175,36 @@ class Cycle:
             # Free capacity grew: forget the placement failures memoised so far.
             self._failed.clear()
             self.preemption_failed.clear()
+            self._hopeless.clear()
+
+    def _hopeless_key(self, request: Request) -> tuple | None:
+        """Everything steps 5 and 6 read of a request, for remembering that requests like it got
+        nothing (no placement, no victims, no protection). During a cycle free devices, quota headroom
+        and victims only run out (until a nomination is released, which forgets), so the next such
+        request would get nothing too: on a long queue most of it is a few shapes that cannot run.
+        None for a workload devices are held or being freed for: its answer is its own."""
+        if request.id in self._own_answers:
+            return None
+        queue = request.queue
+        workload = request.workload
+        at_limit = self.preemptions_by_queue.get(queue.name, 0) >= self.config.preemptions_per_queue_per_cycle
+        return (
+            request.classes, request.demands, request.required, request.preferred, queue.name, request.team,
+            request.preemptible, request.tolerations, workload.priority,
+            workload.submitted if queue.within_queue == "LowerOrNewerEqualPriority" else None,
+            self.excluded_for(request), at_limit,
+        )  # fmt: skip
+
+    def _failed_outright(self, request: Request) -> bool:
+        outcome = self.log.outcomes.get(request.id)
+        return (
+            outcome is not None
+            and not outcome.victims
+            and not outcome.waiting_for_evictions
+            and not outcome.protected
+            # Until a head is protected, the next one may be (its own wait and durations decide).
+            and (self.protection is not None or not self.config.enable_backfill_protection)
+        )
 
     def _charge(self, queue: str, device_class: str, amount: int) -> None:
         self.quota.add_usage(queue, device_class, amount)
