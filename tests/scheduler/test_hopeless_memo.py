@@ -5,38 +5,38 @@ import dataclasses
 
 import pytest
 
+from bench.saturated import saturated_snapshot
 from broker.scheduler.cycle import Cycle, decide
 from broker.scheduler.snapshot import Reservation, SchedulerConfig
-from broker.scheduler.synthetic import synthetic_snapshot
 
 POLICIES = ("LowerOrNewerEqualPriority", "LowerPriority", "Never")
 RECLAIM = ("Any", "LowerPriority", "Never", "Any")
 
 
 def crowded(seed):
-    """A busy cluster with more work than fits, every preemption policy, reservations, victims already
+    """A full cluster with more work than fits, every preemption policy, reservations, victims already
     being evicted (some for a waiting workload), and a per-queue preemption limit that is reached."""
-    snapshot = synthetic_snapshot(nodes=48, pending=900, seed=seed)
+    snapshot = saturated_snapshot(400, 2500, sizes=None, seed=seed)
     queues = tuple(
         dataclasses.replace(queue, within_queue=POLICIES[i % 3], reclaim_within_cohort=RECLAIM[i % 4])
         for i, queue in enumerate(snapshot.queues)
     )
     waiting = [workload.id for workload in snapshot.pending]
     running = list(snapshot.running)
-    for index in range(0, len(running), 23):
+    for index in range(0, len(running), 97):
         running[index] = dataclasses.replace(
             running[index], evicting=True, evicted_for=waiting[index % len(waiting)] if index % 2 else None
         )
     reservations = (
-        Reservation("res-a", queues[1].team, "h100", 40),
-        Reservation("res-b", queues[4].team, "a100", 16),
+        Reservation("res-a", queues[1].team, "h100", 200, domain={"zone": "z1"}),
+        Reservation("res-b", queues[4].team, "a100", 64),
     )
     return dataclasses.replace(
         snapshot,
         queues=queues,
         running=tuple(running),
         reservations=reservations,
-        config=SchedulerConfig(preemptions_per_queue_per_cycle=3),
+        config=SchedulerConfig(preemptions_per_queue_per_cycle=40, preemption_search_limit=64),
     )
 
 
