@@ -84,6 +84,7 @@ class Cycle:
         self._empty_state: CapacityState | None = None
         self._node_domains: dict[int, dict] = {}
         self._hopeless: set = set()  # see _hopeless_key
+        self._hopeless_demands: set = set()  # ids of the demands tuples of those keys (held by requests)
         self.chosen_victims: set[str] = set()
         self.preemption_failed: set = set()
         self.victim_index = None
@@ -130,16 +131,18 @@ class Cycle:
             request = self.requests[workload.id]
             self.log.cluster_order.append(request.id)
             self._release_nominated(request.id)
-            hopeless = self._hopeless_key(request)
-            if hopeless in self._hopeless:
+            # Workloads of one shape share their demands tuple: a cheap first test before the full key.
+            if id(request.demands) in self._hopeless_demands and self._hopeless_key(request) in self._hopeless:
                 self.log.outcomes[request.id] = Outcome(request)
                 continue
             # 5. Gates, quota and a placement of the whole gang, first device class that works.
             if not self._admit(request):
                 # 6. No room: look for the cheapest victims, else keep a place for the head of the line.
+                hopeless = self._hopeless_key(request)
                 self._after_failure(request)
                 if hopeless is not None and self._failed_outright(request):
                     self._hopeless.add(hopeless)
+                    self._hopeless_demands.add(id(request.demands))
         # 7. Explain every workload not admitted, against the state at the end of the cycle.
         pending = explanation.explain_all(self)
         # 8. Assemble the result in a stable order.
@@ -176,6 +179,7 @@ class Cycle:
             self._failed.clear()
             self.preemption_failed.clear()
             self._hopeless.clear()
+            self._hopeless_demands.clear()
 
     def _hopeless_key(self, request: Request) -> tuple | None:
         """Everything steps 5 and 6 read of a request, for remembering that requests like it got
