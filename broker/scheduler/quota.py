@@ -108,7 +108,8 @@ class QuotaTree:
                 self._attach(node, self._cohort_node(queue.cohort))
         self._subtree_cache: dict = {}
         self._constant_cache: dict = {}
-        self._available_cache: dict = {}
+        self._available_cache: dict = {}  # (tree root, class) -> {node: available}
+        self._roots: dict = {}
 
     def _cohort_node(self, name: str) -> _QuotaNode:
         # A cohort named only by its members exists implicitly with no quota of its own, as in Kueue.
@@ -140,8 +141,9 @@ class QuotaTree:
         old = node.usage.get(device_class, 0)
         new = old + amount
         node.usage[device_class] = new
-        if self._available_cache:
-            self._available_cache.clear()
+        # What is available depends on usage in the node's own tree and class only: other trees and
+        # classes keep their answers (fair share alternates between queues of different cohorts).
+        self._available_cache.pop((self._root(node), device_class), None)
         while node.parent is not None and old != new:
             guaranteed = self._constants(node, device_class)[0]
             contributed = max(0, new - guaranteed) - max(0, old - guaranteed)
@@ -199,12 +201,23 @@ class QuotaTree:
         return node.usage.get(device_class, 0)
 
     def _available(self, node: _QuotaNode, device_class: str) -> int:
-        # Kept until the next usage change: explanations ask many times on an unchanging state.
-        key = (node, device_class)
-        cached = self._available_cache.get(key)
+        # Kept until usage changes in the node's tree: explanations ask many times on an unchanging state.
+        tree = self._available_cache.get((self._root(node), device_class))
+        if tree is None:
+            tree = self._available_cache[(self._root(node), device_class)] = {}
+        cached = tree.get(node)
         if cached is None:
-            cached = self._available_cache[key] = self._compute_available(node, device_class)
+            cached = tree[node] = self._compute_available(node, device_class)
         return cached
+
+    def _root(self, node: _QuotaNode) -> _QuotaNode:
+        root = self._roots.get(node)
+        if root is None:
+            root = node
+            while root.parent is not None:
+                root = root.parent
+            self._roots[node] = root
+        return root
 
     def _compute_available(self, node: _QuotaNode, device_class: str) -> int:
         guaranteed, subtree, limit = self._constants(node, device_class)
