@@ -624,7 +624,8 @@ def load_running(loaded):
         info.update((row[0], row[1:]) for row in fetch_rows(holder_rows(Workload.objects.filter(**pk_in(strays)))))
     executor = get_executor()
     class_names = {pk: name for name, pk in loaded.device_class_pks.items()}
-    scope = (loaded.inventory_token, executor.wall_seconds(HOUR))
+    # A record names its device class: a renamed class is a new scope.
+    scope = (loaded.inventory_token, executor.wall_seconds(HOUR), tuple(sorted(class_names.items())))
     previous = RUNNING_RECORDS.previous(scope)
     records = {}
     running = []

@@ -254,3 +254,15 @@ def test_it_counts_devices_a_finished_workload_still_holds(cluster):
     assert held.device_count == 2
     assert held.preemptible is False, "a workload that should not hold devices is never a victim"
     assert stray.pk in loaded.running_ids
+
+
+def test_it_names_the_device_class_of_running_work_after_a_rename(cluster):
+    devices = list(Device.objects.order_by("pk"))
+    running(cluster.queue_a, "steady", devices[:4], cluster.h100, admitted_at=timezone.now())
+    load_snapshot(timezone.now())
+    cluster.h100.name = "h100-sxm"
+    cluster.h100.save()
+
+    snapshot, _ = load_snapshot(timezone.now())
+
+    assert [workload.device_class for workload in snapshot.running] == ["h100-sxm"]
