@@ -8,19 +8,14 @@ import pytest
 from bench.saturated import saturated_snapshot
 from broker.scheduler.cycle import Cycle, decide
 from broker.scheduler.snapshot import Reservation, SchedulerConfig
-
-POLICIES = ("LowerOrNewerEqualPriority", "LowerPriority", "Never")
-RECLAIM = ("Any", "LowerPriority", "Never", "Any")
+from tests.scheduler.policies import every_preemption_policy
 
 
 def crowded(seed):
     """A full cluster with more work than fits, every preemption policy, reservations, victims already
     being evicted (some for a waiting workload), and a per-queue preemption limit that is reached."""
     snapshot = saturated_snapshot(400, 2500, sizes=None, seed=seed)
-    queues = tuple(
-        dataclasses.replace(queue, within_queue=POLICIES[i % 3], reclaim_within_cohort=RECLAIM[i % 4])
-        for i, queue in enumerate(snapshot.queues)
-    )
+    queues = every_preemption_policy(snapshot.queues)
     waiting = [workload.id for workload in snapshot.pending]
     running = list(snapshot.running)
     for index in range(0, len(running), 97):

@@ -14,6 +14,7 @@ from broker.scheduler.preemption import (
 )
 from broker.scheduler.snapshot import Reservation, RunningPod, RunningWorkload
 from broker.scheduler.synthetic import synthetic_snapshot
+from tests.scheduler.policies import every_preemption_policy
 
 
 def workloads(seed: int, count: int = 200) -> list[RunningWorkload]:
@@ -116,14 +117,7 @@ def scanned_victims(cycle, request, class_name) -> list[tuple[str, str]]:
 
 def test_it_finds_the_victims_a_scan_of_all_running_work_finds():
     snapshot = synthetic_snapshot(nodes=40, pending=300, seed=7)
-    queues = tuple(
-        replace(
-            queue,
-            within_queue=("LowerOrNewerEqualPriority", "LowerPriority", "Never")[index % 3],
-            reclaim_within_cohort=("Any", "LowerPriority", "Never")[index % 3 - 1],
-        )
-        for index, queue in enumerate(snapshot.queues)
-    )
+    queues = every_preemption_policy(snapshot.queues)
     reservations = (
         Reservation("held", "vc03", "h100", 24),
         Reservation("pinned", "vc07", "h100", 8, domain={"zone": "z0"}),

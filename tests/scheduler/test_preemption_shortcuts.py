@@ -9,18 +9,12 @@ from broker.scheduler import preemption
 from broker.scheduler.cycle import decide
 from broker.scheduler.snapshot import PodSet
 from broker.scheduler.synthetic import synthetic_snapshot
+from tests.scheduler.policies import every_preemption_policy
 
 
 def preempting_snapshot(seed: int, sizes: tuple, search_limit: int, one_device_pods: bool):
     snapshot = synthetic_snapshot(nodes=40, pending=300, seed=seed, busy=0.95, sizes=sizes)
-    queues = tuple(
-        replace(
-            queue,
-            within_queue=("LowerOrNewerEqualPriority", "LowerPriority", "Never")[index % 3],
-            reclaim_within_cohort=("Any", "LowerPriority", "Never")[index % 3 - 1],
-        )
-        for index, queue in enumerate(snapshot.queues)
-    )
+    queues = every_preemption_policy(snapshot.queues)
     pending = snapshot.pending
     if one_device_pods:  # several small victims may then do what one larger one does
         pending = tuple(
