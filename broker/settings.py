@@ -165,6 +165,10 @@ if DEMO_REPLAY:
     }
 TRACES_DIR = Path(os.getenv("TRACES_DIR", BASE_DIR.parent / "shared" / "data" / "traces"))
 BACKFILL_WAIT_SECONDS = envfloat("BACKFILL_WAIT_SECONDS", "600")
+# Once an inventory of at least this many devices has been read (and indexed), a cycle ends by moving
+# everything then alive out of the cyclic collector's reach (gc.freeze): at 100k devices its full
+# passes over the kept inventory paused the process for 300 ms at a time. 0 = never.
+GC_FREEZE_MIN_DEVICES = int(os.getenv("GC_FREEZE_MIN_DEVICES", "10000"))
 APPROVAL_ESCALATION_SECONDS = envfloat("APPROVAL_ESCALATION_SECONDS", "86400")
 # GET /metrics wants `Authorization: Bearer <this>` when set; unset, the page is open.
 METRICS_TOKEN = os.getenv("METRICS_TOKEN", "")

@@ -164,6 +164,7 @@ class InventoryCache:
         self._lock = threading.Lock()
         self._key = None
         self._inventory = None
+        self._rebuilt = None  # devices in an inventory read since the last take_rebuilt()
 
     def get(self, key):
         with self._lock:
@@ -172,6 +173,14 @@ class InventoryCache:
     def put(self, key, inventory):
         with self._lock:
             self._key, self._inventory = key, inventory
+            if inventory is not None:
+                self._rebuilt = len(inventory.devices)
+
+    def take_rebuilt(self):
+        """How many devices the inventory read since the last call holds (None: nothing was read)."""
+        with self._lock:
+            rebuilt, self._rebuilt = self._rebuilt, None
+            return rebuilt
 
     def clear(self):
         self.put(None, None)

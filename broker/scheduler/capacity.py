@@ -237,7 +237,8 @@ class CapacityState:
         return state
 
     def __init__(self, snapshot: Snapshot, matcher: ClassMatcher, class_names: tuple[str, ...]):
-        self._adopt(InventoryIndex.of(snapshot, matcher, class_names))
+        self.index = InventoryIndex.of(snapshot, matcher, class_names)
+        self._adopt(self.index)
         self._hold_running(snapshot)
         self._reserve(snapshot)
         self._aggregate()
@@ -245,8 +246,8 @@ class CapacityState:
     # --- building ---
 
     def _adopt(self, index: InventoryIndex) -> None:
-        """The index's shared, unchanging parts, and device records of this state's own."""
-        self.index = index
+        """The index's shared, unchanging parts, and device records of this state's own. (The as-built
+        state the index keeps gets no reference back to it: no reference cycle to outlive them.)"""
         for name in self.SHARED:
             setattr(self, name, getattr(index, name))
         self.slots: list[Slot] = [Slot(*row) for row in index.device_rows]

@@ -299,3 +299,39 @@ def test_it_samples_capacity_for_finance_after_a_committed_cycle(cluster, django
     sample = CapacitySample.objects.get(device_class=cluster.h100)
     assert sample.total == 16
     assert sample.unhealthy == 1
+
+
+def frozen_calls(monkeypatch):
+    from broker.cycle import runner
+
+    calls = []
+    monkeypatch.setattr(runner.gc, "collect", lambda *args: calls.append("collect"))
+    monkeypatch.setattr(runner.gc, "freeze", lambda: calls.append("freeze"))
+    return calls
+
+
+def test_it_freezes_a_large_inventory_once_after_the_cycle_that_read_it(cluster, settings, monkeypatch):
+    from broker.cycle.loader import forget_everything_loaded
+
+    settings.GC_FREEZE_MIN_DEVICES = 16  # the small cluster counts as large here
+    forget_everything_loaded()
+    calls = frozen_calls(monkeypatch)
+
+    run_once()
+    after_first = list(calls)
+    run_once()  # the same inventory: nothing new to freeze
+
+    assert after_first == ["collect", "freeze"]
+    assert calls == after_first
+
+
+def test_it_leaves_the_collector_alone_for_a_small_inventory(cluster, settings, monkeypatch):
+    from broker.cycle.loader import forget_everything_loaded
+
+    settings.GC_FREEZE_MIN_DEVICES = 17  # one more than the cluster has
+    forget_everything_loaded()
+    calls = frozen_calls(monkeypatch)
+
+    run_once()
+
+    assert calls == []
