@@ -1,4 +1,5 @@
 from datetime import timedelta
+from decimal import Decimal
 
 from django.utils import timezone
 
@@ -188,6 +189,34 @@ class TestResourceClasses(ModelAPITests):
         )
         assert [dc.name for dc in resource_class.ordered_device_classes()] == ["h100", "a100"]
         assert AuditEvent.objects.get(action="resourceclass.update").before["device_classes"] == ["a100", "h100"]
+
+    def test_it_reads_and_writes_the_cost_approval_rule_with_the_class(self, cluster, api_client, olivia):
+        from broker.governance.approvals import cost_threshold
+
+        client = signed_in(api_client, olivia)
+        response = client.post(
+            self.url, {**self.create_data(cluster, 0), "cost_threshold_per_hour": "12.50"}, format="json"
+        )
+        resource_class = ResourceClass.objects.get(pk=response.data["id"])
+        assert response.data["cost_threshold_per_hour"] == "12.50"
+        assert cost_threshold(resource_class) == Decimal("12.50")
+
+        client.patch(f"{self.url}{resource_class.pk}/", {"max_devices": 16}, format="json")
+        assert cost_threshold(ResourceClass.objects.get(pk=resource_class.pk)) == Decimal("12.50"), "left as it was"
+
+        response = client.patch(f"{self.url}{resource_class.pk}/", {"cost_threshold_per_hour": None}, format="json")
+        assert response.data["cost_threshold_per_hour"] is None
+        assert cost_threshold(ResourceClass.objects.get(pk=resource_class.pk)) is None
+        assert AuditEvent.objects.filter(action="resourceclass.update").count() == 2
+
+    def test_it_refuses_a_negative_cost_rule_and_changes_nothing(self, cluster, api_client, olivia):
+        response = signed_in(api_client, olivia).patch(
+            f"{self.url}{cluster.training.pk}/", {"cost_threshold_per_hour": "-1", "max_devices": 3}, format="json"
+        )
+
+        assert response.status_code == 400
+        assert set(response.data) == {"cost_threshold_per_hour"}
+        assert ResourceClass.objects.get(pk=cluster.training.pk).max_devices != 3
 
     def test_it_shows_a_member_the_menu_their_teams_may_use(self, cluster, api_client, bob):
         client = signed_in(api_client, bob)

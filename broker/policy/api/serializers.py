@@ -3,6 +3,8 @@ from django.db import transaction
 from rest_framework import serializers
 
 from broker.api.serializers import ValidatedModelSerializer
+from broker.governance.approvals import cost_threshold
+from broker.governance.policy import set_cost_threshold
 from broker.inventory.models import Domain
 from broker.policy.models import (
     Cohort,
@@ -70,7 +72,23 @@ class QueueSerializer(ValidatedModelSerializer):
         ]
 
 
+class CostThresholdField(serializers.DecimalField):
+    """The class's approval cost rule (governance.ApprovalPolicy), read and written with the class as
+    the menu page does."""
+
+    def get_attribute(self, instance):
+        return cost_threshold(instance)
+
+
 class ResourceClassSerializer(ValidatedModelSerializer):
+    cost_threshold_per_hour = CostThresholdField(
+        max_digits=12,
+        decimal_places=2,
+        min_value=0,
+        required=False,
+        allow_null=True,
+        help_text="Requests whose devices cost more than this per hour need approval; null: no cost rule.",
+    )
     priority_class = serializers.SlugRelatedField(slug_field="name", queryset=PriorityClass.objects.all())
     device_classes = serializers.ListField(
         source="ordered_device_classes",
@@ -105,6 +123,7 @@ class ResourceClassSerializer(ValidatedModelSerializer):
             "cost_label",
             "approval_required",
             "approval_threshold_devices",
+            "cost_threshold_per_hour",
             "allowed_teams",
         ]
 
@@ -126,15 +145,21 @@ class ResourceClassSerializer(ValidatedModelSerializer):
     @transaction.atomic
     def create(self, validated_data):
         device_classes = validated_data.pop("ordered_device_classes", [])
+        threshold = validated_data.pop("cost_threshold_per_hour", None)
         resource_class = super().create(validated_data)
         self.save_device_classes(resource_class, device_classes)
+        set_cost_threshold(resource_class, threshold)
         return resource_class
 
     @transaction.atomic
     def update(self, instance, validated_data):
         device_classes = validated_data.pop("ordered_device_classes", None)
+        unchanged = object()
+        threshold = validated_data.pop("cost_threshold_per_hour", unchanged)
         resource_class = super().update(instance, validated_data)
         self.save_device_classes(resource_class, device_classes)
+        if threshold is not unchanged:
+            set_cost_threshold(resource_class, threshold)
         return resource_class
 
 
