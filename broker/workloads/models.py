@@ -25,7 +25,8 @@ class Workload(models.Model):
     # Indexed by Meta.indexes without the LIKE copy a SlugField's db_index adds: every admission and
     # start rewrites index entries of all of this table's indexes (the state changes), so none is spare.
     name = models.SlugField(max_length=100, db_index=False)
-    team = models.ForeignKey("policy.Team", on_delete=models.PROTECT, related_name="workloads")
+    # Looked up through the (team, name) unique index, which starts with it.
+    team = models.ForeignKey("policy.Team", on_delete=models.PROTECT, related_name="workloads", db_index=False)
     queue = models.ForeignKey("policy.Queue", on_delete=models.PROTECT, related_name="workloads")
     resource_class = models.ForeignKey(
         "policy.ResourceClass", null=True, blank=True, on_delete=models.PROTECT, related_name="workloads"
@@ -42,8 +43,15 @@ class Workload(models.Model):
     # Queried by the composite indexes below, which start with it.
     state = models.CharField(max_length=20, choices=State.choices, default=State.SUBMITTED)
     approval = models.CharField(max_length=12, choices=ApprovalState.choices, default=ApprovalState.NOT_REQUIRED)
+    # Not indexed (nor chosen_device_class and evicted_for): nothing lists workloads by them but the
+    # rare deletion of what they point to, and every state change would rewrite their index entries.
     approval_decided_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="approval_decisions"
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="approval_decisions",
+        db_index=False,
     )
     approval_decided_at = models.DateTimeField(null=True, blank=True)
     approval_comment = models.TextField(blank=True)
@@ -58,6 +66,7 @@ class Workload(models.Model):
         blank=True,
         on_delete=models.PROTECT,
         related_name="+",
+        db_index=False,
         help_text="The device class the cycle chose from the fallback list.",
     )
     trace_id = models.CharField(max_length=64, blank=True, help_text="Source job when replayed from a trace.")
@@ -67,7 +76,7 @@ class Workload(models.Model):
         null=True, blank=True, db_index=True, help_text="Chosen as a preemption victim and asked to leave."
     )
     evicted_for = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="evictions",
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="evictions", db_index=False,
         help_text="The preemptor this workload is (or was last) evicted for.",
     )  # fmt: skip
     eviction_rule = models.CharField(max_length=32, blank=True)
