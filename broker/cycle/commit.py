@@ -60,7 +60,6 @@ JSON_FIELDS = {"secondary", "details", "suggestions"}
 EXPLANATION_COLUMNS = ("workload_id", "cycle_id", "updated_at", *EXPLANATION_FIELDS)
 STORED_EXPLANATION_COLUMNS = (*EXPLANATION_COLUMNS, "fingerprint")
 FINGERPRINT_BYTES = 16  # 32 hex digits: Explanation.fingerprint
-FINGERPRINTED_FIELDS = tuple(name for name in EXPLANATION_FIELDS if name != "estimated_start")
 # One encoder for every fingerprint (json.dumps builds one per call); decisions are trees, no cycle check.
 CANONICAL_JSON = json.JSONEncoder(sort_keys=True, default=str, check_circular=False)
 HISTORY_COLUMNS = ("workload_id", "cycle_id", "reason", "message", "at")
@@ -416,30 +415,22 @@ def explanation_content(decision):
     }
 
 
-def explanation_values(content):
-    """`content` as stored: each JSON field encoded as `plain` shapes it (tuples as lists)."""
-    return {
-        name: JsonText(json.dumps(value, default=str)) if name in JSON_FIELDS else value
-        for name, value in content.items()
-    }
+def explanation_values(content, encoded=None):
+    """`content` as stored: each JSON field encoded as `plain` shapes it (tuples as lists; keys sorted,
+    which a jsonb column does not keep anyway). `encoded`: what `encode_explanation` gave for it."""
+    texts = (encoded or encode_explanation(content))[0]
+    return {name: JsonText(texts[name]) if name in JSON_FIELDS else value for name, value in content.items()}
 
 
 DIGITS = re.compile(r"\d+")
 
 
-def comparable_details(details):
-    """The details as compared between cycles: the estimate's note ("unknown: 1566 running workload(s)
-    have no expected duration") counts work elsewhere in the cluster and moves with every start and
-    eviction, so its numbers are not news; its wording is."""
-    note = details.get("estimate") if isinstance(details, dict) else None
-    if not isinstance(note, str):
-        return details
-    return {**details, "estimate": without_numbers(note)}
-
-
 @lru_cache(maxsize=1024)
 def without_numbers(note):
-    # A handful of distinct notes per cycle, each shared by thousands of decisions.
+    """The estimate's note as compared between cycles: it ("unknown: 1566 running workload(s) have no
+    expected duration") counts work elsewhere in the cluster and moves with every start and eviction, so
+    its numbers are not news; its wording is. A handful of distinct notes per cycle, each shared by
+    thousands of decisions."""
     return DIGITS.sub("#", note)
 
 
@@ -448,14 +439,40 @@ def fingerprint(content):
     so stored beside it): two contents have the same fingerprint when their JSON is equal, keys in any
     order, tuples as lists, the estimate note's numbers left out. Stored with each Explanation so a cycle
     compares 20,000 explanations without reading and decoding their JSON."""
-    comparable = [
-        comparable_details(content[name]) if name == "details" else content[name] for name in FINGERPRINTED_FIELDS
-    ]
+    return encode_explanation(content)[1]
+
+
+FIELD_SEPARATOR = "\x1f"  # never in JSON text: it would be escaped there
+
+
+def encode_explanation(content):
+    """({JSON field: its text}, fingerprint), every JSON value encoded once: the texts are what is stored,
+    and the fingerprint is made of them. The details' estimate note goes in with its numbers blanked
+    (see without_numbers) and is added back to the stored details text, so the largest value is not
+    encoded twice."""
+    details = content["details"]
+    note = details.get("estimate") if isinstance(details, dict) else None
+    rest = {key: value for key, value in details.items() if key != "estimate"} if isinstance(note, str) else details
     try:
-        text = CANONICAL_JSON.encode(comparable)
+        secondary, rest_text, suggestions = (
+            CANONICAL_JSON.encode(value) for value in (content["secondary"], rest, content["suggestions"])
+        )
     except TypeError:  # keys of mixed types cannot be sorted; as JSON they are all strings
-        text = CANONICAL_JSON.encode(plain(comparable))
-    return hashlib.blake2b(text.encode(), digest_size=FINGERPRINT_BYTES).hexdigest()
+        secondary, rest_text, suggestions = (
+            CANONICAL_JSON.encode(plain(value)) for value in (content["secondary"], rest, content["suggestions"])
+        )
+    details_text = rest_text
+    if isinstance(note, str):
+        details_text = rest_text[:-1] + (", " if rest else "") + '"estimate": ' + CANONICAL_JSON.encode(note) + "}"
+    scalars = CANONICAL_JSON.encode(
+        [content["reason"], content["message"], content["position_in_queue"], content["position_in_cluster"]]
+    )
+    comparable_note = CANONICAL_JSON.encode(without_numbers(note) if isinstance(note, str) else None)
+    digest = hashlib.blake2b(
+        FIELD_SEPARATOR.join((scalars, secondary, rest_text, comparable_note, suggestions)).encode(),
+        digest_size=FINGERPRINT_BYTES,
+    ).hexdigest()
+    return {"secondary": secondary, "details": details_text, "suggestions": suggestions}, digest
 
 
 def estimate_unchanged(old, new, tolerance):
@@ -503,7 +520,8 @@ def explain(decisions, admitted, cycle, now):
     for decision in decisions:
         pk = int(decision.workload_id)
         content = explanation_content(decision)
-        digest = fingerprint(content)
+        encoded = encode_explanation(content)
+        digest = encoded[1]
         before = existing.get(pk)
         # An empty stored fingerprint (a row from before fingerprints, or saved by another writer) never matches.
         if (
@@ -512,7 +530,7 @@ def explain(decisions, admitted, cycle, now):
             and estimate_unchanged(before.estimated_start, content["estimated_start"], tolerance)
         ):
             continue
-        values = explanation_values(content)
+        values = explanation_values(content, encoded)
         row = (pk, cycle.pk, now, *(values[name] for name in EXPLANATION_FIELDS), digest)
         (inserts if before is None else updates).append(row)
         if before is None or (before.reason, before.message) != (content["reason"], content["message"]):
