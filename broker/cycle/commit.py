@@ -195,7 +195,7 @@ def check_fresh(result, loaded):
     current = generation.first()
     if current is not None and current != loaded.generation:
         raise StaleSnapshot(f"the inventory changed (generation {loaded.generation} -> {current})")
-    check_workloads(pks(a.workload_id for a in result.admissions), {State.PENDING}, "admitted")
+    # Admitted workloads are checked by the admission's own UPDATE (see admit): no lock pass first.
     check_workloads(pks({p.victim_id for p in result.preemptions}), HOLDING_STATES, "preempted")
     wanted = admitted_device_pks(result, loaded)
     if len(set(wanted)) != len(wanted):
@@ -367,10 +367,12 @@ def admit(admissions, loaded, cycle, now):
     insert_rows(Allocation, ALLOCATION_COLUMNS, allocations)
     admitted = []
     for class_pk, ids in by_class.items():
-        move(
+        moved = move(
             ids, State.PENDING, State.ADMITTED, now, f"admitted in cycle {cycle.pk}",
             admitted_at=now, chosen_device_class_id=class_pk, **DONE_WITH_EVICTION,
         )  # fmt: skip
+        if moved != len(ids):
+            refuse_left_pending(ids)
         admitted.extend(ids)
     insert_rows(
         ExplanationChange,
@@ -379,6 +381,17 @@ def admit(admissions, loaded, cycle, now):
     )
     Explanation.objects.filter(**column_in("workload", admitted)).delete()
     return sorted(admitted)
+
+
+def refuse_left_pending(ids):
+    """The UPDATE moves only workloads still Pending (and locks them, so none leaves Pending before this
+    commit): one that moved on since the snapshot makes the decisions stale. Cheaper than locking 20k
+    rows first just to look at them."""
+    states = dict(Workload.objects.filter(**pk_in(ids)).values_list("id", "state"))
+    for pk in ids:
+        if states.get(pk) != State.ADMITTED:
+            raise StaleSnapshot(f"workload {pk} was admitted but is now {states.get(pk, 'gone')}")
+    raise StaleSnapshot("an admitted workload left Pending meanwhile")
 
 
 def admitted_message(admission):
