@@ -234,10 +234,12 @@ def load_devices(node_names):
     capacity_cache = {}
     devices = []
     device_pks, devices_by_pk, device_taints = {}, {}, {}
-    rows = Device.objects.order_by("node_id", "name").values_list(
-        "id", "node_id", "name", "driver", as_text("attributes"), as_text("capacity"), "health", as_text("taints")
+    rows = fetch_rows(
+        Device.objects.order_by("node_id", "name").values_list(
+            "id", "node_id", "name", "driver", as_text("attributes"), as_text("capacity"), "health", as_text("taints")
+        )
     )
-    for pk, node_id, name, driver, attributes, capacity, health, taints in rows.iterator(chunk_size=5000):
+    for pk, node_id, name, driver, attributes, capacity, health, taints in rows:
         node = node_names[node_id]
         device_id = f"{node}/{name}"
         taint_list = parse(taints, [])
