@@ -20,6 +20,8 @@ from functools import partial
 
 from django.db import connection, connections, transaction
 from django.db.models import DateTimeField, Field, ForeignObject, JSONField, Lookup
+from psycopg.adapt import Dumper
+from psycopg.pq import Format
 
 
 def is_postgresql():
@@ -53,12 +55,41 @@ def insert_rows(model, fields, rows, batch_size=2000):
     binary = " (FORMAT BINARY)" if types else ""
     sql = f"COPY {connection.ops.quote_name(meta.db_table)} ({columns}) FROM STDIN{binary}"
     connection.ensure_connection()
-    with connection.wrap_database_errors, connection.connection.cursor() as cursor, cursor.copy(sql) as copy:
-        if types:
-            copy.set_types(types)
-        for row in rows:
-            copy.write_row(row)
+    with connection.wrap_database_errors, connection.connection.cursor() as cursor:
+        json_columns = [index for index, name in enumerate(types or ()) if name == "jsonb"]
+        if json_columns:
+            cursor.adapters.register_dumper(JsonText, JsonTextBinaryDumper)
+        with cursor.copy(sql) as copy:
+            if types:
+                copy.set_types(types)
+            for row in rows:
+                if json_columns:
+                    row = _json_as_text(row, json_columns)
+                copy.write_row(row)
     return len(rows)
+
+
+class JsonTextBinaryDumper(Dumper):
+    """JsonText into a binary jsonb field: the format's version byte, then the text as it is. Registered
+    on the COPY's cursor only, where it stands in for psycopg's jsonb dumper (which would encode the
+    string again as a JSON string)."""
+
+    format = Format.BINARY
+    oid = 3802  # jsonb, a built-in type: its oid is fixed
+
+    def dump(self, obj):
+        return b"\x01" + obj.encode()
+
+
+def _json_as_text(row, json_columns):
+    """JSON values as JsonText (encoded here if the caller had not), as the binary jsonb dumper takes."""
+    if all(row[index] is None or type(row[index]) is JsonText for index in json_columns):
+        return row
+    row = list(row)
+    for index in json_columns:
+        if row[index] is not None and type(row[index]) is not JsonText:
+            row[index] = JsonText(json.dumps(row[index], default=str))
+    return row
 
 
 # Column types (as Django declares them on PostgreSQL) that binary COPY takes straight from the Python
@@ -72,6 +103,7 @@ BINARY_TYPES = {
     "timestamp with time zone": "timestamptz",
     "boolean": "bool",
     "double precision": "float8",
+    "jsonb": "jsonb",  # JsonText (or a value encoded here), see JsonTextBinaryDumper
 }
 
 

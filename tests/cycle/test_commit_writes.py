@@ -78,7 +78,7 @@ def test_it_copies_rows_of_plain_columns_in_binary_and_reads_them_back(cluster):
     explanation_fields = [Explanation._meta.get_field(name) for name in ("workload", "details")]
     if connection.vendor == "postgresql":
         assert binary_types(allocation_fields) == ["int8", "int8", "text", "timestamptz"]
-        assert binary_types(explanation_fields) is None, "JSON goes as text"
+        assert binary_types(explanation_fields) == ["int8", "jsonb"]
     workload = pending(cluster.queue_a, "moved", replicas=1, devices_per_pod=1)
     at = timezone.now()
 
@@ -90,3 +90,26 @@ def test_it_copies_rows_of_plain_columns_in_binary_and_reads_them_back(cluster):
 
     (row,) = WorkloadTransition.objects.filter(workload=workload, to_state=State.ADMITTED)
     assert (row.from_state, row.at, row.reason) == (State.PENDING, at, "admitted in cycle 7: é ünïcode\ttab")
+
+
+def test_it_copies_encoded_json_in_binary_as_the_orm_would_store_it(cluster):
+    import json
+
+    from broker.cycle.bulk import JsonText, insert_rows
+    from broker.workloads.models import Explanation, SchedulingCycle
+
+    workloads = [pending(cluster.queue_a, f"w{index}") for index in range(2)]
+    cycle = SchedulingCycle.objects.create()
+    details = {"text": 'tab\t"quote" \\ ü 🚀', "n": [1, 2.5, None, True], "nested": {"b": 1, "a": {}}}
+    columns = ("workload_id", "cycle_id", "updated_at", "reason", "message", "details", "secondary", "suggestions")
+    at = timezone.now()
+    rows = [
+        (workloads[0].pk, cycle.pk, at, "Reason", "m", JsonText(json.dumps(details)), JsonText("[]"), JsonText("[]")),
+        (workloads[1].pk, cycle.pk, at, "Reason", "m", details, ["Quota"], []),  # not encoded by the caller
+    ]
+
+    insert_rows(Explanation, columns, rows)
+
+    encoded, plain = (Explanation.objects.get(workload=workload) for workload in workloads)
+    assert encoded.details == plain.details == details
+    assert (encoded.secondary, plain.secondary, plain.suggestions) == ([], ["Quota"], [])
