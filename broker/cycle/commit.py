@@ -458,17 +458,18 @@ def fingerprint(content):
 FIELD_SEPARATOR = "\x1f"  # never in JSON text: it would be escaped there
 
 
-def encode_explanation(content):
+def encode_explanation(content, shared=None):
     """({JSON field: its text}, fingerprint), every JSON value encoded once: the texts are what is stored,
     and the fingerprint is made of them. The details' estimate note goes in with its numbers blanked
     (see without_numbers) and is added back to the stored details text, so the largest value is not
-    encoded twice."""
+    encoded twice. `shared`: a SharedTexts for one commit (workloads of one shape share their values)."""
     details = content["details"]
     note = details.get("estimate") if isinstance(details, dict) else None
     rest = {key: value for key, value in details.items() if key != "estimate"} if isinstance(note, str) else details
+    encode = shared.encode if shared is not None else CANONICAL_JSON.encode
     try:
         secondary, rest_text, suggestions = (
-            CANONICAL_JSON.encode(value) for value in (content["secondary"], rest, content["suggestions"])
+            encode(value) for value in (content["secondary"], rest, content["suggestions"])
         )
     except TypeError:  # keys of mixed types cannot be sorted; as JSON they are all strings
         secondary, rest_text, suggestions = (
@@ -486,6 +487,32 @@ def encode_explanation(content):
         digest_size=FINGERPRINT_BYTES,
     ).hexdigest()
     return {"secondary": secondary, "details": details_text, "suggestions": suggestions}, digest
+
+
+class SharedTexts:
+    """CANONICAL_JSON texts kept for one commit. The core gives the workloads of one shape the very same
+    value objects (the gang's needs, the quota numbers, the largest free domain, the secondary codes), so
+    a dict made of the same objects has the same text: it is looked up by the identities of its values.
+    Those values are kept referenced, so no identity can be reused by another object meanwhile."""
+
+    def __init__(self):
+        self._texts = {}
+
+    def encode(self, value):
+        if type(value) is dict:
+            key = (tuple(value), tuple(map(id, value.values())))
+        elif type(value) is tuple:
+            key = (None, id(value))
+        else:
+            return CANONICAL_JSON.encode(value)
+        known = self._texts.get(key)
+        if known is None:
+            # The value itself (a new dict per workload) is not kept: its values are, by the key's ids.
+            known = self._texts[key] = (
+                tuple(value.values()) if type(value) is dict else value,
+                CANONICAL_JSON.encode(value),
+            )
+        return known[1]
 
 
 def estimate_unchanged(old, new, tolerance):
@@ -527,13 +554,14 @@ def explain(decisions, admitted, cycle, now):
     rows = Explanation.objects.filter(**column_in("workload", [int(d.workload_id) for d in decisions]))
     existing = {row[0]: Stored(*row[1:]) for row in rows.values_list("workload_id", *Stored._fields)}
     tolerance = settings.EXPLANATION_ESTIMATE_TOLERANCE_SECONDS
+    shared = SharedTexts()
     inserts = []
     updates = []
     history = []
     for decision in decisions:
         pk = int(decision.workload_id)
         content = explanation_content(decision)
-        encoded = encode_explanation(content)
+        encoded = encode_explanation(content, shared)
         digest = encoded[1]
         before = existing.get(pk)
         # An empty stored fingerprint (a row from before fingerprints, or saved by another writer) never matches.
