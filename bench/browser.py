@@ -18,7 +18,6 @@ with a session cookie of the bench operator.
 from __future__ import annotations
 
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from pathlib import Path
 
 from bench import cycle, db
 from tests.chromium import CHROMIUM, CHROMIUM_ARGS
+from tests.servers import free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PAINT_TARGET_MS = 2000.0
@@ -57,25 +57,6 @@ SEEN = """(value) => {
 }"""
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for_port(port: int, process, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"daphne exited with {process.returncode}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"daphne does not listen on {port} after {timeout} s")
-
-
 def start_daphne(log_path: Path):
     port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -88,7 +69,7 @@ def start_daphne(log_path: Path):
         stderr=subprocess.STDOUT,
     )
     try:
-        wait_for_port(port, process)
+        wait_for_port(port, process, timeout=60)
     except Exception:
         stop_daphne(process, log)
         raise

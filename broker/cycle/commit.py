@@ -523,17 +523,6 @@ def estimate_unchanged(old, new, tolerance):
     return old is not None and new is not None and abs((new - old).total_seconds()) < tolerance
 
 
-def unchanged(before, values, tolerance):
-    """Whether the explanation `before` still says what `values` says: every field equal, except an
-    estimated start that moved by less than `tolerance` seconds and the numbers in the estimate note.
-    `explain` asks the same of the fingerprint and estimate it stored."""
-    if before is None:
-        return False
-    return fingerprint(before) == fingerprint(values) and estimate_unchanged(
-        before["estimated_start"], values["estimated_start"], tolerance
-    )
-
-
 class Stored(NamedTuple):
     """What `explain` reads of a stored explanation: not the JSON columns, whose decoding for every
     pending workload cost more than all the rest of the comparison."""
@@ -544,8 +533,29 @@ class Stored(NamedTuple):
     message: str
 
 
+def still_says(stored, digest, estimated_start, tolerance):
+    """Whether the `stored` explanation (a Stored, or None) still says what content with fingerprint
+    `digest` and `estimated_start` says: an estimate that moved by less than `tolerance` seconds is no
+    news. An empty stored fingerprint (a row from before fingerprints, or saved by another writer)
+    never matches."""
+    return (
+        stored is not None
+        and stored.fingerprint == digest
+        and estimate_unchanged(stored.estimated_start, estimated_start, tolerance)
+    )
+
+
+def unchanged(before, values, tolerance):
+    """`still_says` for two contents: every field equal, except an estimated start that moved by less
+    than `tolerance` seconds and the numbers in the estimate note."""
+    if before is None:
+        return False
+    stored = Stored(fingerprint(before), before["estimated_start"], before["reason"], before["message"])
+    return still_says(stored, fingerprint(values), values["estimated_start"], tolerance)
+
+
 def explain(decisions, admitted, cycle, now):
-    """Upsert one Explanation per pending workload whose content changed (see `unchanged`); history
+    """Upsert one Explanation per pending workload whose content changed (see `still_says`); history
     only when the reason or message did. Returns the workload ids whose explanation changed."""
     skip = set(admitted)
     decisions = [d for d in decisions if int(d.workload_id) not in skip]
@@ -564,12 +574,7 @@ def explain(decisions, admitted, cycle, now):
         encoded = encode_explanation(content, shared)
         digest = encoded[1]
         before = existing.get(pk)
-        # An empty stored fingerprint (a row from before fingerprints, or saved by another writer) never matches.
-        if (
-            before is not None
-            and before.fingerprint == digest
-            and estimate_unchanged(before.estimated_start, content["estimated_start"], tolerance)
-        ):
+        if still_says(before, digest, content["estimated_start"], tolerance):
             continue
         values = explanation_values(content, encoded)
         row = (pk, cycle.pk, now, *(values[name] for name in EXPLANATION_FIELDS), digest)

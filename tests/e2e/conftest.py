@@ -2,10 +2,8 @@
 and Redis, and Debian's Chromium through Playwright (never a downloaded browser)."""
 
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -13,28 +11,10 @@ from django.conf import settings
 from django.db import connection
 
 from tests.chromium import CHROMIUM, CHROMIUM_ARGS
+from tests.servers import free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for_port(port, process, timeout=30):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the server exited with {process.returncode}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"nothing listens on {port} after {timeout} s")
 
 
 def stack_env():
