@@ -165,6 +165,9 @@ if DEMO_REPLAY:
     }
 TRACES_DIR = Path(os.getenv("TRACES_DIR", BASE_DIR.parent / "shared" / "data" / "traces"))
 BACKFILL_WAIT_SECONDS = envfloat("BACKFILL_WAIT_SECONDS", "600")
+# Estimated starts are simulated for the first this many waiting workloads in line (Slurm's
+# bf_max_job_test); the rest say they were not estimated.
+ESTIMATE_QUEUE_DEPTH = int(os.getenv("ESTIMATE_QUEUE_DEPTH", "1000"))
 # Once an inventory of at least this many devices has been read (and indexed), a cycle ends by moving
 # everything then alive out of the cyclic collector's reach (gc.freeze): at 100k devices its full
 # passes over the kept inventory paused the process for 300 ms at a time. 0 = never.

@@ -129,7 +129,10 @@ def _load_snapshot(now, config):
         running=running,
         pending=pending,
         now=now.timestamp(),
-        config=config or s.SchedulerConfig(backfill_wait_seconds=settings.BACKFILL_WAIT_SECONDS),
+        config=config
+        or s.SchedulerConfig(
+            backfill_wait_seconds=settings.BACKFILL_WAIT_SECONDS, estimate_queue_depth=settings.ESTIMATE_QUEUE_DEPTH
+        ),
     )
     loaded.load_ms = (time.perf_counter() - started) * 1000
     return snapshot, loaded

@@ -403,16 +403,23 @@ class Cycle:
         )
         if key in self._failed:
             return None
+        plan = self.plan_now(request, class_name, access, excluded)
+        if plan is None:
+            self._failed.add(key)
+        return plan
+
+    def plan_now(self, request: Request, class_name: str, access: Access, excluded=frozenset()):
+        """Placement of `request` with one class on the current free state, remembering nothing (for
+        callers during whose questions free capacity also grows, like the estimated-start simulation)."""
+        if request.simple and not excluded and not self.uses_extras(access):
+            return self._simple_plan(self.state.class_index[class_name], request.demands[0])
         levels = self.state.levels
-        plan = place_gang(
+        return place_gang(
             self.view(class_name, access, excluded),
             request.demands,
             levels.index(request.required) if request.required else None,
             levels.index(request.preferred) if request.preferred else None,
         )
-        if plan is None:
-            self._failed.add(key)
-        return plan
 
     def _simple_plan(self, class_index: int, demand) -> GangPlan | None:
         """`place_gang` for a simple request (see Request.simple) on plain devices only, nothing excluded:

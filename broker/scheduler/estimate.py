@@ -6,6 +6,11 @@ those that start release their devices after their own expected duration. A work
 first release time at which it starts. Work with unknown duration never ends in this model, so a
 workload stuck behind it has no estimate, and the note says so. Victims being evicted end now.
 This runs after every decision of the cycle is made: it consumes the cycle's free-capacity state.
+
+Like Slurm's backfill (`bf_max_job_test`), only the first `estimate_queue_depth` estimable workloads in
+cluster order are simulated: on a long queue the simulation would otherwise start every waiting
+workload, a second cycle's worth of placements, for estimates far out in time. Those beyond the depth
+get a note saying so; those within it are estimated as if nothing behind them could take their devices.
 """
 
 from __future__ import annotations
@@ -15,7 +20,6 @@ import heapq
 from collections import deque
 
 from broker.scheduler.backfill import release_timeline, unknown_ends
-from broker.scheduler.placement import place_gang
 
 NO_ESTIMATE_REASONS = ("InvalidRequest", "NotEntitled", "AwaitingApproval")
 FROM_EXPECTED_ENDS = "from the expected ends of running work and the work ahead of it"
@@ -31,6 +35,10 @@ def estimated_starts(cycle, waiting: list[str], reasons: dict[str, str]) -> dict
             estimates[workload_id] = (None, f"no estimate: {reason} must be resolved first")
         else:
             remaining.append(workload_id)
+    depth = cycle.config.estimate_queue_depth
+    for workload_id in remaining[depth:]:
+        estimates[workload_id] = (None, f"not estimated: only the first {depth} waiting workloads in line are")
+    del remaining[depth:]
     unknown = unknown_ends(cycle)
     unknown += sum(
         1 for workload_id in cycle.log.admitted if cycle.requests[workload_id].workload.expected_duration is None
@@ -213,17 +221,14 @@ class _Front:
     """The first waiting workload of one shape, with what every try of it needs worked out once: a
     front is tried at each release time until it starts."""
 
-    __slots__ = ("position", "request", "queue", "needed", "required", "preferred", "excludable", "placements")
+    __slots__ = ("position", "request", "queue", "needed", "excludable", "placements")
 
     def __init__(self, cycle, position: int, request):
-        levels = cycle.state.levels
         protection = cycle.protection
         self.position = position  # in cluster order
         self.request = request
         self.queue = request.queue.name
         self.needed = request.needed
-        self.required = levels.index(request.required) if request.required else None
-        self.preferred = levels.index(request.preferred) if request.preferred else None
         self.excludable = protection is not None and request.id != protection.workload_id
         self.placements: dict[frozenset, tuple] = {}  # nodes excluded -> placement id (or None) per class
 
@@ -256,8 +261,7 @@ def _try_start(cycle, front: _Front, excluded: frozenset, placements: tuple, unp
     for class_name, placement in zip(request.classes, placements, strict=True):
         if placement in unplaceable or not cycle.quota.fits(front.queue, class_name, front.needed):
             continue
-        view = cycle.view(class_name, request.default_access, excluded)
-        plan = place_gang(view, request.demands, front.required, front.preferred)
+        plan = cycle.plan_now(request, class_name, request.default_access, excluded)
         if plan is not None:
             return class_name, plan
         if placement is not None:

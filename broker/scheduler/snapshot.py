@@ -314,6 +314,7 @@ class SchedulerConfig:
     preemptions_per_queue_per_cycle: workloads of one queue that may choose new victims per cycle (Kueue
       only lets queue heads preempt); the rest wait a cycle, which also keeps a cycle's search bounded.
     estimate_horizon_events: release events simulated for estimated starts.
+    estimate_queue_depth: waiting workloads (the first in cluster order) whose start is estimated.
     """
 
     enable_backfill_protection: bool = True
@@ -325,6 +326,7 @@ class SchedulerConfig:
     preemption_search_limit: int = 4096
     preemptions_per_queue_per_cycle: int = 1
     estimate_horizon_events: int = 256
+    estimate_queue_depth: int = 1000
 
 
 @dataclass(frozen=True)

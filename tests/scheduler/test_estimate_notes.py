@@ -54,8 +54,36 @@ def test_it_notes_what_deciding_one_workload_at_a_time_notes(monkeypatch, seed):
         requests={workload_id: SimpleNamespace(id=workload_id) for workload_id in waiting},
         log=SimpleNamespace(admitted={}),
         protection=protection,
-        config=SimpleNamespace(estimate_horizon_events=256),
+        config=SimpleNamespace(estimate_horizon_events=256, estimate_queue_depth=1000),
     )
     monkeypatch.setattr(estimate, "_simulate", lambda cycle, remaining: dict(started))
     monkeypatch.setattr(estimate, "unknown_ends", lambda cycle: unknown)
     assert estimate.estimated_starts(cycle, waiting, reasons) == one_by_one(cycle, waiting, reasons, started, unknown)
+
+
+def test_it_simulates_only_the_first_estimable_workloads_in_line(monkeypatch):
+    waiting = [f"w{index:02d}" for index in range(12)]
+    reasons = dict.fromkeys(waiting, "InsufficientCapacity")
+    reasons["w01"] = reasons["w04"] = "AwaitingApproval"  # never estimated: they do not count
+    cycle = SimpleNamespace(
+        requests={workload_id: SimpleNamespace(id=workload_id) for workload_id in waiting},
+        log=SimpleNamespace(admitted={}),
+        protection=None,
+        config=SimpleNamespace(estimate_horizon_events=256, estimate_queue_depth=5),
+    )
+    simulated = []
+
+    def simulate(cycle, remaining):
+        simulated.extend(request.id for request in remaining)
+        return {request.id: NOW for request in remaining}
+
+    monkeypatch.setattr(estimate, "_simulate", simulate)
+    monkeypatch.setattr(estimate, "unknown_ends", lambda cycle: 0)
+    estimates = estimate.estimated_starts(cycle, waiting, reasons)
+    assert simulated == ["w00", "w02", "w03", "w05", "w06"]
+    assert {workload_id: when for workload_id, (when, _) in estimates.items() if when is not None} == dict.fromkeys(
+        simulated, NOW
+    )
+    beyond = "not estimated: only the first 5 waiting workloads in line are"
+    assert [estimates[workload_id][1] for workload_id in ("w07", "w08", "w09", "w10", "w11")] == [beyond] * 5
+    assert estimates["w04"] == (None, "no estimate: AwaitingApproval must be resolved first")

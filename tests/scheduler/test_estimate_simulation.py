@@ -120,3 +120,23 @@ def test_it_starts_what_a_plain_simulation_starts(monkeypatch, seed, sizes, hori
     assert decide(snapshot) == optimised
     assert sum(decision.estimated_start is not None for decision in optimised.pending) > 20
     assert simulated == [head_planned]
+
+
+def test_it_estimates_starts_no_deeper_in_line_than_configured():
+    snapshot = synthetic_snapshot(nodes=64, pending=400, seed=3, busy=0.9, sizes=(1, 2, 4, 8))
+    running = tuple(
+        replace(workload, expected_end=snapshot.now + 600.0 * (index % 9) + 60.0)
+        for index, workload in enumerate(snapshot.running)
+    )
+    deep = decide(replace(snapshot, running=running, config=SchedulerConfig(estimate_queue_depth=10_000)))
+    shallow = decide(replace(snapshot, running=running, config=SchedulerConfig(estimate_queue_depth=30)))
+    assert sum(decision.estimated_start is not None for decision in deep.pending) > 30
+    estimated = sorted(
+        decision.position_in_cluster for decision in shallow.pending if decision.estimated_start is not None
+    )
+    assert 0 < len(estimated) <= 30
+    beyond = [decision for decision in shallow.pending if decision.position_in_cluster > estimated[-1]]
+    assert beyond and all(decision.estimated_start is None for decision in beyond)
+    assert {decision.details["estimate"] for decision in beyond} >= {
+        "not estimated: only the first 30 waiting workloads in line are"
+    }
