@@ -136,6 +136,25 @@ class InventoryIndex:
         self.node_keys = list(zip(*self.node_domains, strict=True))  # per node: its domain key at each level
         self.class_devices = self._class_devices()
         self._as_built: CapacityState | None = None
+        # The device records of the last cycle that finished on this index, to be rebased onto the next
+        # snapshot instead of built anew. A list, because pop() and append() are atomic under the GIL:
+        # a decide() running meanwhile (nested or in another thread) finds it empty and builds its own.
+        self._spare: list[CapacityState] = []
+
+    def take_spare(self) -> CapacityState | None:
+        try:
+            state = self._spare.pop()
+        except IndexError:
+            return None
+        state.index = self
+        return state
+
+    def keep_spare(self, state: CapacityState) -> None:
+        if not self._spare:
+            # Kept without its reference back: no cycle, so a replaced index and its spare are freed by
+            # reference counting even after gc.freeze() (see the runner).
+            state.index = None
+            self._spare.append(state)
 
     def as_built(self) -> CapacityState:
         """The cluster with every device healthy, free and unreserved; made on first use, then kept.
@@ -243,6 +262,63 @@ class CapacityState:
         self._reserve(snapshot)
         self._aggregate()
 
+    @classmethod
+    def for_cycle(cls, snapshot: Snapshot, matcher: ClassMatcher, class_names: tuple[str, ...]) -> CapacityState:
+        """The state of `snapshot`, equal to `CapacityState(snapshot, ...)`: the last finished cycle's
+        device records rebased when its index serves this snapshot too (a cycle changes few holders, and
+        100k device records cost more to make than to correct), else built. Every change to a holder is
+        journaled until `retire`, so the next rebase can undo them."""
+        state = InventoryIndex.of(snapshot, matcher, class_names).take_spare()
+        if state is None or not state._rebase(snapshot):
+            state = cls(snapshot, matcher, class_names)
+        state._journal = []
+        return state
+
+    def retire(self) -> None:
+        """The cycle is over and nothing reads this state any more: its index may hand it to the next one."""
+        if self._journal is not None and self._running is not None:
+            self.index.keep_spare(self)
+
+    def _rebase(self, snapshot: Snapshot) -> bool:
+        """Make this retired state equal to a new one built for `snapshot` (same index): undo the last
+        cycle's holds and releases and its reservations, swap the holders of running work that changed
+        (records the loader reuses are the same objects), reserve and aggregate again. False, with the
+        state left unusable, when two running workloads claim one device (a built state lets the later
+        claim win; a rebased one cannot know the order it would have seen)."""
+        for slot, holder in reversed(self._journal):
+            slot.holder = holder
+        self._journal = None
+        rows = self.index.device_rows
+        for slot in self._reserved:
+            slot.owner = None
+            slot.category = rows[slot.order][5]
+        before = self._running
+        now = {workload.id: workload for workload in snapshot.running}
+        self._running = None
+        if len(now) != len(snapshot.running):
+            return False
+        slot_by_id = self.slot_by_id
+        for workload_id, workload in before.items():
+            if now.get(workload_id) is not workload:
+                for pod in workload.pods:
+                    for device_id in pod.device_ids:
+                        slot = slot_by_id.get(device_id)
+                        if slot is not None and slot.holder == workload_id:
+                            slot.holder = None
+        for workload_id, workload in now.items():
+            if before.get(workload_id) is not workload:
+                for pod in workload.pods:
+                    for device_id in pod.device_ids:
+                        slot = slot_by_id.get(device_id)
+                        if slot is not None:
+                            if slot.holder is not None:
+                                return False
+                            slot.holder = workload_id
+        self._running = now
+        self._reserve(snapshot)
+        self._aggregate()
+        return True
+
     # --- building ---
 
     def _adopt(self, index: InventoryIndex) -> None:
@@ -252,22 +328,33 @@ class CapacityState:
             setattr(self, name, getattr(index, name))
         self.slots: list[Slot] = [Slot(*row) for row in index.device_rows]
         self.slot_by_id: dict[str, Slot] = dict(zip(index.device_ids, self.slots, strict=True))
+        self._journal: list[tuple[Slot, str | None]] | None = None  # see for_cycle
+        self._running: dict | None = None  # the running work held, by id; None: not rebasable
+        self._reserved: list[Slot] = []
 
     def _hold_running(self, snapshot: Snapshot) -> None:
         slot_by_id = self.slot_by_id
+        claimed_twice = False
         for workload in snapshot.running:
             holder = workload.id
             for pod in workload.pods:
                 for device_id in pod.device_ids:
                     slot = slot_by_id.get(device_id)
                     if slot is not None:
+                        claimed_twice = claimed_twice or slot.holder is not None
                         slot.holder = holder
+        if not claimed_twice:
+            running = {workload.id: workload for workload in snapshot.running}
+            self._running = running if len(running) == len(snapshot.running) else None
 
     def _reserve(self, snapshot: Snapshot) -> None:
+        self._reserved = []
+        active = [r for r in snapshot.reservations if r.start <= snapshot.now < r.end]
+        if not active:
+            return  # the maps below would cost a pass over all running work for nothing
         team_of_queue = {queue.name: queue.team for queue in snapshot.queues}
         team_of_holder = {workload.id: team_of_queue.get(workload.queue) for workload in snapshot.running}
         preemptible = {workload.id for workload in snapshot.running if workload.preemptible}
-        active = [r for r in snapshot.reservations if r.start <= snapshot.now < r.end]
         for reservation in sorted(active, key=lambda r: r.name):
             class_index = self.class_index.get(reservation.device_class)
             if class_index is None:
@@ -291,6 +378,7 @@ class CapacityState:
                 slot.owner = reservation.team
                 if slot.category == PLAIN:
                     slot.category = RESERVED
+                self._reserved.append(slot)
 
     def _in_domain(self, node: int, domain: dict | None) -> bool:
         if not domain:
@@ -370,7 +458,10 @@ class CapacityState:
     def hold(self, slots, holder: str) -> None:
         """Give `slots` to `holder`; plain ones leave the aggregates."""
         changed: dict[int, list[Slot]] = {}
+        journal = self._journal
         for slot in slots:
+            if journal is not None:
+                journal.append((slot, slot.holder))
             slot.holder = holder
             if slot.category == PLAIN:
                 changed.setdefault(slot.node, []).append(slot)
@@ -388,9 +479,12 @@ class CapacityState:
     def release(self, slots) -> None:
         """Free `slots` again (used only by the estimated-start simulation, after all decisions)."""
         changed: dict[int, list[Slot]] = {}
+        journal = self._journal
         for slot in slots:
             if slot.holder is None:
                 continue
+            if journal is not None:
+                journal.append((slot, slot.holder))
             slot.holder = None
             if slot.category == PLAIN:
                 changed.setdefault(slot.node, []).append(slot)

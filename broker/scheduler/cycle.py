@@ -35,7 +35,10 @@ def decide(snapshot: Snapshot) -> CycleResult:
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return Cycle(snapshot).run()
+        cycle = Cycle(snapshot)
+        result = cycle.run()
+        cycle.state.retire()
+        return result
     finally:
         if collecting:
             gc.enable()
@@ -97,7 +100,7 @@ class Cycle:
     def run(self) -> CycleResult:
         # 1. Index the snapshot: classes per distinct device description, free counts per node and
         #    domain, devices held by running work, reservations materialised on concrete devices.
-        self.state = CapacityState(self.snapshot, self.matcher, self.class_names)
+        self.state = CapacityState.for_cycle(self.snapshot, self.matcher, self.class_names)
         # Reserved and tainted devices are never plain: the extras hold all of them.
         self.reserved_teams = frozenset(slot.owner for slot in self.state.extras if slot.owner is not None)
         self.has_taints = any(slot.taints for slot in self.state.extras)
