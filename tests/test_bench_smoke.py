@@ -24,6 +24,8 @@ def test_it_writes_a_quick_report_of_the_decide_and_replay_sections(tmp_path):
     assert set(report) >= {"machine", "sections", "quick", "total_seconds"}
     assert report["quick"] is True
     assert {"cores", "python", "load_average_at_start"} <= set(report["machine"])
+    assert report["machine"]["reference_seconds_at_start"] > 0 and report["machine"]["reference_seconds_at_end"] > 0
+    assert 0 <= report["machine"]["cpu_steal_percent"] < 100
     assert set(report["sections"]) == {"decide", "replay"}
 
     decide = report["sections"]["decide"]
@@ -54,3 +56,12 @@ def test_it_writes_a_quick_report_of_the_decide_and_replay_sections(tmp_path):
     assert set(replay["ratios"]) >= {"utilisation_on_over_off"}
     assert isinstance(replay["target"]["pass"], bool)
     assert "decide" in completed.stdout and "replay" in completed.stdout
+
+
+def test_it_measures_the_machine_by_a_fixed_workload():
+    from bench import machine_speed
+
+    assert machine_speed.reference_workload() == machine_speed.reference_workload()
+    before = machine_speed.cpu_times()
+    assert before is not None and before[0] <= before[1]
+    assert 0 < machine_speed.reference_seconds(repeat=2) < 10
