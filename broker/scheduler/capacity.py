@@ -293,27 +293,35 @@ class CapacityState:
             slot.owner = None
             slot.category = rows[slot.order][5]
         before = self._running
-        now = {workload.id: workload for workload in snapshot.running}
         self._running = None
+        now = {}
+        arrived = []  # new records, or new records of known ids
+        for workload in snapshot.running:
+            now[workload.id] = workload
+            if before.get(workload.id) is not workload:
+                arrived.append(workload)
         if len(now) != len(snapshot.running):
             return False
         slot_by_id = self.slot_by_id
-        for workload_id, workload in before.items():
-            if now.get(workload_id) is not workload:
+        if arrived or len(before) != len(now):
+            left = [before[workload_id] for workload_id in before.keys() - now.keys()]
+            left += [before[workload.id] for workload in arrived if workload.id in before]
+            for workload in left:
+                workload_id = workload.id
                 for pod in workload.pods:
                     for device_id in pod.device_ids:
                         slot = slot_by_id.get(device_id)
                         if slot is not None and slot.holder == workload_id:
                             slot.holder = None
-        for workload_id, workload in now.items():
-            if before.get(workload_id) is not workload:
-                for pod in workload.pods:
-                    for device_id in pod.device_ids:
-                        slot = slot_by_id.get(device_id)
-                        if slot is not None:
-                            if slot.holder is not None:
-                                return False
-                            slot.holder = workload_id
+        for workload in arrived:
+            workload_id = workload.id
+            for pod in workload.pods:
+                for device_id in pod.device_ids:
+                    slot = slot_by_id.get(device_id)
+                    if slot is not None:
+                        if slot.holder is not None:
+                            return False
+                        slot.holder = workload_id
         self._running = now
         self._reserve(snapshot)
         self._aggregate()
