@@ -22,27 +22,41 @@ class ShareBook:
     """Usage per queue and device class, and the dominant resource share it gives."""
 
     def __init__(self, queues: tuple[Queue, ...], class_capacity: dict[str, int]):
-        self._queues = {queue.name: queue for queue in queues}
         self._capacity = class_capacity
         self._usage: dict[str, dict[str, int]] = {}
+        # Fair share asks for a queue's share after every admission: it is kept up to date as usage is added
+        # instead of being recomputed over all the queue's classes each time.
+        self._terms = {queue.name: (queue.quota or {}, queue.weight if queue.weight > 0 else 1e-9) for queue in queues}
+        self._dominant: dict[str, float] = {}
+        self._shares: dict[str, float] = {}
 
     def add(self, queue: str, device_class: str, amount: int) -> None:
-        usage = self._usage.setdefault(queue, {})
-        usage[device_class] = usage.get(device_class, 0) + amount
-
-    def share(self, queue_name: str) -> float:
-        queue = self._queues.get(queue_name)
-        usage = self._usage.get(queue_name, {})
-        if queue is None or not usage:
-            return 0.0
-        quota = queue.quota or {}
-        dominant = 0.0
-        for device_class, used in usage.items():  # a maximum: the order of the classes cannot change it
-            base = quota.get(device_class) or self._capacity.get(device_class) or 1
-            share = used / base
+        usage = self._usage.get(queue)
+        if usage is None:
+            usage = self._usage[queue] = {}
+        used = usage[device_class] = usage.get(device_class, 0) + amount
+        terms = self._terms.get(queue)
+        if terms is None:
+            return
+        quota, weight = terms
+        if amount < 0:
+            # Usage given back may lower the dominant class's share: only a full recount finds the new maximum.
+            dominant = 0.0
+            for name, held in usage.items():  # a maximum: the order of the classes cannot change it
+                share = held / (quota.get(name) or self._capacity.get(name) or 1)
+                if share > dominant:
+                    dominant = share
+        else:
+            # Only this class's share grew: the maximum is the old one or this share.
+            dominant = self._dominant.get(queue, 0.0)
+            share = used / (quota.get(device_class) or self._capacity.get(device_class) or 1)
             if share > dominant:
                 dominant = share
-        return dominant / (queue.weight if queue.weight > 0 else 1e-9)
+        self._dominant[queue] = dominant
+        self._shares[queue] = dominant / weight
+
+    def share(self, queue_name: str) -> float:
+        return self._shares.get(queue_name, 0.0)
 
 
 class FairShareOrder:
@@ -68,9 +82,17 @@ class FairShareOrder:
             heapq.heappush(self._heap, (self._book.share(queue), queue))
 
     def __iter__(self):
-        while True:
-            workload = self.pop()
-            if workload is None:
-                return
+        # pop and requeue inlined: this loop runs once per pending workload.
+        heap = self._heap
+        queues = self._queues
+        positions = self._next
+        share = self._book.share
+        while heap:
+            _, queue = heapq.heappop(heap)
+            position = positions[queue]
+            positions[queue] = position + 1
+            workload = queues[queue][position]
             yield workload
-            self.requeue(workload.queue)
+            queue = workload.queue
+            if positions[queue] < len(queues[queue]):
+                heapq.heappush(heap, (share(queue), queue))

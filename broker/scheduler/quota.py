@@ -68,8 +68,15 @@ class QuotaCheck:
         }
 
 
+# The constants of a class a node names nowhere in its subtree: no quota, nothing guaranteed, no limit.
+_NO_CONSTANTS = (0, 0, None)
+
+
 class _QuotaNode:
-    __slots__ = ("name", "parent", "children", "nominal", "borrowing_limit", "lending_limit", "usage")
+    __slots__ = (
+        "name", "parent", "children", "nominal", "borrowing_limit", "lending_limit", "usage",
+        "root", "path", "constants", "available",
+    )  # fmt: skip
 
     def __init__(self, name, nominal, borrowing_limit, lending_limit):
         self.name = name
@@ -79,6 +86,12 @@ class _QuotaNode:
         self.borrowing_limit: dict | None = borrowing_limit
         self.lending_limit: dict | None = lending_limit
         self.usage: dict = {}
+        # Set once the tree is built (QuotaTree._freeze): the tree never changes shape during a cycle.
+        self.root: _QuotaNode = self
+        self.path: tuple = (self,)  # root first, this node last
+        self.constants: dict = {}  # class -> (guaranteed quota, subtree quota, borrowing limit or None)
+        # On a root only: class -> {node of this tree: available}, dropped when usage in the tree changes.
+        self.available: dict = {}
 
 
 class QuotaTree:
@@ -107,9 +120,31 @@ class QuotaTree:
             if queue.cohort:
                 self._attach(node, self._cohort_node(queue.cohort))
         self._subtree_cache: dict = {}
-        self._constant_cache: dict = {}
-        self._available_cache: dict = {}  # (tree root, class) -> {node: available}
-        self._roots: dict = {}
+        self._freeze()
+
+    def _freeze(self) -> None:
+        # Roots, paths and per-class constants are fixed for the cycle: worked out once here, not looked up
+        # again on each quota question (there is about one per admission).
+        nodes = [*self._cohort_nodes.values(), *self._queue_nodes.values()]
+        classes = set()
+        for node in nodes:
+            classes.update(node.nominal)
+            classes.update(node.borrowing_limit or ())
+            classes.update(node.lending_limit or ())
+        for node in nodes:
+            path = [node]
+            while path[-1].parent is not None:
+                path.append(path[-1].parent)
+            node.path = tuple(reversed(path))
+            node.root = path[-1]
+            node.constants = {
+                device_class: (
+                    self._guaranteed(node, device_class),
+                    self._subtree_quota(node, device_class),
+                    (node.borrowing_limit or {}).get(device_class),
+                )
+                for device_class in classes
+            }
 
     def _cohort_node(self, name: str) -> _QuotaNode:
         # A cohort named only by its members exists implicitly with no quota of its own, as in Kueue.
@@ -143,10 +178,14 @@ class QuotaTree:
         node.usage[device_class] = new
         # What is available depends on usage in the node's own tree and class only: other trees and
         # classes keep their answers (fair share alternates between queues of different cohorts).
-        self._available_cache.pop((self._root(node), device_class), None)
+        node.root.available.pop(device_class, None)
+        # Conditionals rather than max(0, ...) on the paths taken once or more per admission: the same values,
+        # without a builtin call each.
         while node.parent is not None and old != new:
-            guaranteed = self._constants(node, device_class)[0]
-            contributed = max(0, new - guaranteed) - max(0, old - guaranteed)
+            guaranteed = node.constants.get(device_class, _NO_CONSTANTS)[0]
+            above_new = new - guaranteed
+            above_old = old - guaranteed
+            contributed = (above_new if above_new > 0 else 0) - (above_old if above_old > 0 else 0)
             node = node.parent
             old = node.usage.get(device_class, 0)
             new = old + contributed
@@ -183,54 +222,36 @@ class QuotaTree:
             return 0
         return max(0, self._subtree_quota(node, device_class) - limit)
 
-    def _constants(self, node: _QuotaNode, device_class: str) -> tuple:
-        """(guaranteed quota, subtree quota, borrowing limit or None) of `node`: fixed for the cycle."""
-        key = (id(node), device_class)
-        constants = self._constant_cache.get(key)
-        if constants is None:
-            constants = (
-                self._guaranteed(node, device_class),
-                self._subtree_quota(node, device_class),
-                (node.borrowing_limit or {}).get(device_class),
-            )
-            self._constant_cache[key] = constants
-        return constants
-
-    def _usage(self, node: _QuotaNode, device_class: str) -> int:
-        # A queue's own usage; for a cohort, its children's usage above their guaranteed quota (see add_usage).
-        return node.usage.get(device_class, 0)
-
     def _available(self, node: _QuotaNode, device_class: str) -> int:
         # Kept until usage changes in the node's tree: explanations ask many times on an unchanging state.
-        tree = self._available_cache.get((self._root(node), device_class))
-        if tree is None:
-            tree = self._available_cache[(self._root(node), device_class)] = {}
-        cached = tree.get(node)
-        if cached is None:
-            cached = tree[node] = self._compute_available(node, device_class)
-        return cached
-
-    def _root(self, node: _QuotaNode) -> _QuotaNode:
-        root = self._roots.get(node)
-        if root is None:
-            root = node
-            while root.parent is not None:
-                root = root.parent
-            self._roots[node] = root
-        return root
-
-    def _compute_available(self, node: _QuotaNode, device_class: str) -> int:
-        guaranteed, subtree, limit = self._constants(node, device_class)
-        usage = node.usage.get(device_class, 0)
-        if node.parent is None:
-            return subtree - usage
-        local = max(0, guaranteed - usage)
-        from_parent = self._available(node.parent, device_class)
-        if limit is not None:
-            stored_in_parent = subtree - guaranteed
-            used_in_parent = max(0, usage - guaranteed)
-            from_parent = min(from_parent, stored_in_parent - used_in_parent + limit)
-        return local + from_parent
+        known = node.root.available.get(device_class)
+        if known is None:
+            known = node.root.available[device_class] = {}
+        else:
+            cached = known.get(node)
+            if cached is not None:
+                return cached
+        # Top-down along the path: a node's answer needs its parent's, and every answer on the way is kept
+        # (an ancestor of a known node is known too, as answers are only ever filled in along whole paths).
+        available = 0
+        for step in node.path:
+            cached = known.get(step)
+            if cached is not None:
+                available = cached
+                continue
+            guaranteed, subtree, limit = step.constants.get(device_class, _NO_CONSTANTS)
+            usage = step.usage.get(device_class, 0)
+            if step.parent is None:
+                available = subtree - usage
+            else:
+                unused = guaranteed - usage  # of its guaranteed quota; when negative, borrowed from the parent
+                if limit is not None:
+                    cap = subtree - guaranteed + (unused if unused < 0 else 0) + limit
+                    if cap < available:
+                        available = cap
+                available += unused if unused > 0 else 0
+            known[step] = available
+        return available
 
     def _potential(self, node: _QuotaNode, device_class: str) -> int:
         key = ("potential", id(node), device_class)
@@ -275,12 +296,18 @@ class QuotaTree:
     def available(self, queue: str, device_class: str) -> int | None:
         """What `check(...).available` says, without building the check: None for an unlimited queue."""
         node = self._queue_nodes.get(queue)
-        return None if node is None else max(0, self._available(node, device_class))
+        if node is None:
+            return None
+        available = self._available(node, device_class)
+        return available if available > 0 else 0
 
     def fits(self, queue: str, device_class: str, requested: int) -> bool:
         """`check(queue, device_class, requested).fits`, without building the check."""
         node = self._queue_nodes.get(queue)
-        return node is None or requested <= max(0, self._available(node, device_class))
+        if node is None:
+            return True
+        available = self._available(node, device_class)
+        return requested <= (available if available > 0 else 0)
 
     def is_borrowing(self, queue: str, device_class: str) -> bool:
         node = self._queue_nodes.get(queue)
@@ -291,6 +318,4 @@ class QuotaTree:
         node = self._queue_nodes.get(queue)
         if node is None or node.parent is None:
             return None
-        while node.parent is not None:
-            node = node.parent
-        return node.name
+        return node.root.name
