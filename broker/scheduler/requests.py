@@ -44,7 +44,7 @@ class Request:
     preemptible: bool
     tolerations: tuple
 
-    @property
+    @_once
     def id(self) -> str:
         return self.workload.id
 
