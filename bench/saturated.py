@@ -11,21 +11,26 @@ from broker.scheduler.snapshot import RunningPod, RunningWorkload, Snapshot
 from broker.scheduler.synthetic import synthetic_snapshot
 
 
-def saturated_snapshot(nodes: int, pending: int, sizes, seed: int = 1) -> Snapshot:
-    first = synthetic_snapshot(nodes=nodes, pending=pending, sizes=sizes, seed=seed)
-    result = decide(first)
-    waiting = {workload.id: workload for workload in first.pending}
-    admitted = [
+def admitted_as_running(snapshot: Snapshot, result) -> list[RunningWorkload]:
+    """The workloads `result` admitted, as the next snapshot's running work (started at `snapshot.now`)."""
+    waiting = {workload.id: workload for workload in snapshot.pending}
+    return [
         RunningWorkload(
             id=admission.workload_id,
             queue=waiting[admission.workload_id].queue,
             pods=tuple(RunningPod(pod.pod_set, pod.index, pod.node, pod.device_ids) for pod in admission.pods),
             device_class=admission.device_class,
             priority=waiting[admission.workload_id].priority,
-            started=first.now,
+            started=snapshot.now,
         )
         for admission in result.admissions
     ]
+
+
+def saturated_snapshot(nodes: int, pending: int, sizes, seed: int = 1) -> Snapshot:
+    first = synthetic_snapshot(nodes=nodes, pending=pending, sizes=sizes, seed=seed)
+    result = decide(first)
+    admitted = admitted_as_running(first, result)
     left = [workload for workload in first.pending if workload.id not in {a.workload_id for a in result.admissions}]
     extra = synthetic_snapshot(nodes=1, pending=pending - len(left), sizes=sizes, seed=seed + 1).pending
     renamed = [dataclasses.replace(workload, id=f"r{workload.id}") for workload in extra]

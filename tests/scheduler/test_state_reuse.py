@@ -6,9 +6,10 @@ import dataclasses
 
 import pytest
 
+from bench.saturated import admitted_as_running
 from broker.scheduler.capacity import CapacityState, InventoryIndex
 from broker.scheduler.cycle import Cycle, decide
-from broker.scheduler.snapshot import Reservation, RunningPod, RunningWorkload
+from broker.scheduler.snapshot import Reservation
 from tests.scheduler.test_hopeless_memo import crowded
 
 
@@ -51,18 +52,8 @@ def next_snapshot(snapshot, result, step: int):
         elif index % 13 == 0:
             workload = dataclasses.replace(workload)  # the loader rebuilt an equal record
         running.append(workload)
-    for admission in result.admissions:
-        running.append(
-            RunningWorkload(
-                id=admission.workload_id,
-                queue=waiting[admission.workload_id].queue,
-                pods=tuple(RunningPod(pod.pod_set, pod.index, pod.node, pod.device_ids) for pod in admission.pods),
-                device_class=admission.device_class,
-                priority=waiting[admission.workload_id].priority,
-                started=snapshot.now,
-                expected_end=snapshot.now + 600.0 * (1 + len(running) % 5),
-            )
-        )
+    for workload in admitted_as_running(snapshot, result):
+        running.append(dataclasses.replace(workload, expected_end=snapshot.now + 600.0 * (1 + len(running) % 5)))
     nominated = {}
     for workload in snapshot.running:
         if workload.evicting and workload.evicted_for in waiting:
