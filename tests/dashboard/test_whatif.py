@@ -40,3 +40,20 @@ def test_it_rejects_a_malformed_what_if(client, scene, alice, cluster):
     response = ask(client, cluster, cluster.inference, 2, 2)  # small inference allows 2 devices at most
     assert response.status_code == 400
     assert "resource_class" in response.json()["errors"]
+
+
+def test_it_freezes_a_large_inventory_it_read_as_a_cycle_does(client, scene, alice, cluster, settings, monkeypatch):
+    from broker.cycle import runner
+    from broker.cycle.loader import forget_everything_loaded
+
+    settings.GC_FREEZE_MIN_DEVICES = 1  # the small cluster counts as large here
+    forget_everything_loaded()
+    calls = []
+    monkeypatch.setattr(runner.gc, "collect", lambda *args: calls.append("collect"))
+    monkeypatch.setattr(runner.gc, "freeze", lambda: calls.append("freeze"))
+    client.force_login(alice)
+
+    assert ask(client, cluster, cluster.inference, 1, 1).json()["ok"] is True
+    assert ask(client, cluster, cluster.inference, 1, 1).json()["ok"] is True  # the same inventory: nothing new
+
+    assert calls == ["collect", "freeze"]
