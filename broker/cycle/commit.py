@@ -408,8 +408,9 @@ def plain(value):
     return json.loads(json.dumps(value, default=str))
 
 
-def explanation_content(decision):
-    """The decision as the Explanation's fields, JSON values still as the core made them (tuples)."""
+def explanation_content(decision, shared=None):
+    """The decision as the Explanation's fields, JSON values still as the core made them (tuples).
+    `shared`: the commit's SharedTexts, which hands decisions of one shape one suggestions list."""
     estimated = None
     if decision.estimated_start is not None:
         # Whole seconds: the estimate moves by fractions every cycle and that is not news.
@@ -422,10 +423,14 @@ def explanation_content(decision):
         "position_in_queue": decision.position_in_queue,
         "position_in_cluster": decision.position_in_cluster,
         "estimated_start": estimated,
-        "suggestions": [
-            {"kind": s.kind, "description": s.description, "change": s.change} for s in decision.suggestions
-        ],
+        "suggestions": (
+            suggestion_dicts(decision.suggestions) if shared is None else shared.suggestions(decision.suggestions)
+        ),
     }
+
+
+def suggestion_dicts(suggestions):
+    return [{"kind": s.kind, "description": s.description, "change": s.change} for s in suggestions]
 
 
 def explanation_values(content, encoded=None):
@@ -475,13 +480,13 @@ def encode_explanation(content, shared=None):
         secondary, rest_text, suggestions = (
             CANONICAL_JSON.encode(plain(value)) for value in (content["secondary"], rest, content["suggestions"])
         )
+    text = shared.text if shared is not None else CANONICAL_JSON.encode
     details_text = rest_text
     if isinstance(note, str):
-        details_text = rest_text[:-1] + (", " if rest else "") + '"estimate": ' + CANONICAL_JSON.encode(note) + "}"
-    scalars = CANONICAL_JSON.encode(
-        [content["reason"], content["message"], content["position_in_queue"], content["position_in_cluster"]]
-    )
-    comparable_note = CANONICAL_JSON.encode(without_numbers(note) if isinstance(note, str) else None)
+        details_text = rest_text[:-1] + (", " if rest else "") + '"estimate": ' + text(note) + "}"
+    scalars = (content["reason"], content["message"], content["position_in_queue"], content["position_in_cluster"])
+    scalars = "[" + ", ".join([text(value) for value in scalars]) + "]"
+    comparable_note = text(without_numbers(note) if isinstance(note, str) else None)
     digest = hashlib.blake2b(
         FIELD_SEPARATOR.join((scalars, secondary, rest_text, comparable_note, suggestions)).encode(),
         digest_size=FINGERPRINT_BYTES,
@@ -497,11 +502,32 @@ class SharedTexts:
 
     def __init__(self):
         self._texts = {}
+        self._suggestions = {}
+        self._scalars = {}
+
+    def text(self, value) -> str:
+        """CANONICAL_JSON text of a scalar: the reason, message and estimate notes repeat across a
+        shape's decisions, so their texts are kept by value; numbers are written as JSON writes them."""
+        if type(value) is int:
+            return int.__repr__(value)
+        key = value if type(value) is str else (type(value), value)  # 1 == 1.0 == True, not as JSON
+        known = self._scalars.get(key)
+        if known is None:
+            known = self._scalars[key] = CANONICAL_JSON.encode(value)
+        return known
+
+    def suggestions(self, suggestions: tuple) -> list:
+        """`suggestion_dicts(suggestions)`, one list per tuple the core shares between the decisions of a
+        shape (its text is then encoded once too); never changed after it is made."""
+        known = self._suggestions.get(id(suggestions))
+        if known is None:
+            known = self._suggestions[id(suggestions)] = (suggestions, suggestion_dicts(suggestions))
+        return known[1]
 
     def encode(self, value):
         if type(value) is dict:
             key = (tuple(value), tuple(map(id, value.values())))
-        elif type(value) is tuple:
+        elif type(value) is tuple or type(value) is list:  # lists: the suggestions above, never changed
             key = (None, id(value))
         else:
             return CANONICAL_JSON.encode(value)
@@ -570,7 +596,7 @@ def explain(decisions, admitted, cycle, now):
     history = []
     for decision in decisions:
         pk = int(decision.workload_id)
-        content = explanation_content(decision)
+        content = explanation_content(decision, shared)
         encoded = encode_explanation(content, shared)
         digest = encoded[1]
         before = existing.get(pk)
