@@ -60,7 +60,8 @@ class ShareBook:
 
 
 class FairShareOrder:
-    """Hands out pending workloads one at a time; call `requeue` after deciding each one."""
+    """Hands out pending workloads one at a time, by iteration: the next one is chosen only after the
+    caller decided the previous one, so an admission's usage already counts in its queue's share."""
 
     def __init__(self, by_queue: dict[str, list[PendingWorkload]], book: ShareBook):
         self._book = book
@@ -69,20 +70,7 @@ class FairShareOrder:
         self._heap = [(book.share(name), name) for name in sorted(self._queues)]
         heapq.heapify(self._heap)
 
-    def pop(self) -> PendingWorkload | None:
-        if not self._heap:
-            return None
-        _, queue = heapq.heappop(self._heap)
-        position = self._next[queue]
-        self._next[queue] = position + 1
-        return self._queues[queue][position]
-
-    def requeue(self, queue: str) -> None:
-        if self._next[queue] < len(self._queues[queue]):
-            heapq.heappush(self._heap, (self._book.share(queue), queue))
-
     def __iter__(self):
-        # pop and requeue inlined: this loop runs once per pending workload.
         heap = self._heap
         queues = self._queues
         positions = self._next
@@ -91,8 +79,6 @@ class FairShareOrder:
             _, queue = heapq.heappop(heap)
             position = positions[queue]
             positions[queue] = position + 1
-            workload = queues[queue][position]
-            yield workload
-            queue = workload.queue
-            if positions[queue] < len(queues[queue]):
+            yield queues[queue][position]
+            if position + 1 < len(queues[queue]):
                 heapq.heappush(heap, (share(queue), queue))
