@@ -45,7 +45,7 @@ def synthetic(nodes: int, pending: int, seed: int = 1):
 
 
 def one_cycle() -> dict:
-    from broker.cycle import commit
+    from broker.cycle import commit, runner
     from broker.cycle.executor import SimulatedExecutor
     from broker.cycle.runner import run_once
     from broker.workloads.models import SchedulingCycle
@@ -53,6 +53,13 @@ def one_cycle() -> dict:
     hooks = {"broadcast": commit.broadcast, "record_cycle_capacity": commit.record_capacity}
     spent = dict.fromkeys([*hooks, "executor_start"], 0.0)
     executor_start = SimulatedExecutor.start
+    # The cycle's first on_commit hook: it runs as soon as PostgreSQL has committed the transaction.
+    follow_up_requests = runner.follow_up_requests
+    committed = {}
+
+    def timed_follow_up(*args, **kwargs):
+        committed.setdefault("at", time.perf_counter())
+        return follow_up_requests(*args, **kwargs)
 
     def timed_start(self, *args, **kwargs):
         begun = time.perf_counter()
@@ -74,6 +81,7 @@ def one_cycle() -> dict:
     for name in hooks:
         setattr(commit, name, timed(name))
     SimulatedExecutor.start = timed_start
+    runner.follow_up_requests = timed_follow_up
     try:
         started = time.perf_counter()
         run = run_once()
@@ -82,10 +90,12 @@ def one_cycle() -> dict:
         for name, function in hooks.items():
             setattr(commit, name, function)
         SimulatedExecutor.start = executor_start
+        runner.follow_up_requests = follow_up_requests
     if run is None:
         return {"error": "another cycle held the lock"}
     row = SchedulingCycle.objects.get(pk=run.cycle_id)
     total = row.load_ms + row.decide_ms + row.commit_ms
+    until_committed = (committed["at"] - started) * 1000 if "at" in committed else None
     return {
         "outcome": row.outcome,
         "pending_loaded": row.pending_count,
@@ -95,8 +105,11 @@ def one_cycle() -> dict:
         "decide_ms": round(row.decide_ms, 1),
         "commit_ms": round(row.commit_ms, 1),
         "cycle_ms": round(total, 1),
+        # From run_once's call until PostgreSQL committed: the phases, plus taking the lock, writing the
+        # cycle row and the COMMIT itself. What the target holds.
+        "committed_ms": None if until_committed is None else round(until_committed, 1),
         "run_once_wall_ms": round(wall, 1),
-        "after_commit_ms": round(wall - total, 1),
+        "after_commit_ms": round(wall - (until_committed or total), 1),
         "after_commit_broadcast_ms": round(spent["broadcast"], 1),
         "after_commit_capacity_sample_ms": round(spent["record_cycle_capacity"], 1),
         "after_commit_executor_start_ms": round(spent["executor_start"], 1),
@@ -166,10 +179,10 @@ def run_size(nodes: int, pending: int) -> dict:
     out["refill"] = one_cycle()
     out["steady"] = one_cycle()
     out["steady_cold"] = restarted_worker_cycle()
-    measured = [out[k]["cycle_ms"] for k in WARM_CYCLES if "cycle_ms" in out[k]]
+    measured = [out[k]["committed_ms"] for k in WARM_CYCLES if out[k].get("committed_ms") is not None]
     out["worst_cycle_ms"] = max(measured) if measured else None
     out["within_target"] = len(measured) == len(WARM_CYCLES) and max(measured) <= TARGET_SECONDS * 1000
-    cold = out["steady_cold"].get("cycle_ms")
+    cold = out["steady_cold"].get("committed_ms")
     out["within_target_cold"] = cold is not None and cold <= TARGET_SECONDS * 1000
     return out
 
@@ -195,23 +208,24 @@ def section(quick: bool) -> dict:
     by_size = {(c["nodes"], c["pending"]): c for c in cases}
     largest = by_size.get(CASES[-1])
     target = {
-        "what": "load + decide + commit of each cycle at 100,000 devices / 20,000 pending; pass = first, refill "
-        "and steady in a running worker, pass_cold = steady_cold in a worker that just started",
+        "what": "each cycle from run_once's call until its transaction committed (lock, load, decide, commit "
+        "with its constraint checks, COMMIT) at 100,000 devices / 20,000 pending; pass = first, refill and steady "
+        "in a running worker, pass_cold = steady_cold in a worker that just started",
         "seconds": TARGET_SECONDS,
     }
     ratios = {}
     if largest:
         target["measured_seconds"] = {
-            k: round(largest[k]["cycle_ms"] / 1000, 3)
+            k: round(largest[k]["committed_ms"] / 1000, 3)
             for k in (*WARM_CYCLES, "steady_cold")
-            if "cycle_ms" in largest[k]
+            if largest[k].get("committed_ms") is not None
         }
         target["pass"] = largest["within_target"]
         target["pass_cold"] = largest["within_target_cold"]
         if by_size.get(CASES[1]):
             mid = by_size[CASES[1]]
-            ratios["steady_100k_over_10k"] = round(largest["steady"]["cycle_ms"] / mid["steady"]["cycle_ms"], 2)
-            ratios["first_100k_over_10k"] = round(largest["first"]["cycle_ms"] / mid["first"]["cycle_ms"], 2)
+            ratios["steady_100k_over_10k"] = round(largest["steady"]["committed_ms"] / mid["steady"]["committed_ms"], 2)
+            ratios["first_100k_over_10k"] = round(largest["first"]["committed_ms"] / mid["first"]["committed_ms"], 2)
     else:
         target["pass"] = None
     return {"cases": cases, "ratios": ratios, "target": target}

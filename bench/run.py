@@ -33,6 +33,7 @@ SECTIONS = ("decide", "cycle", "pages", "browser", "replay")
 DB_SECTIONS = {"cycle", "pages", "browser"}
 LARGEST = (12_500, 20_000)
 QUICK_SIZE = (125, 1_000)
+CYCLE_NAMES = ("first", "refill", "steady", "steady_cold")
 
 
 def configure_environment() -> None:
@@ -136,12 +137,12 @@ def summary_line(name: str, result: dict) -> str:
         text = f"decide median warm (cold) (target 0.5 s at 100k/20k): {cells}"
     elif name == "cycle":
         cells = ", ".join(
-            f"{c['devices'] // 1000}k/{c['pending'] // 1000}k first {c['first']['cycle_ms']:.0f} refill "
-            f"{c['refill']['cycle_ms']:.0f} steady {c['steady']['cycle_ms']:.0f} "
-            f"steady_cold {c['steady_cold'].get('cycle_ms', 0):.0f} ms"
+            f"{c['devices'] // 1000}k/{c['pending'] // 1000}k "
+            + " ".join(f"{name} {c[name].get('committed_ms') or 0:.0f}" for name in CYCLE_NAMES)
+            + " ms"
             for c in result["cases"]
         )
-        text = f"cycle load+decide+commit (target 2 s): {cells}"
+        text = f"cycle until committed (target 2 s): {cells}"
     elif name == "pages":
         worst = result["target"]["worst"]
         text = f"pages p95 (target 300 ms): worst {worst['name']} {worst['p95_ms']} ms at {result['size']}"

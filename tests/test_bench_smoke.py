@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -65,3 +67,36 @@ def test_it_measures_the_machine_by_a_fixed_workload():
     before = machine_speed.cpu_times()
     assert before is not None and before[0] <= before[1]
     assert 0 < machine_speed.reference_seconds(repeat=2) < 10
+
+
+def test_it_times_each_cycle_on_postgresql_until_its_transaction_committed(tmp_path):
+    """The cycle section's target holds `committed_ms`: the phases plus the lock, the cycle row and the
+    COMMIT, which the phases alone leave out."""
+    import os
+
+    from django.conf import settings
+
+    if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
+        pytest.skip("the cycle section needs a PostgreSQL server")
+    out = tmp_path / "report.json"
+    environment = {**os.environ, "BENCH_DATABASE_NAME": f"bench_smoke_{os.getpid()}"}
+    completed = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--quick", "--only", "cycle", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=environment,
+    )
+    assert completed.returncode == 0, completed.stderr
+    cycle = json.loads(out.read_text())["sections"]["cycle"]
+    assert "error" not in cycle, cycle
+    (case,) = cycle["cases"]
+    for name in ("first", "refill", "steady", "steady_cold"):
+        run = case[name]
+        assert run["outcome"] == "Committed", run
+        assert run["load_ms"] + run["decide_ms"] + run["commit_ms"] <= run["committed_ms"] <= run["run_once_wall_ms"]
+        assert abs(run["after_commit_ms"] - (run["run_once_wall_ms"] - run["committed_ms"])) <= 0.2
+    assert case["worst_cycle_ms"] == max(case[name]["committed_ms"] for name in ("first", "refill", "steady"))
+    assert "cycle until committed" in completed.stdout

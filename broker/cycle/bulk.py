@@ -185,6 +185,22 @@ def _field_names(fields):
     return [name[:-3] if name.endswith("_id") else name for name in fields]
 
 
+class IdArray:
+    """The ids of an `any_of` lookup, made into PostgreSQL's array text once. Not a list on purpose:
+    Django walks a list or tuple lookup value element by element to resolve expressions in it (0.15 s
+    for the 65,000 device ids an admission checks); this passes through as one value."""
+
+    __slots__ = ("text", "count")
+
+    def __init__(self, ids):
+        ids = [int(value) for value in ids]
+        self.text = "{" + ",".join(map(str, ids)) + "}"
+        self.count = len(ids)
+
+    def __len__(self):
+        return self.count
+
+
 class AnyOf(Lookup):
     """`column = ANY(%s::bigint[])`: one array parameter; PostgreSQL probes the index once per id or
     hashes the array, whatever it believes about the other conditions. The array goes as its text
@@ -195,15 +211,11 @@ class AnyOf(Lookup):
     prepare_rhs = False
 
     def get_prep_lookup(self):
-        return [int(value) for value in self.rhs]
+        return self.rhs if isinstance(self.rhs, IdArray) else IdArray(self.rhs)
 
     def as_sql(self, compiler, connection):
         lhs, params = self.process_lhs(compiler, connection)
-        return f"{lhs} = ANY(%s::bigint[])", [*params, array_text(self.rhs)]
-
-
-def array_text(ints):
-    return "{" + ",".join(map(str, ints)) + "}"
+        return f"{lhs} = ANY(%s::bigint[])", [*params, self.rhs.text]
 
 
 Field.register_lookup(AnyOf)
@@ -212,15 +224,13 @@ ForeignObject.register_lookup(AnyOf)  # relations keep lookups of their own
 
 def pk_in(ids):
     """Keyword filter: primary key in `ids`, e.g. `Workload.objects.filter(**pk_in(ids))`."""
-    ids = list(ids)
     if not is_postgresql():
-        return {"pk__in": ids}
-    return {"pk__any_of": ids}
+        return {"pk__in": list(ids)}
+    return {"pk__any_of": IdArray(ids)}
 
 
 def column_in(field_name, ids):
     """Keyword filter: `field_name` (a foreign key, by field name) in `ids`."""
-    ids = list(ids)
     if not is_postgresql():
-        return {f"{field_name}__in": ids}
-    return {f"{field_name}__any_of": ids}
+        return {f"{field_name}__in": list(ids)}
+    return {f"{field_name}__any_of": IdArray(ids)}

@@ -244,6 +244,29 @@ def test_it_refuses_on_postgresql_when_a_row_changed_after_the_snapshot(cluster)
 
 
 @pytest.mark.django_db(transaction=True, serialized_rollback=True)
+def test_it_refuses_when_a_workload_it_explains_was_deleted_after_the_snapshot(cluster):
+    """The foreign-key checks PostgreSQL defers to COMMIT run inside the commit: the cycle row survives
+    and says Refused, instead of a failed COMMIT taking it along."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the REPEATABLE READ path is PostgreSQL's")
+    waiting = pending(cluster.queue_b, "too-big", replicas=3, devices_per_pod=4, resource_class=cluster.training)
+
+    def decide_then_delete_the_workload(snapshot):
+        result = decide(snapshot)
+        assert [decision.workload_id for decision in result.pending] == [str(waiting.pk)]
+        in_another_connection(lambda: Workload.objects.filter(pk=waiting.pk).delete())
+        return result
+
+    run = run_once(decider=decide_then_delete_the_workload)
+
+    cycle = SchedulingCycle.objects.get(pk=run.cycle_id)
+    assert cycle.outcome == SchedulingCycle.Outcome.REFUSED
+    assert not Workload.objects.filter(pk=waiting.pk).exists()
+    assert not Explanation.objects.exists()
+    assert run_once().outcome == SchedulingCycle.Outcome.COMMITTED
+
+
+@pytest.mark.django_db(transaction=True, serialized_rollback=True)
 def test_it_runs_one_cycle_at_a_time(cluster):
     """While one cycle holds the lock (on its own connection), a second finds it held and does nothing."""
     pending(cluster.queue_a, "fits", replicas=1, devices_per_pod=4, resource_class=cluster.training)
