@@ -50,7 +50,7 @@ def one_cycle() -> dict:
     from broker.cycle.runner import run_once
     from broker.workloads.models import SchedulingCycle
 
-    hooks = {"broadcast": commit.broadcast, "record_cycle_capacity": commit.record_capacity}
+    hooks = {"broadcast": commit.broadcast, "record_capacity": commit.record_capacity}
     spent = dict.fromkeys([*hooks, "executor_start"], 0.0)
     executor_start = SimulatedExecutor.start
     # The cycle's first on_commit hook: it runs as soon as PostgreSQL has committed the transaction.
@@ -111,7 +111,7 @@ def one_cycle() -> dict:
         "run_once_wall_ms": round(wall, 1),
         "after_commit_ms": round(wall - (until_committed or total), 1),
         "after_commit_broadcast_ms": round(spent["broadcast"], 1),
-        "after_commit_capacity_sample_ms": round(spent["record_cycle_capacity"], 1),
+        "after_commit_capacity_sample_ms": round(spent["record_capacity"], 1),
         "after_commit_executor_start_ms": round(spent["executor_start"], 1),
         "detail": row.detail,
     }

@@ -494,10 +494,12 @@ def load_pending(loaded, approval_rules):
         source = (row, sets, approved)
         known = previous.get(pk)
         if known is not None and known[0] == source:
+            # The kept pair, not the equal new rows: see BuiltFromRows.
+            records[pk] = known
             workload = known[1]
         else:
             workload = pending_workload(row, sets, approved, loaded, executor, parse)
-        records[pk] = (source, workload)
+            records[pk] = (source, workload)
         loaded.pending_states[pk] = state
         pending.append(workload)
     PENDING_RECORDS.keep(scope, records)
@@ -590,7 +592,11 @@ class BuiltFromRows:
     queued work waits through many cycles, and building 70k frozen records each cycle cost more than
     reading their rows. The scope holds what a
     record depends on besides its rows (the inventory's device names, the executor's clock); a new
-    scope starts empty."""
+    scope starts empty.
+
+    A reused record keeps the rows it was built from, not the equal ones just read: those are freed as
+    soon as the load ends, so a steady cycle leaves no new long-lived objects behind. Kept anew, 250,000
+    row tuples a cycle went through the cyclic collector's young generations (two passes, 250-300 ms)."""
 
     def __init__(self):
         self._scope = None
@@ -648,10 +654,11 @@ def load_running(loaded):
         known = previous.get(workload_id)
         if known is not None and known[0] == source:
             workload = known[1]
+            records[workload_id] = known  # the kept pair, not the equal new rows: see BuiltFromRows
         else:
             workload = running_workload(workload_id, *source, loaded, class_names, executor)
-        if source[1][5] is not None or source[1][6] is not None:  # else it started "now": not reusable
-            records[workload_id] = (source, workload)
+            if source[1][5] is not None or source[1][6] is not None:  # else it started "now": not reusable
+                records[workload_id] = (source, workload)
         loaded.running_ids.add(workload_id)
         running.append(workload)
     RUNNING_RECORDS.keep(scope, records)

@@ -1,3 +1,4 @@
+import gc
 import threading
 
 import pytest
@@ -6,6 +7,7 @@ from django.utils import timezone
 
 from broker.audit.models import AuditEvent
 from broker.cycle import commit as commit_module
+from broker.cycle import runner as runner_module
 from broker.cycle.commit import StaleSnapshot, commit_result
 from broker.cycle.loader import load_snapshot
 from broker.cycle.runner import run_once
@@ -184,6 +186,29 @@ def test_it_evicts_victims_gracefully_and_admits_the_preemptor_once_they_are_gon
     assert set(Allocation.objects.filter(workload=claimant).values_list("device_id", flat=True)) == {
         device.pk for device in rack_1
     }
+
+
+def test_it_runs_a_whole_cycle_without_the_cyclic_collector_and_turns_it_back_on(cluster, monkeypatch):
+    pending(cluster.queue_a, "fits", replicas=1, devices_per_pod=4, resource_class=cluster.training)
+    seen = []
+
+    def deciding(snapshot):
+        seen.append(("decide", gc.isenabled()))
+        return decide(snapshot)
+
+    def committing(*args):
+        seen.append(("commit", gc.isenabled()))
+        return commit_result(*args)
+
+    monkeypatch.setattr(runner_module, "commit_result", committing)
+    monkeypatch.setattr(
+        runner_module, "load_snapshot", lambda now: seen.append(("load", gc.isenabled())) or load_snapshot(now)
+    )
+
+    run_once(decider=deciding)
+
+    assert seen == [("load", False), ("decide", False), ("commit", False)]
+    assert gc.isenabled()
 
 
 def test_it_broadcasts_a_compact_delta_after_commit(cluster, django_capture_on_commit_callbacks, monkeypatch):

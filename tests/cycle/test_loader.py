@@ -189,6 +189,28 @@ def test_it_reuses_running_records_whose_rows_did_not_change(cluster):
     assert after[str(moved.pk)].priority == 77
 
 
+def test_it_keeps_the_rows_a_reused_record_was_built_from_not_the_equal_new_ones(cluster):
+    """Equal new rows kept in their place would be new long-lived objects every cycle for the cyclic
+    collector to walk; the kept ones are freed only when their record is rebuilt."""
+    from broker.cycle import loader
+
+    devices = list(Device.objects.order_by("pk"))
+    held = running(cluster.queue_a, "held", devices[:4], cluster.h100, admitted_at=timezone.now())
+    waiting = pending(cluster.queue_b, "waiting", replicas=2, devices_per_pod=2, resource_class=cluster.training)
+    load_snapshot(timezone.now())
+    kept_running = loader.RUNNING_RECORDS._records[held.pk]
+    kept_pending = loader.PENDING_RECORDS._records[waiting.pk]
+
+    load_snapshot(timezone.now())
+
+    assert loader.RUNNING_RECORDS._records[held.pk] is kept_running
+    assert loader.PENDING_RECORDS._records[waiting.pk] is kept_pending
+    Workload.objects.filter(pk=waiting.pk).update(priority=9)
+    load_snapshot(timezone.now())
+    assert loader.PENDING_RECORDS._records[waiting.pk] is not kept_pending
+    assert loader.PENDING_RECORDS._records[waiting.pk][1].priority == 9
+
+
 def test_it_drops_a_running_record_once_its_devices_are_released(cluster):
     from broker.workloads.models import Allocation
 
