@@ -154,7 +154,8 @@ def check_constraints_now():
     """Run the foreign-key checks PostgreSQL defers to COMMIT (Django declares its constraints
     DEFERRABLE INITIALLY DEFERRED) inside the commit's savepoint: a row that refers to something deleted
     since the snapshot is then a refusal recorded on the cycle row, not a failed COMMIT that takes the
-    cycle row with it; and their cost counts in commit_ms, where it belongs."""
+    cycle row with it; and their cost counts in commit_ms, where it belongs. (SQLite needs nothing: the
+    cycle's write lock keeps every other writer out, so nothing the cycle refers to can go meanwhile.)"""
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
