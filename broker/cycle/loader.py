@@ -590,13 +590,12 @@ class BuiltFromRows:
     """Snapshot records kept from the last load with the rows they were built from, so the next load
     reuses every record whose rows did not change. Running work keeps its allocations for hours and
     queued work waits through many cycles, and building 70k frozen records each cycle cost more than
-    reading their rows. The scope holds what a
-    record depends on besides its rows (the inventory's device names, the executor's clock); a new
-    scope starts empty.
+    reading their rows. The scope holds what a record depends on besides its rows (the inventory's
+    device names, the executor's clock); a new scope starts empty.
 
     A reused record keeps the rows it was built from, not the equal ones just read: those are freed as
-    soon as the load ends, so a steady cycle leaves no new long-lived objects behind. Kept anew, 250,000
-    row tuples a cycle went through the cyclic collector's young generations (two passes, 250-300 ms)."""
+    soon as the load ends, so a steady cycle does not hand the cyclic collector 250,000 new long-lived
+    row tuples to walk through its generations after it."""
 
     def __init__(self):
         self._scope = None
