@@ -182,26 +182,28 @@ def last_cycle_changes(user, cycle=None):
     cycle = cycle or SchedulingCycle.objects.filter(outcome=SchedulingCycle.Outcome.COMMITTED).first()
     if cycle is None:
         return None
-    admitted_ids = set(Allocation.objects.filter(cycle=cycle).values_list("workload_id", flat=True).distinct())
     window_end = cycle.finished_at or timezone.now()
-    preempted_ids = set(
-        WorkloadTransition.objects.filter(
-            to_state=State.PREEMPTED, at__gte=cycle.started_at, at__lte=window_end + timedelta(seconds=1)
-        ).values_list("workload_id", flat=True)
+    preempted = WorkloadTransition.objects.filter(
+        to_state=State.PREEMPTED, at__gte=cycle.started_at, at__lte=window_end + timedelta(seconds=1)
     )
-    changed_ids = set(ExplanationChange.objects.filter(cycle=cycle).values_list("workload_id", flat=True))
     return {
         "cycle": cycle,
-        "admitted": split_visible(user, admitted_ids),
-        "preempted": split_visible(user, preempted_ids),
-        "changed": split_visible(user, changed_ids),
+        "admitted": split_visible(user, Allocation.objects.filter(cycle=cycle).values("workload_id")),
+        "preempted": split_visible(user, preempted.values("workload_id")),
+        "changed": split_visible(user, ExplanationChange.objects.filter(cycle=cycle).values("workload_id")),
     }
 
 
-def split_visible(user, ids, limit=20):
-    workloads = Workload.objects.filter(pk__in=ids).select_related("team")
-    shown = [w for w in workloads if can_see(user, w.team_id)]
-    return {"shown": shown[:limit], "more": max(0, len(shown) - limit), "hidden": len(ids) - len(shown)}
+def split_visible(user, workload_ids, limit=20):
+    """The first `limit` workloads of `workload_ids` (a `values("workload_id")` queryset) this user may
+    see, how many more they may see, and how many they may not. Counted by the database: a cycle that
+    admitted 20,000 workloads made this page load 20,000 rows to show 20 of them (2 s)."""
+    workloads = Workload.objects.filter(pk__in=workload_ids)
+    total = workloads.count()
+    visible = workloads if sees_all_workloads(user) else workloads.filter(team_id__in=team_ids(user))
+    count = total if visible is workloads else visible.count()
+    shown = list(visible.select_related("team")[:limit]) if count else []
+    return {"shown": shown, "more": max(0, count - limit), "hidden": total - count}
 
 
 def overview(user):

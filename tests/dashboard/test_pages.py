@@ -251,3 +251,32 @@ def test_it_tells_an_evicting_workload_who_it_is_evicted_for(client, scene, alic
     content = client.get(reverse("dashboard:workload", args=[scene.a_run.pk])).content.decode()
     assert f'Being evicted for <a href="{reverse("dashboard:workload", args=[scene.a_wait.pk])}">' in content
     assert "under rule WithinQueue" in content
+
+
+def test_it_counts_a_large_cycles_changes_in_the_database_and_loads_only_the_rows_it_shows(
+    cluster, scene, alice, olivia
+):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from broker.workloads.models import ExplanationChange
+    from dashboard import queries
+    from tests.builders import make_workload
+
+    for index in range(25):
+        workload = make_workload(cluster.queue_a, f"many-a-{index}", resource_class=cluster.training)
+        ExplanationChange.objects.create(workload=workload, cycle=scene.cycle, reason="Pending", message="waits")
+    for index in range(3):
+        workload = make_workload(cluster.queue_b, f"many-b-{index}", resource_class=cluster.training)
+        ExplanationChange.objects.create(workload=workload, cycle=scene.cycle, reason="Pending", message="waits")
+
+    with CaptureQueriesContext(connection) as queried:
+        for_alice = queries.last_cycle_changes(alice)["changed"]
+    for_olivia = queries.last_cycle_changes(olivia)["changed"]
+
+    # The scene's cycle also explained big-a (team-a) and secret-b (team-b).
+    assert (len(for_alice["shown"]), for_alice["more"], for_alice["hidden"]) == (20, 6, 4)
+    assert (len(for_olivia["shown"]), for_olivia["more"], for_olivia["hidden"]) == (20, 10, 0)
+    assert {workload.team.name for workload in for_alice["shown"]} == {cluster.team_a.name}
+    rows = [q["sql"] for q in queried.captured_queries if q["sql"].startswith('SELECT "workloads_workload"."id"')]
+    assert rows and all("LIMIT 20" in sql for sql in rows)
