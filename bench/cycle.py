@@ -21,6 +21,7 @@ time of run_once, whose difference is the after-commit work (broadcast, capacity
 
 from __future__ import annotations
 
+import gc
 import time
 
 from bench import db
@@ -61,6 +62,15 @@ def one_cycle() -> dict:
         committed.setdefault("at", time.perf_counter())
         return follow_up_requests(*args, **kwargs)
 
+    collections = {"ms": 0.0, "count": 0, "began": 0.0}
+
+    def timed_collection(phase, info):
+        if phase == "start":
+            collections["began"] = time.perf_counter()
+        else:
+            collections["ms"] += (time.perf_counter() - collections["began"]) * 1000
+            collections["count"] += 1
+
     def timed_start(self, *args, **kwargs):
         begun = time.perf_counter()
         try:
@@ -82,6 +92,7 @@ def one_cycle() -> dict:
         setattr(commit, name, timed(name))
     SimulatedExecutor.start = timed_start
     runner.follow_up_requests = timed_follow_up
+    gc.callbacks.append(timed_collection)
     try:
         started = time.perf_counter()
         run = run_once()
@@ -91,6 +102,7 @@ def one_cycle() -> dict:
             setattr(commit, name, function)
         SimulatedExecutor.start = executor_start
         runner.follow_up_requests = follow_up_requests
+        gc.callbacks.remove(timed_collection)
     if run is None:
         return {"error": "another cycle held the lock"}
     row = SchedulingCycle.objects.get(pk=run.cycle_id)
@@ -113,6 +125,10 @@ def one_cycle() -> dict:
         "after_commit_broadcast_ms": round(spent["broadcast"], 1),
         "after_commit_capacity_sample_ms": round(spent["record_capacity"], 1),
         "after_commit_executor_start_ms": round(spent["executor_start"], 1),
+        # Cyclic garbage collection anywhere in run_once (the cycle turns it off until its hooks are done;
+        # what shows here ran after them, or is a regression).
+        "gc_ms": round(collections["ms"], 1),
+        "gc_collections": collections["count"],
         "detail": row.detail,
     }
 
