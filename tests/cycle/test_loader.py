@@ -288,3 +288,26 @@ def test_it_names_the_device_class_of_running_work_after_a_rename(cluster):
     snapshot, _ = load_snapshot(timezone.now())
 
     assert [workload.device_class for workload in snapshot.running] == ["h100-sxm"]
+
+
+def test_it_reads_timestamps_as_the_same_seconds_python_computes(cluster):
+    """The database turns timestamps into Unix seconds (parsing 80,000 datetimes in Python cost a second);
+    they must be the very floats `datetime.timestamp()` gives, or a record would differ from its source."""
+    from datetime import UTC, datetime
+
+    instants = [
+        datetime(2026, 11, 30, 14, 25, 17, 123457, tzinfo=UTC),
+        datetime(2031, 2, 3, 4, 5, 6, 999999, tzinfo=UTC),
+        datetime(1999, 12, 31, 23, 59, 59, 1, tzinfo=UTC),
+    ]
+    made = [
+        pending(cluster.queue_a, f"at-{index}", replicas=1, devices_per_pod=1, resource_class=cluster.training)
+        for index in range(len(instants))
+    ]
+    for workload, instant in zip(made, instants, strict=True):
+        Workload.objects.filter(pk=workload.pk).update(submitted_at=instant)
+
+    snapshot, _ = load_snapshot(timezone.now())
+
+    submitted = {workload.id: workload.submitted for workload in snapshot.pending}
+    assert [submitted[str(workload.pk)] for workload in made] == [instant.timestamp() for instant in instants]
