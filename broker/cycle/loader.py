@@ -222,12 +222,16 @@ def load_domain_paths():
 def load_nodes(domain_paths):
     nodes = []
     names = {}
-    for pk, name, domain_id, cordoned, labels in Node.objects.order_by("name").values_list(
-        "id", "name", "domain_id", "cordoned", "labels"
-    ):
+    parse = JsonCache()  # nodes of a rack share their labels
+    rows = fetch_rows(
+        Node.objects.order_by("name").values_list("id", "name", "domain_id", "cordoned", as_text("labels"))
+    )
+    for pk, name, domain_id, cordoned, labels in rows:
         names[pk] = name
         nodes.append(
-            s.Node(name=name, domains=domain_paths.get(domain_id, {}), schedulable=not cordoned, labels=labels)
+            s.Node(
+                name=name, domains=domain_paths.get(domain_id, {}), schedulable=not cordoned, labels=parse(labels, {})
+            )
         )
     return tuple(nodes), names
 
@@ -235,8 +239,9 @@ def load_nodes(domain_paths):
 def load_devices(node_names):
     """(devices, device_pks, devices_by_pk, device_taints)."""
     parse = JsonCache()
-    taint_cache = {}
-    capacity_cache = {}
+    # A handful of distinct (attributes, capacity, taints) texts among 100k devices: each is parsed once
+    # and every device looks its description up once (a worker that just started reads them all).
+    descriptions = {}
     devices = []
     device_pks, devices_by_pk, device_taints = {}, {}, {}
     rows = fetch_rows(
@@ -244,31 +249,33 @@ def load_devices(node_names):
             "id", "node_id", "name", "driver", as_text("attributes"), as_text("capacity"), "health", as_text("taints")
         )
     )
+    make = s.Device
     for pk, node_id, name, driver, attributes, capacity, health, taints in rows:
         node = node_names[node_id]
         device_id = f"{node}/{name}"
-        taint_list = parse(taints, [])
-        if taints not in taint_cache:
-            taint_cache[taints] = tuple(
-                s.Taint(key=t["key"], value=t.get("value"), effect=t.get("effect", "NoSchedule")) for t in taint_list
-            )
-        if capacity not in capacity_cache:
-            capacity_cache[capacity] = numeric_capacity(parse(capacity, {}))
+        text = (attributes, capacity, taints)
+        description = descriptions.get(text)
+        if description is None:
+            description = descriptions[text] = device_description(parse, attributes, capacity, taints)
+        attribute_values, capacity_values, taint_list, taint_records = description
         device_pks[device_id] = pk
         devices_by_pk[pk] = (device_id, node)
         device_taints[pk] = taint_list
         devices.append(
-            s.Device(
-                id=device_id,
-                node=node,
-                driver=driver,
-                attributes=parse(attributes, {}),
-                capacity=capacity_cache[capacity],
-                healthy=health == Health.HEALTHY,
-                taints=taint_cache[taints],
-            )
+            make(device_id, node, driver, attribute_values, capacity_values, health == Health.HEALTHY, taint_records)
         )
     return tuple(devices), device_pks, devices_by_pk, device_taints
+
+
+def device_description(parse, attributes, capacity, taints):
+    """(attributes, numeric capacity, taints as stored, taints as the core's records) from their texts."""
+    taint_list = parse(taints, [])
+    return (
+        parse(attributes, {}),
+        numeric_capacity(parse(capacity, {})),
+        taint_list,
+        tuple(s.Taint(key=t["key"], value=t.get("value"), effect=t.get("effect", "NoSchedule")) for t in taint_list),
+    )
 
 
 QUANTITY = re.compile(r"^\s*([0-9.]+)\s*([KMGTPE]i?|[mk])?\s*$")
