@@ -2,6 +2,7 @@
 speed targets live in the benchmark, not in tests)."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,18 +12,24 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_it_writes_a_quick_report_of_the_decide_and_replay_sections(tmp_path):
+def quick_bench(tmp_path, sections, timeout, **environment):
+    """(completed process, report) of `python -m bench.run --quick --only <sections>`."""
     out = tmp_path / "report.json"
     completed = subprocess.run(
-        [sys.executable, "-m", "bench.run", "--quick", "--only", "decide,replay", "--out", str(out)],
+        [sys.executable, "-m", "bench.run", "--quick", "--only", sections, "--out", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
         check=False,
+        env={**os.environ, **environment},
     )
     assert completed.returncode == 0, completed.stderr
-    report = json.loads(out.read_text())
+    return completed, json.loads(out.read_text())
+
+
+def test_it_writes_a_quick_report_of_the_decide_and_replay_sections(tmp_path):
+    completed, report = quick_bench(tmp_path, "decide,replay", timeout=120)
     assert set(report) >= {"machine", "sections", "quick", "total_seconds"}
     assert report["quick"] is True
     assert {"cores", "python", "load_average_at_start"} <= set(report["machine"])
@@ -72,25 +79,12 @@ def test_it_measures_the_machine_by_a_fixed_workload():
 def test_it_times_each_cycle_on_postgresql_until_its_transaction_committed(tmp_path):
     """The cycle section's target holds `committed_ms`: the phases plus the lock, the cycle row and the
     COMMIT, which the phases alone leave out."""
-    import os
-
     from django.conf import settings
 
     if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
         pytest.skip("the cycle section needs a PostgreSQL server")
-    out = tmp_path / "report.json"
-    environment = {**os.environ, "BENCH_DATABASE_NAME": f"bench_smoke_{os.getpid()}"}
-    completed = subprocess.run(
-        [sys.executable, "-m", "bench.run", "--quick", "--only", "cycle", "--out", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env=environment,
-    )
-    assert completed.returncode == 0, completed.stderr
-    cycle = json.loads(out.read_text())["sections"]["cycle"]
+    completed, report = quick_bench(tmp_path, "cycle", timeout=300, BENCH_DATABASE_NAME=f"bench_smoke_{os.getpid()}")
+    cycle = report["sections"]["cycle"]
     assert "error" not in cycle, cycle
     (case,) = cycle["cases"]
     for name in ("first", "refill", "steady", "steady_cold"):
