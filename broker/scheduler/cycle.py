@@ -393,9 +393,19 @@ class Cycle:
         """Placement of `request` with one class on the current free state; failures are memoised
         because free capacity only shrinks during a cycle."""
         access = access or request.default_access
-        if request.simple and not excluded and not self.uses_extras(access):
-            # Answered from the bucketed free counts, a failure as fast as a memo lookup: no memo.
-            return self._simple_plan(self.state.class_index[class_name], request.demands[0])
+        if request.simple and not self.uses_extras(access):
+            if not excluded:
+                # Answered from the bucketed free counts, a failure as fast as a memo lookup: no memo.
+                return self._simple_plan(self.state.class_index[class_name], request.demands[0])
+            # With nodes held for the head of the line the memo stays: a failure remembered here is
+            # one the general path would remember too, so both paths keep the same answers.
+            key = (class_name, request.demands, None, None, self.access_key(access), excluded)
+            if key in self._failed:
+                return None
+            plan = self._simple_plan(self.state.class_index[class_name], request.demands[0], excluded)
+            if plan is None:
+                self._failed.add(key)
+            return plan
         key = (
             class_name,
             request.demands,
@@ -414,8 +424,8 @@ class Cycle:
     def plan_now(self, request: Request, class_name: str, access: Access, excluded=frozenset()):
         """Placement of `request` with one class on the current free state, remembering nothing (for
         callers during whose questions free capacity also grows, like the estimated-start simulation)."""
-        if request.simple and not excluded and not self.uses_extras(access):
-            return self._simple_plan(self.state.class_index[class_name], request.demands[0])
+        if request.simple and not self.uses_extras(access):
+            return self._simple_plan(self.state.class_index[class_name], request.demands[0], excluded)
         levels = self.state.levels
         return place_gang(
             self.view(class_name, access, excluded),
@@ -424,24 +434,35 @@ class Cycle:
             levels.index(request.preferred) if request.preferred else None,
         )
 
-    def _simple_plan(self, class_index: int, demand) -> GangPlan | None:
-        """`place_gang` for a simple request (see Request.simple) on plain devices only, nothing excluded:
-        the same plan, straight from the nodes bucketed by free count, fullest (fewest free) first."""
+    def _simple_plan(self, class_index: int, demand, excluded=frozenset()) -> GangPlan | None:
+        """`place_gang` for a simple request (see Request.simple) on plain devices only, minus the
+        `excluded` nodes: the same plan, straight from the nodes bucketed by free count, fullest (fewest
+        free) first."""
         state = self.state
         per_pod = demand.per_pod
         wanted = demand.min_count
-        if state.total_free[class_index] < per_pod * wanted:
-            return None
         buckets = state.buckets[class_index]
-        if wanted == 1:
-            if not buckets.values or buckets.values[-1] < per_pod:  # no node has room for the one pod
+        if excluded:
+            counts = state.node_free[class_index]
+            total = state.total_free[class_index] - sum([counts[node] for node in excluded])
+            if total < per_pod * wanted:
                 return None
-        elif buckets.pods_that_fit(per_pod) < wanted:
-            return None
+            if buckets.pods_that_fit(per_pod) - sum([counts[node] // per_pod for node in excluded]) < wanted:
+                return None
+        else:
+            if state.total_free[class_index] < per_pod * wanted:
+                return None
+            if wanted == 1:
+                if not buckets.values or buckets.values[-1] < per_pod:  # no node has room for the one pod
+                    return None
+            elif buckets.pods_that_fit(per_pod) < wanted:
+                return None
         free_plain = state.free_plain
         name = demand.name
         pods = []
         for node in buckets.nodes_with_at_least(per_pod):
+            if node in excluded:
+                continue
             slots = [slot for slot in free_plain[node] if class_index in slot.classes]
             start = 0
             while start + per_pod <= len(slots):
