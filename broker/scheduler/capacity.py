@@ -465,14 +465,18 @@ class CapacityState:
 
     def hold(self, slots, holder: str) -> None:
         """Give `slots` to `holder`; plain ones leave the aggregates."""
-        changed: dict[int, list[Slot]] = {}
         journal = self._journal
+        if journal is not None:
+            journal.extend([(slot, slot.holder) for slot in slots])
+        changed: dict[int, list[Slot]] = {}
         for slot in slots:
-            if journal is not None:
-                journal.append((slot, slot.holder))
             slot.holder = holder
             if slot.category == PLAIN:
-                changed.setdefault(slot.node, []).append(slot)
+                taken = changed.get(slot.node)
+                if taken is None:
+                    changed[slot.node] = [slot]
+                else:
+                    taken.append(slot)
         free_plain = self.free_plain
         for node, taken in changed.items():
             free = free_plain[node]
@@ -503,7 +507,10 @@ class CapacityState:
     def _shift_slots(self, slots: list[Slot], node: int, sign: int) -> None:
         """Count `slots` of `node` out of (sign -1) or into (sign 1) the free aggregates of their classes."""
         classes = slots[0].classes
-        if all(slot.classes is classes for slot in slots):
+        for slot in slots:
+            if slot.classes is not classes:
+                break
+        else:
             self._shift(classes, node, sign * len(slots))
             return
         per_class: dict[int, int] = {}
@@ -525,10 +532,10 @@ class CapacityState:
         for class_index in distinct:
             counts = self.node_free[class_index]
             old = counts[node]
-            counts[node] = old + delta
+            new = counts[node] = old + delta
             for totals, key in zip(self.domain_free[class_index], keys, strict=False):  # equal lengths
                 totals[key] += delta
-            self.buckets[class_index].move(node, old, old + delta)
+            self.buckets[class_index].move(node, old, new)
 
     # --- questions ---
 

@@ -22,6 +22,7 @@ from broker.scheduler.snapshot import (
     PodPlacement,
     Preemption,
     Snapshot,
+    made,
 )
 
 NOMINATED = "nominated:"  # slot holder prefix for devices held for a nominated preemptor
@@ -259,11 +260,19 @@ class Cycle:
         node_names = self.state.node_names
         pods = tuple(
             [
-                PodPlacement(pod.pod_set, pod.index, node_names[pod.node], tuple([slot.id for slot in pod.slots]))
+                made(
+                    PodPlacement,
+                    pod_set=pod.pod_set,
+                    index=pod.index,
+                    node=node_names[pod.node],
+                    device_ids=tuple([slot.id for slot in pod.slots]),
+                )
                 for pod in planned
             ]
         )
-        self.log.admitted[request_id] = Admission(request_id, class_name, pods, self.common_domain(plan))
+        self.log.admitted[request_id] = made(
+            Admission, workload_id=request_id, device_class=class_name, pods=pods, domain=self.common_domain(plan)
+        )
         self.log.admitted_plans[request_id] = plan
 
     def common_domain(self, plan: GangPlan) -> dict:
@@ -442,20 +451,16 @@ class Cycle:
         per_pod = demand.per_pod
         wanted = demand.min_count
         buckets = state.buckets[class_index]
-        if excluded:
+        # One pod needs no counting first: the scan below yields a node with room at once, or none
+        # past the few excluded ones.
+        if wanted > 1:
             counts = state.node_free[class_index]
-            total = state.total_free[class_index] - sum([counts[node] for node in excluded])
-            if total < per_pod * wanted:
-                return None
-            if buckets.pods_that_fit(per_pod) - sum([counts[node] // per_pod for node in excluded]) < wanted:
-                return None
-        else:
-            if state.total_free[class_index] < per_pod * wanted:
-                return None
-            if wanted == 1:
-                if not buckets.values or buckets.values[-1] < per_pod:  # no node has room for the one pod
-                    return None
-            elif buckets.pods_that_fit(per_pod) < wanted:
+            free = state.total_free[class_index]
+            fitting = buckets.pods_that_fit(per_pod)
+            if excluded:
+                free -= sum([counts[node] for node in excluded])
+                fitting -= sum([counts[node] // per_pod for node in excluded])
+            if free < per_pod * wanted or fitting < wanted:
                 return None
         free_plain = state.free_plain
         name = demand.name
@@ -470,7 +475,7 @@ class Cycle:
                 if len(pods) == wanted:
                     return GangPlan(class_index, ROOT, tuple(pods))
                 start += per_pod
-        return None  # cannot happen: the buckets said enough pods fit
+        return None  # no node outside `excluded` has room for the one pod (more: the counts said they fit)
 
     def slots_held_by(self, workload_id: str) -> list:
         plan = self.log.admitted_plans.get(workload_id) or self.simulated_plans.get(workload_id)

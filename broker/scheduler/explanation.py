@@ -23,7 +23,7 @@ from broker.scheduler import estimate, preemption
 from broker.scheduler.capacity import BLOCKED, NODE_LEVEL, TAINTED, CapacityState, View
 from broker.scheduler.placement import place_gang
 from broker.scheduler.requests import Request, approval_problem, entitlement_problem
-from broker.scheduler.snapshot import REASON_CODES, PendingDecision, PodSet, Snapshot, Suggestion
+from broker.scheduler.snapshot import REASON_CODES, PendingDecision, PodSet, Snapshot, Suggestion, made
 
 CAPACITY_CODES = ("DeviceUnhealthy", "Reserved", "InsufficientCapacity", "TopologyFragmented", "Priority")
 
@@ -56,7 +56,8 @@ def explain_all(cycle) -> list[PendingDecision]:
         start, start_note = estimates.get(workload_id, (None, "not computed"))
         # Built field by field: dataclasses.replace's generic path costs several times more per workload.
         decisions.append(
-            PendingDecision(
+            made(
+                PendingDecision,
                 workload_id=workload_id,
                 reason=decision.reason,
                 secondary=decision.secondary,
