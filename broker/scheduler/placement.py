@@ -80,9 +80,10 @@ def domains_with_room(view: View, level_index: int, needed: int, within: tuple) 
     counts = view.domain_counts(level_index)
     if not counts or max(counts.values()) < needed:
         return []  # the common failure, answered at C speed
-    fitting = [
-        (count, key) for key, count in counts.items() if count >= needed and (not depth or key[:depth] == within)
-    ]
+    if depth:
+        fitting = [(count, key) for key, count in counts.items() if count >= needed and key[:depth] == within]
+    else:  # the usual question (a required level, anywhere): the cheaper test on every domain of the level
+        fitting = [(count, key) for key, count in counts.items() if count >= needed]
     fitting.sort()
     return [key for _, key in fitting]
 

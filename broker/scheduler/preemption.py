@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from itertools import combinations
 from operator import attrgetter
 
-from broker.scheduler.capacity import ROOT
+from broker.scheduler.capacity import PLAIN, RANK_PLAIN, ROOT
 from broker.scheduler.placement import place_within_scope
 from broker.scheduler.snapshot import RunningWorkload
 
@@ -374,8 +374,12 @@ def _ranked_scopes(cycle, request, eligible, evicting, base_view, freed_key) -> 
     freed: dict[str, dict] = {}
     totals: dict[tuple, int] = dict.fromkeys(evicting, 0)
     members: dict[tuple, list[str]] = {scope: [] for scope in evicting}
+    known = _freed_memo(cycle, freed_key)  # `_freed_by_scope`, its lookup inlined: this loop meets every candidate
     for workload_id in sorted(by_id):
-        freed[workload_id] = scopes = _freed_by_scope(cycle, by_id[workload_id][0], access, freed_key)
+        scopes = known.get(workload_id)
+        if scopes is None:
+            scopes = _freed_now(cycle, by_id[workload_id][0], access, freed_key)
+        freed[workload_id] = scopes
         for scope, slots in scopes.items():
             totals[scope] = totals.get(scope, 0) + len(slots)
             members.setdefault(scope, []).append(workload_id)
@@ -532,11 +536,14 @@ def _freed_now(cycle, workload: RunningWorkload, access, freed_key: tuple) -> di
 
 def _freed_slots(cycle, workload: RunningWorkload, access) -> list:
     slots = []
+    slot_by_id = cycle.state.slot_by_id
+    workload_id = workload.id
     for pod in workload.pods:
         for device_id in pod.device_ids:
-            slot = cycle.state.slot_by_id.get(device_id)
-            if slot is not None and slot.holder == workload.id:
-                rank = access.rank(slot)
+            slot = slot_by_id.get(device_id)
+            if slot is not None and slot.holder == workload_id:
+                # A plain device is anyone's at the plain rank (Access.rank), and most devices are plain.
+                rank = RANK_PLAIN if slot.category == PLAIN else access.rank(slot)
                 if rank is not None:
                     slots.append((rank, slot))
     return slots

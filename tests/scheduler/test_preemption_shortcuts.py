@@ -6,8 +6,9 @@ from dataclasses import replace
 import pytest
 
 from broker.scheduler import preemption
-from broker.scheduler.cycle import decide
-from broker.scheduler.snapshot import PodSet
+from broker.scheduler.capacity import PLAIN, RESERVED, Access, CapacityState
+from broker.scheduler.cycle import Cycle, decide
+from broker.scheduler.snapshot import PodSet, Reservation, Toleration
 from broker.scheduler.synthetic import synthetic_snapshot
 from tests.scheduler.policies import every_preemption_policy
 
@@ -81,3 +82,30 @@ def test_it_counts_the_evicting_devices_a_fresh_look_counts(monkeypatch):
     result = decide(snapshot)
     assert (True, True) in answers and (False, True) in answers, "nominees and others both counted"
     assert result.preemptions, "no victims were claimed while evicting devices were counted"
+
+
+def test_it_ranks_what_a_victim_frees_as_access_rank_does():
+    snapshot = synthetic_snapshot(nodes=40, pending=20, seed=4, busy=0.95)
+    reservations = (Reservation("held", "vc03", "h100", 24), Reservation("pinned", "vc07", "a100", 8))
+    snapshot = replace(snapshot, reservations=reservations)
+    cycle = Cycle(snapshot)
+    cycle.state = CapacityState(snapshot, cycle.matcher, cycle.class_names)
+    accesses = [
+        Access("vc03"),
+        Access("vc07", preemptible=True),
+        Access("vc01", tolerations=(Toleration("maintenance", "true", "NoSchedule"),)),
+        Access("vc01", healed=True, unreserved=True),
+    ]
+    categories = set()
+    for workload in snapshot.running:
+        held = [
+            cycle.state.slot_by_id[device_id]
+            for pod in workload.pods
+            for device_id in pod.device_ids
+            if cycle.state.slot_by_id[device_id].holder == workload.id
+        ]
+        categories.update(slot.category for slot in held)
+        for access in accesses:
+            expected = [(access.rank(slot), slot) for slot in held if access.rank(slot) is not None]
+            assert preemption._freed_slots(cycle, workload, access) == expected
+    assert categories >= {PLAIN, RESERVED}, "plain and reserved devices both met"
