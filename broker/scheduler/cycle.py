@@ -131,13 +131,20 @@ class Cycle:
         self._own_answers = {w.evicted_for for w in self.snapshot.running if w.evicting and w.evicted_for}
         self._own_answers.update(w.id for w in self.snapshot.pending if w.nominated_devices)
         # 4. Order: fair share between queues (recomputed after each admission), then priority, then age.
+        requests = self.requests
+        in_order = self.log.cluster_order.append
+        outcomes = self.log.outcomes
+        nominated = self.nominated  # emptied, never replaced, as nominees take their turns
+        hopeless_demands = self._hopeless_demands  # cleared, never replaced, by _release_nominated
         for workload in FairShareOrder(by_queue, self.book):
-            request = self.requests[workload.id]
-            self.log.cluster_order.append(request.id)
-            self._release_nominated(request.id)
+            request = requests[workload.id]
+            request_id = request.id
+            in_order(request_id)
+            if nominated:
+                self._release_nominated(request_id)
             # Workloads of one shape share their demands tuple: a cheap first test before the full key.
-            if id(request.demands) in self._hopeless_demands and self._hopeless_key(request) in self._hopeless:
-                self.log.outcomes[request.id] = Outcome(request)
+            if id(request.demands) in hopeless_demands and self._hopeless_key(request) in self._hopeless:
+                outcomes[request_id] = Outcome(request)
                 continue
             # 5. Gates, quota and a placement of the whole gang, first device class that works.
             if not self._admit(request):

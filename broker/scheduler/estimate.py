@@ -36,8 +36,9 @@ def estimated_starts(cycle, waiting: list[str], reasons: dict[str, str]) -> dict
         else:
             remaining.append(workload_id)
     depth = cycle.config.estimate_queue_depth
+    beyond = (None, f"not estimated: only the first {depth} waiting workloads in line are")  # one for all
     for workload_id in remaining[depth:]:
-        estimates[workload_id] = (None, f"not estimated: only the first {depth} waiting workloads in line are")
+        estimates[workload_id] = beyond
     del remaining[depth:]
     unknown = unknown_ends(cycle)
     unknown += sum(
