@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 from bisect import bisect_left
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from broker.scheduler import backfill, explanation, preemption
 from broker.scheduler.capacity import NODE_LEVEL, ROOT, Access, CapacityState, View
@@ -120,7 +121,7 @@ class Cycle:
         by_queue: dict[str, list] = {}
         self.requests: dict[str, Request] = {}
         shapes: dict = {}
-        for workload in sorted(self.snapshot.pending, key=lambda workload: workload.id):
+        for workload in sorted(self.snapshot.pending, key=_by_id):
             resolved = resolve(workload, self.snapshot, self.lookups, shapes)
             if isinstance(resolved, str):
                 self.log.invalid[workload.id] = resolved
@@ -161,7 +162,7 @@ class Cycle:
         return CycleResult(
             admissions=tuple(self.log.admitted[key] for key in sorted(self.log.admitted)),
             preemptions=tuple(sorted(self.log.preemptions, key=lambda p: (p.victim_id, p.preemptor_id))),
-            pending=tuple(sorted(pending, key=lambda decision: decision.workload_id)),
+            pending=tuple(sorted(pending, key=_by_workload_id)),
         )
 
     def _hold_nominated(self) -> None:
@@ -170,8 +171,9 @@ class Cycle:
         freed; `_release_nominated` gives them back at its turn."""
         self.nominated: dict[str, list] = {}
         slots = self.state.slot_by_id
-        for workload in sorted(self.snapshot.pending, key=lambda workload: workload.id):
-            if not workload.nominated_devices or workload.id not in self.requests:
+        nominees = [workload for workload in self.snapshot.pending if workload.nominated_devices]  # few or none
+        for workload in sorted(nominees, key=_by_id):
+            if workload.id not in self.requests:
                 continue
             held = {}
             for device_id in workload.nominated_devices:
@@ -510,6 +512,10 @@ class Cycle:
 
     def pending_decision_for_invalid(self, workload_id: str) -> PendingDecision:
         return explanation.invalid_decision(workload_id, self.log.invalid[workload_id])
+
+
+_by_id = attrgetter("id")
+_by_workload_id = attrgetter("workload_id")
 
 
 def _pod_order(pod: PlannedPod) -> tuple:

@@ -454,11 +454,15 @@ def _fewest_needed(gains_descending: list[int], deficit: int) -> int | None:
 
 
 def _by_scope(cycle, slots, class_index: int, level_index: int | None) -> dict[tuple, list]:
+    if level_index is None:
+        matching = [entry for entry in slots if class_index in entry[1].classes]
+        return {ROOT: matching} if matching else {}
     groups: dict[tuple, list] = {}
-    for rank, slot in slots:
+    keys = cycle.state.node_domains[level_index]  # state.domain_of, read directly: called per freed device
+    for entry in slots:
+        slot = entry[1]
         if class_index in slot.classes:
-            scope = ROOT if level_index is None else cycle.state.domain_of(slot.node, level_index)
-            groups.setdefault(scope, []).append((rank, slot))
+            groups.setdefault(keys[slot.node], []).append(entry)
     return groups
 
 

@@ -126,8 +126,10 @@ def resolve(workload: PendingWorkload, snapshot: Snapshot, lookups: dict, memo: 
         return shape
     # A frozen dataclass copy without re-running its __init__: same fields, another workload.
     request = object.__new__(Request)
-    request.__dict__.update(shape.__dict__)
-    request.__dict__["workload"] = workload
+    fields = request.__dict__
+    fields.update(shape.__dict__)
+    fields["workload"] = workload
+    fields["id"] = workload.id  # its own, whether or not the shape's was computed yet (asked at once anyway)
     return request
 
 
