@@ -254,7 +254,7 @@ class _Eligible:
     def in_victim_order(self):
         if not self.others:
             return self.own_unchosen()
-        return sorted(self.workloads(), key=_victim_order)
+        return _in_victim_order(self.workloads())  # ids are distinct: the same order, without key tuples
 
     def victim(self, workload: RunningWorkload) -> Victim:
         other = self.others.get(workload.id)

@@ -6,11 +6,12 @@ Defaults from the resource class are filled in here once, and anything that can 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from operator import attrgetter
 
 from broker.scheduler.capacity import NODE_LEVEL, Access
 from broker.scheduler.placement import PodDemand, minimum_devices
-from broker.scheduler.snapshot import PendingWorkload, Queue, ResourceClass, Snapshot
+from broker.scheduler.snapshot import PendingWorkload, PodSet, Queue, ResourceClass, Snapshot
 
 
 class _once:
@@ -88,6 +89,9 @@ def _replace(request: Request, **changes) -> Request:
     return Request(**values)
 
 
+_pod_set_fields = attrgetter(*(field.name for field in fields(PodSet)))
+
+
 def all_levels(snapshot: Snapshot) -> tuple[str, ...]:
     """Topology levels coarse to fine with the node as the finest."""
     levels = tuple(snapshot.levels)
@@ -105,7 +109,9 @@ def resolve(workload: PendingWorkload, snapshot: Snapshot, lookups: dict, memo: 
     key = (
         workload.queue,
         workload.resource_class,
-        workload.pod_sets,
+        # Each pod set by its field values: what PodSet's generated __eq__ compares, hashed and compared
+        # in C rather than through its Python __hash__ and __eq__ for each of the tens of thousands.
+        tuple(map(_pod_set_fields, workload.pod_sets)),
         workload.topology_required,
         workload.topology_preferred,
         workload.preemptible,
@@ -126,10 +132,10 @@ def resolve(workload: PendingWorkload, snapshot: Snapshot, lookups: dict, memo: 
         return shape
     # A frozen dataclass copy without re-running its __init__: same fields, another workload.
     request = object.__new__(Request)
-    fields = request.__dict__
-    fields.update(shape.__dict__)
-    fields["workload"] = workload
-    fields["id"] = workload.id  # its own, whether or not the shape's was computed yet (asked at once anyway)
+    values = request.__dict__
+    values.update(shape.__dict__)
+    values["workload"] = workload
+    values["id"] = workload.id  # its own, whether or not the shape's was computed yet (asked at once anyway)
     return request
 
 

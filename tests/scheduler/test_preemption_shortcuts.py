@@ -109,3 +109,15 @@ def test_it_ranks_what_a_victim_frees_as_access_rank_does():
             expected = [(access.rank(slot), slot) for slot in held if access.rank(slot) is not None]
             assert preemption._freed_slots(cycle, workload, access) == expected
     assert categories >= {PLAIN, RESERVED}, "plain and reserved devices both met"
+
+
+def test_it_puts_eligible_victims_in_victim_order_with_ties():
+    running = synthetic_snapshot(nodes=30, pending=0, seed=6).running
+    tied = [replace(workload, started=float(index % 3)) for index, workload in enumerate(running)]
+    own, others = tied[::2], {workload.id: (workload, "ReclaimWithinCohort") for workload in tied[1::2]}
+    eligible = preemption._Eligible(own, {tied[0].id}, others)
+
+    ordered = list(eligible.in_victim_order())
+
+    assert ordered == sorted(eligible.workloads(), key=preemption._victim_order)
+    assert tied[0] not in ordered, "chosen ones are skipped"
