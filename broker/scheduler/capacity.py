@@ -29,14 +29,21 @@ PLAIN, RESERVED, TAINTED, BLOCKED = range(4)
 RANK_OWN_RESERVED, RANK_TOLERATED, RANK_PLAIN, RANK_BORROWED = range(4)
 
 
+_DIGIT_RUNS = re.compile(r"(\d+)")
+
+
 def natural_key(text: str) -> tuple:
     """n2 < n10, so device and node order reads as people expect."""
-    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text))
+    return tuple([int(part) if part.isdigit() else part for part in _DIGIT_RUNS.split(text)])
 
 
 def _device_key(device_id: str) -> tuple:
     _, _, tail = device_id.rpartition("/")
     return (0, int(tail), device_id) if tail.isdigit() else (1, 0, natural_key(device_id))
+
+
+def _id_order(device) -> tuple:
+    return _device_key(device.id)
 
 
 class Slot:
@@ -192,7 +199,16 @@ class InventoryIndex:
         schedulable = self.node_schedulable
         classes_of = matcher.classes_of
         rows = []
-        devices = sorted(snapshot.devices, key=lambda device: (node_index[device.node], _device_key(device.id)))
+        # Sorted by (node index, device key), node by node: a stable sort of each node's few devices gives
+        # the same order as one sort of all of them on key pairs, for a third less.
+        by_node: list[list] = [[] for _ in self.node_names]
+        for device in snapshot.devices:
+            by_node[node_index[device.node]].append(device)
+        devices = []
+        for group in by_node:
+            if len(group) > 1:
+                group.sort(key=_id_order)
+            devices.extend(group)
         for order, device in enumerate(devices):
             names = classes_of(device)
             indices = class_sets.get(names)

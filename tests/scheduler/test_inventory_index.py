@@ -1,9 +1,10 @@
 """The per-inventory index the cycle keeps between snapshots that carry the same inventory tuples."""
 
 import dataclasses
+import random
 
-from broker.scheduler.capacity import InventoryIndex
-from broker.scheduler.cycle import decide
+from broker.scheduler.capacity import InventoryIndex, _device_key
+from broker.scheduler.cycle import Cycle, decide
 from broker.scheduler.snapshot import DeviceClass
 from broker.scheduler.synthetic import synthetic_snapshot
 
@@ -87,3 +88,21 @@ def test_it_keeps_one_as_built_cluster_per_inventory_untouched_by_cycles():
     assert InventoryIndex._last.as_built() is built
     assert all(slot.holder is None for slot in built.slots), "no cycle holds the as-built cluster's devices"
     assert built.total_free == InventoryIndex._last.class_devices
+
+
+def test_it_orders_devices_by_node_then_natural_device_id_whatever_the_input_order():
+    snapshot = synthetic_snapshot(nodes=12, pending=0, seed=3)
+    odd = [
+        dataclasses.replace(snapshot.devices[0], id=f"{snapshot.devices[0].node}/{name}")
+        for name in ("gpu10", "gpu2", "b", "a/3")
+    ]
+    devices = list(snapshot.devices) + odd + [dataclasses.replace(snapshot.devices[5], id="extra/1", node="n00100")]
+    random.Random(4).shuffle(devices)
+    snapshot = dataclasses.replace(snapshot, devices=tuple(devices))
+    cycle = Cycle(snapshot)
+
+    index = InventoryIndex(snapshot, cycle.matcher, cycle.class_names)
+
+    expected = sorted(devices, key=lambda device: (index.node_index[device.node], _device_key(device.id)))
+    assert index.device_ids == [device.id for device in expected]
+    assert index.node_names[:3] == ["n00000", "n00001", "n00002"] and index.node_names[-1] == "n00100"
