@@ -214,7 +214,9 @@ class Allocation(models.Model):
     device = models.ForeignKey("inventory.Device", on_delete=models.PROTECT, related_name="allocations")
     # No database constraint on the class and the cycle (Django still applies PROTECT and SET_NULL on
     # delete): the commit takes both from rows it read or wrote itself, and PostgreSQL checks each
-    # constraint row by row, a third of a large admission's commit for 65,000 allocations.
+    # constraint row by row. With them, a 20,000-admission commit spent 1.3 s in such checks; these two
+    # (and the cycle columns of the explanation tables) were half of it. The workload and device
+    # constraints stay: they are what an allocation is.
     device_class = models.ForeignKey(
         "policy.DeviceClass", on_delete=models.PROTECT, related_name="allocations", db_constraint=False
     )
