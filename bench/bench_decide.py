@@ -41,6 +41,18 @@ def philly_sizes(path: Path = PHILLY) -> tuple[int, ...] | None:
     return usable if usable else None
 
 
+def required_philly_sizes(path: Path = PHILLY) -> tuple[int, ...]:
+    """philly_sizes(path), or an error that names the missing trace: `make bench` reports numbers for
+    Philly's gang mix, and a silent fallback to another mix made runs incomparable."""
+    sizes = philly_sizes(path)
+    if sizes is None:
+        raise FileNotFoundError(
+            f"no Philly trace at {path}: the benchmarks draw pending gang sizes from its num_gpus column "
+            "(../shared/data/traces, or TRACES_DIR)"
+        )
+    return sizes
+
+
 def run_case(nodes: int, pending: int, sizes, repeat: int, seed: int = 1) -> dict:
     snapshot = synthetic_snapshot(nodes=nodes, devices_per_node=8, pending=pending, seed=seed, sizes=sizes)
     timings = []

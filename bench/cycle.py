@@ -36,13 +36,12 @@ STATE = {"size": None}
 
 
 def synthetic(nodes: int, pending: int, seed: int = 1):
-    from bench.bench_decide import philly_sizes
+    from bench.bench_decide import required_philly_sizes
     from bench.decide import DEVICES_PER_NODE, philly_path
     from broker.scheduler.synthetic import synthetic_snapshot
 
-    return synthetic_snapshot(
-        nodes=nodes, devices_per_node=DEVICES_PER_NODE, pending=pending, seed=seed, sizes=philly_sizes(philly_path())
-    )
+    sizes = required_philly_sizes(philly_path())
+    return synthetic_snapshot(nodes=nodes, devices_per_node=DEVICES_PER_NODE, pending=pending, seed=seed, sizes=sizes)
 
 
 def one_cycle() -> dict:
@@ -244,4 +243,6 @@ def section(quick: bool) -> dict:
             ratios["first_100k_over_10k"] = round(largest["first"]["committed_ms"] / mid["first"]["committed_ms"], 2)
     else:
         target["pass"] = None
-    return {"cases": cases, "ratios": ratios, "target": target}
+    from bench.decide import gang_sizes
+
+    return {"gang_sizes": gang_sizes(), "cases": cases, "ratios": ratios, "target": target}

@@ -70,10 +70,10 @@ def timed_calls(snapshot, repeat: int, cold: bool) -> list[float]:
 
 
 def measure(nodes: int, pending: int, repeat: int, kind: str = "fresh", seed: int = 1) -> dict:
-    from bench.bench_decide import philly_sizes
+    from bench.bench_decide import required_philly_sizes
     from broker.scheduler.cycle import decide
 
-    sizes = philly_sizes(philly_path())
+    sizes = required_philly_sizes(philly_path())
     started = time.perf_counter()
     snapshot = build(kind, nodes, pending, seed, sizes)
     build_seconds = time.perf_counter() - started
@@ -162,7 +162,15 @@ def section(quick: bool, repeat: int | None = None) -> dict:
     for case in cases:
         if "error" not in case:
             case["within_target"] = case["decide_seconds_median"] <= TARGET_SECONDS
-    return {"cases": cases, "ratios": ratios, "target": target}
+    return {"gang_sizes": gang_sizes(), "cases": cases, "ratios": ratios, "target": target}
+
+
+def gang_sizes() -> dict:
+    """Where the pending gangs' sizes come from, for the report."""
+    from bench.bench_decide import required_philly_sizes
+
+    path = philly_path()
+    return {"source": f"{path} (num_gpus)", "jobs": len(required_philly_sizes(path))}
 
 
 if __name__ == "__main__":

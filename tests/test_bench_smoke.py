@@ -49,6 +49,7 @@ def test_it_writes_a_quick_report_of_the_decide_and_replay_sections(tmp_path):
         assert case["tracemalloc_peak_mb"] > 0
         assert case["admitted"] + sum(case["pending_reasons"].values()) == case["pending"]
     assert set(decide["target"]) >= {"seconds", "pass"}
+    assert decide["gang_sizes"]["source"].endswith("philly.csv (num_gpus)") and decide["gang_sizes"]["jobs"] > 1000
 
     replay = report["sections"]["replay"]
     assert "error" not in replay, replay
@@ -86,6 +87,7 @@ def test_it_times_each_cycle_on_postgresql_until_its_transaction_committed(tmp_p
     completed, report = quick_bench(tmp_path, "cycle", timeout=300, BENCH_DATABASE_NAME=f"bench_smoke_{os.getpid()}")
     cycle = report["sections"]["cycle"]
     assert "error" not in cycle, cycle
+    assert cycle["gang_sizes"]["jobs"] > 1000
     (case,) = cycle["cases"]
     for name in ("first", "refill", "steady", "steady_cold"):
         run = case[name]
@@ -95,3 +97,12 @@ def test_it_times_each_cycle_on_postgresql_until_its_transaction_committed(tmp_p
         assert run["gc_ms"] >= 0 and run["gc_collections"] >= 0
     assert case["worst_cycle_ms"] == max(case[name]["committed_ms"] for name in ("first", "refill", "steady"))
     assert "cycle until committed" in completed.stdout
+
+
+def test_it_refuses_to_bench_without_the_philly_trace(tmp_path):
+    from bench.bench_decide import required_philly_sizes
+
+    with pytest.raises(FileNotFoundError, match="no Philly trace at .*philly.csv"):
+        required_philly_sizes(tmp_path / "philly.csv")
+    (tmp_path / "philly.csv").write_text("job_id,num_gpus\na,8\nb,0\nc,1\n")
+    assert required_philly_sizes(tmp_path / "philly.csv") == (8, 1)
