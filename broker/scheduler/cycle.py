@@ -251,7 +251,8 @@ class Cycle:
             plan = self.find_plan(request, class_name, excluded=excluded)
             if plan is None:
                 continue
-            plan = _trim_to_quota(plan, request, available)
+            if not request.simple:  # a simple gang has no optional pods: its plan is what quota allowed
+                plan = _trim_to_quota(plan, request, available)
             self._commit(request, class_name, plan)
             return True
         self.log.outcomes[request.id] = Outcome(request)
