@@ -229,12 +229,8 @@ def load_nodes(domain_paths):
     for pk, name, domain_id, cordoned, labels in rows:
         names[pk] = name
         nodes.append(
-            s.made(
-                s.Node,
-                name=name,
-                domains=domain_paths.get(domain_id, {}),
-                schedulable=not cordoned,
-                labels=parse(labels, {}),
+            s.Node(
+                name=name, domains=domain_paths.get(domain_id, {}), schedulable=not cordoned, labels=parse(labels, {})
             )
         )
     return tuple(nodes), names
@@ -253,6 +249,7 @@ def load_devices(node_names):
             "id", "node_id", "name", "driver", as_text("attributes"), as_text("capacity"), "health", as_text("taints")
         )
     )
+    make = s.Device
     for pk, node_id, name, driver, attributes, capacity, health, taints in rows:
         node = node_names[node_id]
         device_id = f"{node}/{name}"
@@ -265,16 +262,7 @@ def load_devices(node_names):
         devices_by_pk[pk] = (device_id, node)
         device_taints[pk] = taint_list
         devices.append(
-            s.made(
-                s.Device,
-                id=device_id,
-                node=node,
-                driver=driver,
-                attributes=attribute_values,
-                capacity=capacity_values,
-                healthy=health == Health.HEALTHY,
-                taints=taint_records,
-            )
+            make(device_id, node, driver, attribute_values, capacity_values, health == Health.HEALTHY, taint_records)
         )
     return tuple(devices), device_pks, devices_by_pk, device_taints
 
@@ -531,8 +519,7 @@ def pending_workload(row, pod_set_rows, approved, loaded, executor, parse):
     """One PendingWorkload from its workload row and its pod set rows."""
     pk, _, queue, team, rc, required, preferred, priority, disruption, submitted, _, duration = row[:12]
     preemptible, nominated = row[12], row[13]
-    return s.made(
-        s.PendingWorkload,
+    return s.PendingWorkload(
         id=str(pk),
         queue=queue,
         pod_sets=tuple(pod_set_from_row(pod_set, parse) for pod_set in pod_set_rows),
@@ -580,8 +567,7 @@ def load_pod_set_rows(states):
 
 def pod_set_from_row(row, parse):
     name, replicas, min_count, per_pod, classes, match_attribute, tolerations = row
-    return s.made(
-        s.PodSet,
+    return s.PodSet(
         name=name,
         count=replicas,
         min_count=min_count,
@@ -717,12 +703,11 @@ def running_workload(workload_id, rows, info, loaded, class_names, executor):
     started = seconds(started_at if started_at is not None else admitted_at)
     started = loaded.now.timestamp() if started is None else started
     expected = executor.wall_seconds(duration)
-    return s.made(
-        s.RunningWorkload,
+    return s.RunningWorkload(
         id=str(workload_id),
         queue=queue,
         pods=tuple(
-            s.made(s.RunningPod, pod_set=pod_set, index=index, node=node, device_ids=tuple(ids))
+            s.RunningPod(pod_set=pod_set, index=index, node=node, device_ids=tuple(ids))
             for (pod_set, index, node), ids in sorted(pods.items())
         ),
         device_class=class_names[rows[0][4]],  # one class per admission

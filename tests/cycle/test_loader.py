@@ -311,27 +311,3 @@ def test_it_reads_timestamps_as_the_same_seconds_python_computes(cluster):
 
     submitted = {workload.id: workload.submitted for workload in snapshot.pending}
     assert [submitted[str(workload.pk)] for workload in made] == [instant.timestamp() for instant in instants]
-
-
-def test_it_builds_records_with_every_field_as_their_constructors_would(cluster):
-    """The loader makes its records without the frozen dataclass __init__ (snapshot.made): each must
-    hold every field, and equal the record the constructor makes of the same values."""
-    from dataclasses import fields
-
-    devices = list(Device.objects.order_by("pk"))
-    running(cluster.queue_a, "held", devices[:4], cluster.h100, admitted_at=timezone.now())
-    pending(cluster.queue_b, "waiting", replicas=2, devices_per_pod=2, resource_class=cluster.training)
-
-    snapshot, _ = load_snapshot(timezone.now())
-
-    records = [*snapshot.nodes, *snapshot.devices, *snapshot.pending, *snapshot.running]
-    records += [pod_set for workload in snapshot.pending for pod_set in workload.pod_sets]
-    records += [pod for workload in snapshot.running for pod in workload.pods]
-    assert {type(record).__name__ for record in records} == {
-        "Node", "Device", "PendingWorkload", "RunningWorkload", "PodSet", "RunningPod"
-    }  # fmt: skip
-    for record in records:
-        names = [field.name for field in fields(record)]
-        assert set(names) <= set(vars(record)), record
-        rebuilt = type(record)(**{name: getattr(record, name) for name in names})
-        assert rebuilt == record
