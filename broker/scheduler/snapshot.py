@@ -23,7 +23,10 @@ DISRUPTION_MODES = ("Pod", "PodGroup")
 def made(cls, **values):
     """`cls(**values)` for a frozen dataclass without __post_init__, every field given: the same record,
     made without the generated __init__, which sets each field through object.__setattr__ and costs
-    twice as much on the tens of thousands of decisions and placements a large cycle returns."""
+    twice as much on the tens of thousands of decisions and placements a large cycle returns.
+    For records read a few times only: the instance keeps a combined dict (464 bytes for 14 fields
+    instead of the shared-key table's 184), and its attributes read 10-20% slower. The snapshot's own
+    records, kept across cycles and read all through each, are made by their constructors."""
     record = object.__new__(cls)
     record.__dict__.update(values)
     return record
