@@ -42,6 +42,22 @@ def stop(process):
             process.wait()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def orphaned_sessions_ended(django_db_setup, django_db_blocker):
+    """After the last test, end this process's other sessions on the test database. ORM calls a test
+    makes while Playwright's sync API drives the browser run in another context (Django keeps its
+    connections per context), whose connection is reused from test to test and never closed, so
+    pytest-django could not drop the test database at the end of the run."""
+    yield
+    if connection.vendor != "postgresql":
+        return
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+
+
 @pytest.fixture
 def stack(cluster, tmp_path, request):
     """(base url, log directory): daphne and a Celery worker on the test database and Redis."""
