@@ -1,7 +1,7 @@
 """Section "cycle": the full scheduling cycle on PostgreSQL (load + decide + commit, runner.run_once).
 
 For each size the bench database is emptied and filled with the same synthetic cluster the decide
-section uses (bench.db.populate), then three cycles run:
+section uses (bench.db.populate), then four cycles run:
 
 - first:   the snapshot as written: most pending gangs fit, so this is the heavy-commit case
            (thousands of admissions, allocations and transitions);
@@ -15,8 +15,10 @@ Before `first` the bench does what earlier beats do in a long-running worker (`w
 is read and indexed and the running work's records built, in a transaction that is rolled back; the
 20,000 pending gangs stay new to it.
 
-Times are the cycle row's own phases (SchedulingCycle.load_ms / decide_ms / commit_ms) plus the wall
-time of run_once, whose difference is the after-commit work (broadcast, capacity sample).
+Times are the cycle row's own phases (SchedulingCycle.load_ms / decide_ms / commit_ms); committed_ms,
+from run_once's call until PostgreSQL committed the transaction (what the target holds: the phases plus
+the lock, the cycle row and the COMMIT); and the wall time of run_once, whose difference from
+committed_ms is the after-commit work (broadcast, capacity sample, executor start).
 """
 
 from __future__ import annotations

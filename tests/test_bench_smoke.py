@@ -95,6 +95,8 @@ def test_it_times_each_cycle_on_postgresql_until_its_transaction_committed(tmp_p
         assert run["load_ms"] + run["decide_ms"] + run["commit_ms"] <= run["committed_ms"] <= run["run_once_wall_ms"]
         assert abs(run["after_commit_ms"] - (run["run_once_wall_ms"] - run["committed_ms"])) <= 0.2
         assert run["gc_ms"] >= 0 and run["gc_collections"] >= 0
+    # Every committed cycle takes a finance sample after its commit; its timer wraps the hook the commit calls.
+    assert all(case[name]["after_commit_capacity_sample_ms"] > 0 for name in ("first", "refill", "steady"))
     assert case["worst_cycle_ms"] == max(case[name]["committed_ms"] for name in ("first", "refill", "steady"))
     assert "cycle until committed" in completed.stdout
 
