@@ -7,7 +7,9 @@ Who may be a victim (each victim carries the rule that allowed it):
 - ReclaimWithinCohort: a workload of another queue in the same cohort tree that is borrowing above its
   nominal quota for that device class, when the preemptor's queue stays within its own nominal quota
   after admission (it reclaims what it lent), per `reclaim_within_cohort` (LowerPriority: strictly lower;
-  Any: any priority up to the preemptor's own, so no higher-priority work is ever evicted for lower).
+  Any: whatever its priority, as Kueue's reclaimWithinCohort Any: lent quota is the lender's to take
+  back). Borrowers above the preemptor's priority are searched only when no set of the others, in any
+  device class, makes room: reclaiming evicts higher-priority work only when nothing else would do.
 - ReservationReclaim: preemptible work of another team running on devices reserved for the preemptor's
   team (it borrowed them knowing this), whatever its priority.
 Only workloads marked preemptible are ever victims, and they are evicted whole: a Pod-mode victim could
@@ -80,16 +82,30 @@ def find_victims(cycle, request) -> Found | None:
     )  # fmt: skip
     if memo_key in cycle.preemption_failed:
         return None
-    for class_name in request.classes:
-        found = _search_class(cycle, request, class_name)
-        if found is not None:
-            _claim(cycle, found)
-            if found.victims:
-                queue = request.queue.name
-                cycle.preemptions_by_queue[queue] = cycle.preemptions_by_queue.get(queue, 0) + 1
-            return found
+    tiers = (False, True) if _reclaims_above_own_priority(cycle, request) else (False,)
+    for any_priority in tiers:
+        for class_name in request.classes:
+            found = _search_class(cycle, request, class_name, any_priority=any_priority)
+            if found is not None:
+                _claim(cycle, found)
+                if found.victims:
+                    queue = request.queue.name
+                    cycle.preemptions_by_queue[queue] = cycle.preemptions_by_queue.get(queue, 0) + 1
+                return found
     cycle.preemption_failed.add(memo_key)
     return None
+
+
+def _reclaims_above_own_priority(cycle, request) -> bool:
+    """Whether `reclaim_within_cohort: Any` gives `request` borrowers above its own priority to consider
+    (the second tier of find_victims; without them it would repeat the first search)."""
+    if request.queue.reclaim_within_cohort != "Any":
+        return False
+    priority = request.workload.priority
+    return any(
+        workload.priority > priority
+        for workload in _cohort_reclaim_candidates(cycle, _index(cycle), request, any_priority=True)
+    )
 
 
 def _may_preempt(cycle, request) -> bool:
@@ -223,9 +239,10 @@ def _index(cycle) -> VictimIndex:
     return cycle.victim_index
 
 
-def eligible_victims(cycle, request, class_name: str) -> list[Victim]:
-    """Running workloads the policy lets `request` preempt, with the rule that allows each, by id."""
-    eligible = _eligible(cycle, request, class_name)
+def eligible_victims(cycle, request, class_name: str, any_priority: bool = False) -> list[Victim]:
+    """Running workloads the policy lets `request` preempt, with the rule that allows each, by id.
+    `any_priority`: find_victims' second tier, cohort borrowers above the preemptor's priority too (Any)."""
+    eligible = _eligible(cycle, request, class_name, any_priority)
     return [Victim(*eligible.by_id[workload_id]) for workload_id in sorted(eligible.by_id)]
 
 
@@ -267,7 +284,7 @@ class _Eligible:
         return found
 
 
-def _eligible(cycle, request, class_name: str) -> _Eligible:
+def _eligible(cycle, request, class_name: str, any_priority: bool = False) -> _Eligible:
     index = _index(cycle)
     chosen = cycle.chosen_victims
     queue = request.queue
@@ -283,7 +300,7 @@ def _eligible(cycle, request, class_name: str) -> _Eligible:
             if workload_id not in chosen and workload_id not in own_ids:
                 others[workload_id] = (cycle.running[workload_id], "ReservationReclaim")
     if queue.reclaim_within_cohort != "Never" and _within_nominal_after(cycle, request, class_name):
-        for workload in _cohort_reclaim_candidates(cycle, index, request):  # other queues: none is own
+        for workload in _cohort_reclaim_candidates(cycle, index, request, any_priority):  # none is own
             if workload.id not in chosen and workload.id not in others:
                 others[workload.id] = (workload, "ReclaimWithinCohort")
     return _Eligible(own, chosen, others)
@@ -297,9 +314,10 @@ def _within_queue_candidates(run: PriorityRun, policy: str, preemptor) -> list[R
     return []
 
 
-def _cohort_reclaim_candidates(cycle, index: VictimIndex, request):
+def _cohort_reclaim_candidates(cycle, index: VictimIndex, request, any_priority: bool = False):
     """Work of the other queues of the cohort tree, in the device classes they borrow above nominal,
-    of priority below the preemptor's (LowerPriority) or up to it (Any)."""
+    of priority below the preemptor's (LowerPriority) or up to it (Any; of any priority with
+    `any_priority`)."""
     queue = request.queue
     root = index.cohort_root.get(queue.name)
     if root is None:
@@ -313,7 +331,10 @@ def _cohort_reclaim_candidates(cycle, index: VictimIndex, request):
         for device_class, run in index.by_class(other).items():
             if not cycle.quota.is_borrowing(other, device_class):
                 continue
-            yield from run.up_to(priority) if queue.reclaim_within_cohort == "Any" else run.below(priority)
+            if queue.reclaim_within_cohort != "Any":
+                yield from run.below(priority)
+            else:
+                yield from run.workloads if any_priority else run.up_to(priority)
 
 
 def _within_nominal_after(cycle, request, class_name: str) -> bool:
@@ -334,12 +355,14 @@ def _cohort_roots(snapshot) -> dict[str, str | None]:
     return roots
 
 
-def _search_class(cycle, request, class_name: str, with_victims: bool = True) -> Found | None:
+def _search_class(
+    cycle, request, class_name: str, with_victims: bool = True, any_priority: bool = False
+) -> Found | None:
     access = request.default_access
     class_index = cycle.state.class_index[class_name]
     level_index = cycle.state.levels.index(request.required) if request.required else None
     evicting = _by_scope(cycle, _evicting_slots(cycle, access, request.id), class_index, level_index)
-    eligible = _eligible(cycle, request, class_name) if with_victims else _Eligible([], set(), {})
+    eligible = _eligible(cycle, request, class_name, any_priority) if with_victims else _Eligible([], set(), {})
     if not evicting and not eligible:
         return None  # no scope to search (what follows would find none)
     base_view = cycle.view(class_name, access)
@@ -682,8 +705,8 @@ def lent_out(cycle, request, class_name: str) -> dict | None:
         )
     else:
         why = (
-            f"reclaim_within_cohort Any reclaims only preemptible borrowers of priority up to {priority}, "
-            f"and there are not enough of those"
+            "reclaim_within_cohort Any reclaims preemptible borrowers of any priority, and evicting them "
+            "would not make room"
         )
     message = (
         f"queue {queue.name} uses {used} of its nominal {nominal} {class_name} and needs {request.needed}, "

@@ -76,7 +76,7 @@ def test_it_answers_empty_on_no_work():
     assert run.below(5) == [] and run.up_to(5) == [] and run.below_or_newer_equal(5, 0.0) == []
 
 
-def scanned_victims(cycle, request, class_name) -> list[tuple[str, str]]:
+def scanned_victims(cycle, request, class_name, any_priority=False) -> list[tuple[str, str]]:
     """What eligible_victims answers, by scanning every running workload (the index's specification)."""
     preemptor, queue, chosen = request.workload, request.queue, cycle.chosen_victims
     roots = _cohort_roots(cycle.snapshot)
@@ -109,7 +109,7 @@ def scanned_victims(cycle, request, class_name) -> list[tuple[str, str]]:
             ):
                 continue
             if workload.priority < preemptor.priority or (
-                queue.reclaim_within_cohort == "Any" and workload.priority == preemptor.priority
+                queue.reclaim_within_cohort == "Any" and (any_priority or workload.priority == preemptor.priority)
             ):
                 found[workload.id] = "ReclaimWithinCohort"
     return sorted(found.items())
@@ -132,11 +132,15 @@ def test_it_finds_the_victims_a_scan_of_all_running_work_finds():
     cycle.run()  # ends with chosen victims and borrowing as a search late in the cycle sees them
     assert cycle.chosen_victims
     checked = 0
+    above = {False: 0, True: 0}
     for request in list(cycle.requests.values())[:150]:
         for class_name in request.classes:
-            victims = eligible_victims(cycle, request, class_name)
-            assert [(victim.workload.id, victim.rule) for victim in victims] == scanned_victims(
-                cycle, request, class_name
-            )
-            checked += bool(victims)
+            for any_priority in (False, True):
+                victims = eligible_victims(cycle, request, class_name, any_priority)
+                assert [(victim.workload.id, victim.rule) for victim in victims] == scanned_victims(
+                    cycle, request, class_name, any_priority
+                )
+                checked += bool(victims)
+                above[any_priority] += sum(victim.workload.priority > request.workload.priority for victim in victims)
     assert checked
+    assert above[False] == 0 and above[True] > 0, "the second tier adds borrowers above the preemptor's priority"
