@@ -253,10 +253,19 @@ class Explanation(models.Model):
 
     workload = models.OneToOneField(Workload, on_delete=models.CASCADE, related_name="explanation")
     # Unconstrained in the database, as Allocation.cycle: written in bulk by the cycle that names itself.
+    # Unindexed too: nothing lists explanations by the cycle that last wrote them (the "changed in the last
+    # cycle" list reads ExplanationChange), and each of a refill's 17,000 new rows paid for the entry.
     cycle = models.ForeignKey(
-        SchedulingCycle, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_constraint=False
+        SchedulingCycle,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        db_constraint=False,
+        db_index=False,
     )
-    reason = models.CharField(max_length=32, db_index=True)
+    # Indexed by Meta.indexes: a reason code is filtered by equality, never by LIKE, so no pattern copy.
+    reason = models.CharField(max_length=32)
     secondary = models.JSONField(default=list, blank=True)
     message = models.TextField()
     details = models.JSONField(default=dict, blank=True)
@@ -269,6 +278,9 @@ class Explanation(models.Model):
     fingerprint = models.CharField(
         max_length=32, blank=True, db_default="", help_text="Digest of what the cycle compares; empty: compare as new."
     )
+
+    class Meta:
+        indexes = [models.Index(fields=["reason"], name="explanation_reason")]
 
     def __str__(self):
         return f"{self.workload}: {self.reason}"

@@ -1,0 +1,55 @@
+"""The tables a cycle writes thousands of rows to keep only the indexes something reads: every index is
+one more entry per row inside the cycle's transaction (docs/benchmarks.md, the refill cycle)."""
+
+import pytest
+from django.db import connection
+
+from broker.workloads.models import Explanation, Workload
+
+pytestmark = pytest.mark.django_db
+
+
+def indexes_of(model):
+    with connection.cursor() as cursor:
+        constraints = connection.introspection.get_constraints(cursor, model._meta.db_table)
+    return {
+        name: spec["columns"]
+        for name, spec in constraints.items()
+        if spec["index"] or spec["primary_key"] or (spec["unique"] and not spec["foreign_key"])
+    }
+
+
+def test_it_indexes_explanations_by_workload_and_reason_only():
+    columns = sorted(tuple(cols) for cols in indexes_of(Explanation).values())
+    assert columns == [("id",), ("reason",), ("workload_id",)]
+
+
+def test_it_keeps_no_pattern_copy_of_the_reason_index():
+    if connection.vendor != "postgresql":
+        pytest.skip("pattern-ops copies are PostgreSQL's")  # CI runs this on PostgreSQL (tests/conftest.py)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT indexdef FROM pg_indexes WHERE tablename IN (%s, %s)",
+            [Explanation._meta.db_table, Workload._meta.db_table],
+        )
+        definitions = [row[0] for row in cursor.fetchall()]
+    assert definitions and not [d for d in definitions if "pattern_ops" in d]
+
+
+def test_it_does_not_index_a_workloads_state_changes_beyond_the_queue_lists():
+    # Each admission rewrites its row: any index is one more entry per admitted workload.
+    columns = sorted(tuple(cols) for cols in indexes_of(Workload).values())
+    assert columns == sorted(
+        [
+            ("id",),
+            ("team_id", "name"),
+            ("name",),
+            ("state", "queue_id"),
+            ("state", "submitted_at", "id"),
+            ("eviction_requested_at",),
+            ("submitted_at",),
+            ("queue_id",),
+            ("resource_class_id",),
+            ("submitted_by_id",),
+        ]
+    )
