@@ -151,7 +151,8 @@ def summary_line(name: str, result: dict) -> str:
         latency = result["commit_to_browser"]
         text = (
             f"heatmap first paint median {paint['median_ms']} ms (cold {paint['cold_ms']}, target 2000) "
-            f"[{'PASS' if paint['target']['pass'] else 'FAIL'}]; commit->browser median {latency['median_ms']} ms, "
+            f"[{'PASS' if paint['target']['pass'] else 'FAIL'}], interactive {paint['interactive_median_ms']} ms; "
+            f"commit->browser median {latency['median_ms']} ms, "
             f"max {latency['max_ms']} (target 1000) [{'PASS' if latency['target']['pass'] else 'FAIL'}]"
         )
         return f"{name:<8} {text} ({seconds} s)"

@@ -15,7 +15,7 @@
   var CONFIG = { displayModeBar: false, responsive: true };
 
   /* Plotly loads with `defer` (after this script runs, before DOMContentLoaded), so the heatmap's
-   * JSON is fetched while Plotly downloads and the drawing waits for whichever comes last. */
+   * JSON is fetched while Plotly downloads; the rack map draws a preview if the JSON comes first. */
   var plotlyReady = new Promise(function (resolve) {
     if (window.Plotly) { resolve(); return; }
     document.addEventListener("DOMContentLoaded", function () { resolve(); });
@@ -56,10 +56,14 @@
     this.data = null;
   }
 
+  /* Resolves with the data as soon as it is drawn: as a canvas preview while Plotly's bundle is still
+   * being parsed (seconds on a slow client: it is 4.6 MB), which the interactive chart replaces. */
   RackMap.prototype.load = function () {
     var self = this;
-    return Promise.all([getJSON("/dashboard/api/heatmap/"), plotlyReady]).then(function (got) {
-      self.data = got[0]; self.draw(); return got[0];
+    return getJSON("/dashboard/api/heatmap/").then(function (data) {
+      self.data = data; self.draw();
+      if (!window.Plotly) plotlyReady.then(function () { self.draw(); });
+      return data;
     });
   };
 
@@ -71,8 +75,9 @@
     return { rows: rows, byRow: byRow, width: width };
   };
 
-  RackMap.prototype.draw = function () {
-    var self = this, g = this.grid(), metric = this.metric, z = [], text = [], ids = [];
+  /* z (the cell's value under the metric), hover text and rack id per cell, rows by block. */
+  RackMap.prototype.matrix = function () {
+    var g = this.grid(), metric = this.metric, z = [], text = [], ids = [];
     var teams = this.data.teams;
     g.rows.forEach(function (r) {
       var zr = [], tr = [], ir = [];
@@ -93,21 +98,44 @@
       }
       z.push(zr); text.push(tr); ids.push(ir);
     });
-    this.ids = ids;
+    return { grid: g, z: z, text: text, ids: ids };
+  };
+
+  RackMap.prototype.scale = function () {
+    var teams = this.data.teams;
+    if (this.metric === "team") {
+      return {
+        colorscale: discreteScale(["#eaecf0"].concat(teams.map(function (t) { return teamColor(teams, t); }))),
+        zmin: -0.5, zmax: teams.length + 0.5,
+      };
+    }
+    return { colorscale: METRICS[this.metric].scale, zmin: 0, zmax: 1 };
+  };
+
+  RackMap.prototype.height = function (rows) { return Math.max(260, 28 * rows + 60); };
+
+  RackMap.prototype.draw = function () {
+    if (window.Plotly) this.drawChart(); else this.drawPreview();
+  };
+
+  RackMap.prototype.drawChart = function () {
+    var self = this, m = this.matrix(), g = m.grid, metric = this.metric, teams = this.data.teams;
+    var preview = this.el.querySelector("canvas.hm-preview");
+    if (preview) preview.remove();
+    this.ids = m.ids;
+    var scale = this.scale();
     var trace = {
-      type: "heatmap", z: z, text: text, hoverinfo: "text", xgap: 2, ygap: 2,
+      type: "heatmap", z: m.z, text: m.text, hoverinfo: "text", xgap: 2, ygap: 2,
       y: g.rows, x: Array.from({ length: g.width }, function (_, i) { return i + 1; }),
+      colorscale: scale.colorscale, zmin: scale.zmin, zmax: scale.zmax,
     };
     if (metric === "team") {
-      trace.colorscale = discreteScale(["#eaecf0"].concat(teams.map(function (t) { return teamColor(teams, t); })));
-      trace.zmin = -0.5; trace.zmax = teams.length + 0.5;
       trace.colorbar = { tickvals: [0].concat(teams.map(function (_, i) { return i + 1; })), ticktext: ["idle"].concat(teams) };
     } else {
-      trace.colorscale = METRICS[metric].scale; trace.zmin = 0; trace.zmax = 1;
       trace.colorbar = { title: { text: METRICS[metric].label }, tickformat: ".0%" };
     }
     var layout = {
-      margin: { l: 130, r: 20, t: 10, b: 30 }, height: Math.max(260, 28 * g.rows.length + 60),
+      margin: { l: 130, r: 20, t: 10, b: 30 }, height: this.height(g.rows.length),
       xaxis: { title: { text: "rack in block" }, dtick: 1, showgrid: false },
       yaxis: { autorange: "reversed", showgrid: false, type: "category" },
       paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
@@ -122,6 +150,61 @@
       });
     }
   };
+
+  /* The same cells, colours and row labels on a plain canvas, without hover or click: what the page
+   * shows until Plotly has loaded (drawChart removes it). */
+  RackMap.prototype.drawPreview = function () {
+    var m = this.matrix(), g = m.grid, scale = this.scale();
+    var canvas = this.el.querySelector("canvas.hm-preview");
+    if (!canvas) {
+      canvas = document.createElement("canvas");
+      canvas.className = "hm-preview";
+      canvas.setAttribute("role", "img");
+      canvas.setAttribute("aria-label", "Rack heatmap (the interactive chart is loading)");
+      this.el.appendChild(canvas);
+    }
+    var width = Math.max(this.el.clientWidth, 320), height = this.height(g.rows.length), ratio = window.devicePixelRatio || 1;
+    canvas.width = Math.round(width * ratio); canvas.height = Math.round(height * ratio);
+    canvas.style.width = width + "px"; canvas.style.height = height + "px";
+    var ctx = canvas.getContext("2d");
+    ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+    ctx.clearRect(0, 0, width, height);
+    // Plotly's margins (drawChart's layout) and room for its colour bar, so the chart replaces it in place.
+    var left = 130, top = 10, right = 20 + 90, bottom = 30;
+    var cellW = (width - left - right) / Math.max(g.width, 1), cellH = (height - top - bottom) / Math.max(g.rows.length, 1);
+    ctx.font = "12px system-ui, sans-serif"; ctx.textAlign = "right"; ctx.textBaseline = "middle"; ctx.fillStyle = "#444";
+    var span = scale.zmax - scale.zmin;
+    m.z.forEach(function (row, r) {
+      var y = top + r * cellH;
+      ctx.fillStyle = "#444";
+      ctx.fillText(String(g.rows[r]), left - 6, y + cellH / 2);
+      row.forEach(function (value, i) {
+        if (value === null) return;
+        ctx.fillStyle = colorAt(scale.colorscale, (value - scale.zmin) / span);
+        ctx.fillRect(left + i * cellW + 1, y + 1, Math.max(cellW - 2, 1), Math.max(cellH - 2, 1));
+      });
+    });
+    canvas.dataset.cells = String(this.data.cells.length);
+  };
+
+  function rgb(hex) {
+    var n = parseInt(hex.slice(1), 16);
+    return [(n >> 16) & 255, (n >> 8) & 255, n & 255];
+  }
+
+  /* The colour a Plotly colorscale ([[position, "#rrggbb"], ...]) gives position t (0..1): linear
+   * between the stops around it, as Plotly interpolates. */
+  function colorAt(scale, t) {
+    t = Math.min(1, Math.max(0, isFinite(t) ? t : 0));
+    for (var i = 1; i < scale.length; i++) {
+      if (t <= scale[i][0] || i === scale.length - 1) {
+        var a = scale[i - 1], b = scale[i], f = b[0] > a[0] ? (t - a[0]) / (b[0] - a[0]) : 0;
+        var ca = rgb(a[1]), cb = rgb(b[1]);
+        return "rgb(" + ca.map(function (c, k) { return Math.round(c + (cb[k] - c) * Math.min(1, Math.max(0, f))); }).join(",") + ")";
+      }
+    }
+    return scale[0][1];
+  }
 
   RackMap.prototype.patch = function (cells) {
     if (!this.data || !cells || !cells.length) return;
@@ -197,7 +280,7 @@
   }
 
   window.BrokerTopology = {
-    RackMap: RackMap, drawRack: drawRack, loadRack: loadRack, getJSON: getJSON, plotlyReady: plotlyReady,
+    RackMap: RackMap, drawRack: drawRack, loadRack: loadRack, getJSON: getJSON, plotlyReady: plotlyReady, colorAt: colorAt,
     STATE_COLORS: STATE_COLORS, TEAM_COLORS: TEAM_COLORS, HIGHLIGHT: HIGHLIGHT,
   };
 })();
