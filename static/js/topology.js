@@ -14,13 +14,31 @@
   };
   var CONFIG = { displayModeBar: false, responsive: true };
 
-  /* Plotly loads with `defer` (after this script runs, before DOMContentLoaded), so the heatmap's
-   * JSON is fetched while Plotly downloads; the rack map draws a preview if the JSON comes first. */
-  var plotlyReady = new Promise(function (resolve) {
-    if (window.Plotly) { resolve(); return; }
-    document.addEventListener("DOMContentLoaded", function () { resolve(); });
-    window.addEventListener("load", function () { resolve(); });
-  });
+  /* On the topology page Plotly is only preloaded (<link rel="preload">, downloading while the page and
+   * the heatmap JSON load): running its 4.6 MB bundle blocks the page for seconds on a slow client, so
+   * it runs once the rack map has drawn its preview (or when a chart is wanted first). Pages that load
+   * Plotly with a plain <script> have window.Plotly already. */
+  var plotlyPromise = null;
+  function plotlyReady() {
+    if (!plotlyPromise) {
+      plotlyPromise = new Promise(function (resolve, reject) {
+        if (window.Plotly) { resolve(); return; }
+        var preload = document.querySelector('link[rel="preload"][data-plotly]');
+        if (!preload) { reject(new Error("Plotly is not on this page")); return; }
+        var script = document.createElement("script");
+        script.src = preload.href;
+        script.onload = function () { resolve(); };
+        script.onerror = function () { reject(new Error("Plotly did not load")); };
+        document.head.appendChild(script);
+      });
+    }
+    return plotlyPromise;
+  }
+
+  /* After the next frame is painted (so what was just drawn is on screen before Plotly blocks). */
+  function afterPaint(fn) {
+    requestAnimationFrame(function () { setTimeout(fn, 0); });
+  }
 
   function getJSON(url) {
     return fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } }).then(function (r) {
@@ -62,8 +80,11 @@
     var self = this;
     return getJSON("/dashboard/api/heatmap/").then(function (data) {
       self.data = data; self.draw();
-      if (!window.Plotly) plotlyReady.then(function () { self.draw(); });
+      if (!window.Plotly) afterPaint(function () { plotlyReady().then(function () { self.draw(); }); });
       return data;
+    }, function (error) {
+      plotlyReady();  // the rest of the page (drill-down) still wants it
+      throw error;
     });
   };
 
@@ -276,7 +297,7 @@
   function loadRack(el, rackId, options) {
     options = options || {};
     var url = "/dashboard/api/heatmap/rack/" + rackId + "/" + (options.highlight ? "?highlight=" + options.highlight : "");
-    return Promise.all([getJSON(url), plotlyReady]).then(function (got) { drawRack(el, got[0], options); return got[0]; });
+    return Promise.all([getJSON(url), plotlyReady()]).then(function (got) { drawRack(el, got[0], options); return got[0]; });
   }
 
   window.BrokerTopology = {
