@@ -6,7 +6,8 @@ Every code is decided by re-running placement on a changed copy of the end-of-cy
 - InvalidRequest: it does not fit on the cluster as built (everything healthy, free, unreserved);
 - QuotaExceeded: no device class passes the queue's quota (nominal + borrowable);
 - DeviceUnhealthy / Reserved: it does not fit now, but would with unhealthy / tainted / cordoned devices
-  healed, or with other teams' reservations lifted;
+  healed, or with other teams' reservations lifted, and those devices would not all go to workloads
+  ahead of it first (Assessor.share_out_pools);
 - InsufficientCapacity: it does not fit now and fewer matching devices than it needs are free at all;
 - TopologyFragmented: it does not fit now although enough matching devices are free in total;
 - Priority: it fits now, but only on capacity held for the head of the line;
@@ -26,6 +27,12 @@ from broker.scheduler.requests import Request, approval_problem, entitlement_pro
 from broker.scheduler.snapshot import REASON_CODES, PendingDecision, PodSet, Snapshot, Suggestion, made
 
 CAPACITY_CODES = ("DeviceUnhealthy", "Reserved", "InsufficientCapacity", "TopologyFragmented", "Priority")
+# Codes that point at a finite pool of devices (healed, or freed of other teams' reservations), by the
+# details field that counts it, and what the pool is called in a message.
+POOLED_CODES = {
+    "DeviceUnhealthy": ("unhealthy", "unhealthy, tainted or cordoned"),
+    "Reserved": ("reserved", "reserved"),
+}
 
 
 def invalid_decision(workload_id: str, message: str) -> PendingDecision:
@@ -43,6 +50,7 @@ def explain_all(cycle) -> list[PendingDecision]:
     assessor = Assessor(cycle)
     # Decisions of a shape are shared (under the id of its first workload); each gets its own id below.
     assessed = {workload_id: assessor.shape_decision(cycle.log.outcomes[workload_id]) for workload_id in waiting}
+    assessor.share_out_pools(waiting, assessed)
     # Last: the simulation behind estimated starts consumes the cycle's free-capacity state.
     estimates = {}
     if cycle.config.explain:
@@ -82,6 +90,8 @@ class Assessor:
         self._invalid_cache: dict = {}
         self._numbers_cache: dict = {}
         self._shape_decisions: dict = {}
+        self._codes: dict[int, tuple[PendingDecision, dict]] = {}  # by decision identity: (it, every code's message)
+        self._demoted: dict[int, PendingDecision] = {}
         snapshot = cycle.snapshot
         # Quota suggestions are verified by re-running the cycle for the very workload (see _increase_quota).
         self._verifies_by_rerun = len(snapshot.pending) <= snapshot.config.rerun_verification_limit
@@ -165,7 +175,7 @@ class Assessor:
         suggestions = ()
         if self.cycle.config.suggestions and primary in ("QuotaExceeded",) + CAPACITY_CODES:
             suggestions = self.suggestions(request, codes)
-        return PendingDecision(
+        decision = PendingDecision(
             workload_id=request.id,
             reason=primary,
             secondary=tuple(ordered[1:]),
@@ -173,6 +183,63 @@ class Assessor:
             details=details,
             suggestions=suggestions,
         )
+        if primary in POOLED_CODES:
+            self._codes[id(decision)] = (decision, codes)
+        return decision
+
+    # --- contended pools ---
+
+    def share_out_pools(self, waiting: list[str], assessed: dict[str, PendingDecision]) -> None:
+        """DeviceUnhealthy and Reserved say a workload would fit if a pool of devices were usable; the pool
+        is there for only so many of them. In cluster order each workload given such a code takes its
+        devices from the class's free count plus the pool (an upper bound on what healing or lifting the
+        reservations could make room for); once that is spent, later workloads get their next code, with
+        this one as secondary. Otherwise every workload in a full cluster would blame the same few broken
+        devices. Changes `assessed` in place."""
+        left: dict[tuple[str, str], int] = {}
+        for workload_id in waiting:
+            decision = assessed[workload_id]
+            while decision.reason in POOLED_CODES and decision.secondary:
+                field, _ = POOLED_CODES[decision.reason]
+                details = decision.details
+                key = (decision.reason, details["device_class"])
+                pool = left.get(key)
+                if pool is None:
+                    pool = details["free"] + details[field]
+                needed = details["needed"]["devices"]
+                if pool >= needed:
+                    left[key] = pool - needed
+                    break
+                left[key] = pool
+                decision = self._demote(decision)
+            assessed[workload_id] = decision
+
+    def _demote(self, decision: PendingDecision) -> PendingDecision:
+        """The decision with its primary (a pooled code whose pool is spent) made secondary and the next
+        code primary; one per decision, so the workloads of a shape still share it."""
+        demoted = self._demoted.get(id(decision))
+        if demoted is None:
+            original, codes = self._codes[id(decision)]
+            field, what = POOLED_CODES[original.reason]
+            details = original.details
+            primary = original.secondary[0]
+            message = (
+                f"{codes[primary]}; the {details[field]} {what} {details['device_class']} devices would go to "
+                f"workloads ahead of it first"
+            )
+            secondary = tuple(code for code in REASON_CODES if code in (original.reason, *original.secondary[1:]))
+            demoted = PendingDecision(
+                workload_id=original.workload_id,
+                reason=primary,
+                secondary=secondary,
+                message=message,
+                details=details,
+                suggestions=original.suggestions,
+            )
+            if primary in POOLED_CODES:
+                self._codes[id(demoted)] = (demoted, codes)
+            self._demoted[id(decision)] = demoted
+        return demoted
 
     def _invalid_message(self, request: Request) -> str | None:
         key = (request.classes, request.demands, request.required, request.preferred)

@@ -181,9 +181,11 @@ def naive_fits(snapshot, counts, device_class, pods, per_pod, level):
     return any(fitting >= pods for fitting in domains.values())
 
 
-def naive_primary(snapshot, result, workload):
+def naive_primary(snapshot, result, workload, pools=None):
     """The primary reason code by the definitions, computed the slow, obvious way (no reservations,
-    no backfill, no preemption, one pod set)."""
+    no backfill, no preemption, one pod set). `pools`: for workloads asked in cluster order, what is left
+    per device class of the devices healing would make free (DeviceUnhealthy holds only while they
+    last; taken from here); None: as if each workload were the only one waiting."""
     resource_classes = {rc.name: rc for rc in snapshot.resource_classes}
     queue = {queue.name: queue for queue in snapshot.queues}[workload.queue]
     rc = resource_classes.get(workload.resource_class)
@@ -218,9 +220,16 @@ def naive_primary(snapshot, result, workload):
     if any(naive_fits(snapshot, now, name, pods, per_pod, level) for name in passing):
         return None
     healed = free_devices(snapshot, result, healed=True)
-    if any(naive_fits(snapshot, healed, name, pods, per_pod, level) for name in passing):
-        return "DeviceUnhealthy"
     totals = {name: sum(count for (cls, _), count in now.items() if cls == name) for name in passing}
+    if any(naive_fits(snapshot, healed, name, pods, per_pod, level) for name in passing):
+        if pools is None:
+            return "DeviceUnhealthy"
+        focus = next((name for name in passing if totals[name] >= needed), passing[0])
+        left = pools.get(focus, sum(count for (cls, _), count in healed.items() if cls == focus))
+        if left >= needed:
+            pools[focus] = left - needed
+            return "DeviceUnhealthy"
+        pools[focus] = left
     if all(total < needed for total in totals.values()):
         return "InsufficientCapacity"
     return "TopologyFragmented"

@@ -107,8 +107,10 @@ def test_it_picks_the_tightest_domain_that_fits(snapshot):
 def test_it_explains_with_the_primary_code_a_brute_force_finds(snapshot):
     result = decide(snapshot)
     workloads = {workload.id: workload for workload in snapshot.pending}
-    for decision in result.pending:
-        expected = naive_primary(snapshot, result, workloads[decision.workload_id])
+    pools = {}  # what healing would free is shared out in cluster order
+    in_order = sorted(result.pending, key=lambda decision: decision.position_in_cluster or 0)
+    for decision in in_order:
+        expected = naive_primary(snapshot, result, workloads[decision.workload_id], pools)
         assert decision.reason == expected, (decision.workload_id, decision.message)
 
 
