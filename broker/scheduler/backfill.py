@@ -52,14 +52,15 @@ def release_timeline(cycle) -> list[tuple[float, str]]:
     far as simulations reach: the first `estimate_horizon_events` releases and any at the same time as
     the last of them (a simulation handles whole release times until it has handled that many).
 
-    Asked by backfill during the cycle and by estimates after it. Chosen victims end now; they and the
-    admissions only grow during a cycle, so what is read of running work is gathered once (on the cycle)."""
+    Asked by backfill during the cycle and by estimates after it. Chosen victims end now (shrunk ones do
+    not: they run on); they and the admissions only grow during a cycle, so what is read of running work
+    is gathered once (on the cycle)."""
     return _timeline(cycle).events(cycle, cycle.config.estimate_horizon_events)
 
 
 def unknown_ends(cycle) -> int:
     """Running workloads holding devices with no expected end (not evicting, not chosen as victims)."""
-    victims = cycle.chosen_victims
+    victims = cycle.chosen_victims - cycle.shrunk_victims
     return sum(1 for workload_id in _timeline(cycle).without_end if workload_id not in victims)
 
 
@@ -96,7 +97,8 @@ class ReleaseTimeline:
         self.admitted_seen = 0
 
     def events(self, cycle, horizon: int) -> list[tuple[float, str]]:
-        victims = cycle.chosen_victims
+        # A shrunk victim runs on to its end; the pods it gives up are its preemptor's, nobody else's.
+        victims = cycle.chosen_victims - cycle.shrunk_victims if cycle.shrunk_victims else cycle.chosen_victims
         now = self.now
         ending_now = sorted(
             {(now, workload_id) for workload_id in self.evicting}

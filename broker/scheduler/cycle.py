@@ -92,6 +92,7 @@ class Cycle:
         self._hopeless: set = set()  # see _hopeless_key
         self._hopeless_demands: set = set()  # ids of the demands tuples of those keys (held by requests)
         self.chosen_victims: set[str] = set()
+        self.shrunk_victims: set[str] = set()  # of those, the ones that only lose pods (they run on)
         self.preemption_failed: set = set()
         self.victim_index = None
         self.preemptions_by_queue: dict[str, int] = {}
@@ -337,9 +338,9 @@ class Cycle:
         outcome.victims = found.victims
         outcome.waiting_for_evictions = found.evicting
         for victim in found.victims:
-            self.log.preemptions.append(
-                Preemption(victim.workload.id, request.id, victim.rule, victim.message(request))
-            )
+            workload = victim.workload
+            pods = tuple((pod.pod_set, pod.index) for pod in workload.pods) if workload.partial else ()
+            self.log.preemptions.append(Preemption(workload.id, request.id, victim.rule, victim.message(request), pods))
 
     # --- shared questions ---
 

@@ -160,9 +160,11 @@ class Assessor:
         details.update(capacity["details"])
         codes.update(capacity["codes"])
         if outcome.victims or outcome.waiting_for_evictions:
-            codes["PreemptionPending"] = _preemption_message(outcome)
+            running = self.cycle.running
+            codes["PreemptionPending"] = _preemption_message(outcome, running)
             details["victims"] = [victim.workload.id for victim in outcome.victims]
-            details["evicting"] = list(outcome.waiting_for_evictions)
+            evicting = outcome.waiting_for_evictions
+            details["evicting"] = sorted({_whole_id(running, workload_id) for workload_id in evicting})
         ordered = [code for code in REASON_CODES if code in codes]
         if "PreemptionPending" in codes:
             ordered.remove("PreemptionPending")
@@ -546,11 +548,27 @@ def _owners_text(reserved_by: dict) -> str:
     return ", ".join(f"{team}: {count}" for team, count in sorted(reserved_by.items())) or "none"
 
 
-def _preemption_message(outcome) -> str:
-    leaving = [
-        f"{victim.workload.id} ({victim.rule}, priority {victim.workload.priority})" for victim in outcome.victims
-    ]
-    leaving += [f"{workload_id} (being evicted)" for workload_id in outcome.waiting_for_evictions]
+def _whole_id(running, workload_id: str) -> str:
+    record = running.get(workload_id)
+    return record.workload_id if record is not None else workload_id
+
+
+def _pods_text(count: int) -> str:
+    return "1 pod" if count == 1 else f"{count} pods"
+
+
+def _preemption_message(outcome, running) -> str:
+    leaving = []
+    for victim in outcome.victims:
+        workload = victim.workload
+        shrunk = f"{_pods_text(len(workload.pods))}, " if workload.partial else ""
+        leaving.append(f"{workload.id} ({shrunk}{victim.rule}, priority {workload.priority})")
+    for workload_id in outcome.waiting_for_evictions:
+        record = running.get(workload_id)
+        if record is not None and record.part_of is not None:
+            leaving.append(f"{record.part_of} ({_pods_text(len(record.pods))} being evicted)")
+        else:
+            leaving.append(f"{workload_id} (being evicted)")
     noun = "victim" if len(leaving) == 1 else "victims"
     return f"waiting for {len(leaving)} {noun} to leave: {', '.join(leaving)}"
 

@@ -12,8 +12,10 @@ Who may be a victim (each victim carries the rule that allowed it):
   device class, makes room: reclaiming evicts higher-priority work only when nothing else would do.
 - ReservationReclaim: preemptible work of another team running on devices reserved for the preemptor's
   team (it borrowed them knowing this), whatever its priority.
-Only workloads marked preemptible are ever victims, and they are evicted whole: a Pod-mode victim could
-in principle lose single pods, but evicting the whole workload keeps a gang from limping on half its pods.
+Only workloads marked preemptible are ever victims. A PodGroup-mode victim is evicted whole. A Pod-mode
+victim with pods above its gang minimum (`RunningWorkload.surplus_pods`) is first offered shrunk: a
+search among such surplus pods alone comes first, and only when shrinking cannot make room are workloads
+evicted whole; a gang never drops below its minimum while it runs.
 
 Device classes are tried in fallback order; the first class some victim set works for decides (as Kueue
 tries flavors in order). The victims must free room inside ONE domain of the preemptor's required level.
@@ -26,7 +28,7 @@ every unneeded victim dropped. Devices of workloads already being evicted count 
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import combinations
 from operator import attrgetter
 
@@ -42,6 +44,10 @@ class Victim:
 
     def message(self, request) -> str:
         preemptor = request.workload
+        what = "preempted"
+        if self.workload.partial:
+            count = len(self.workload.pods)
+            what = f"{count} of its pods preempted" if count != 1 else "1 of its pods preempted"
         reasons = {
             "WithinQueue": f"a priority {preemptor.priority} workload of the same queue needs the room",
             "ReclaimWithinCohort": (
@@ -50,7 +56,7 @@ class Victim:
             ),
             "ReservationReclaim": f"it runs on devices reserved for team {request.team}",
         }
-        return f"preempted for {preemptor.id} ({self.rule}): {reasons[self.rule]}"
+        return f"{what} for {preemptor.id} ({self.rule}): {reasons[self.rule]}"
 
 
 @dataclass(frozen=True)
@@ -82,16 +88,19 @@ def find_victims(cycle, request) -> Found | None:
     )  # fmt: skip
     if memo_key in cycle.preemption_failed:
         return None
-    tiers = (False, True) if _reclaims_above_own_priority(cycle, request) else (False,)
-    for any_priority in tiers:
-        for class_name in request.classes:
-            found = _search_class(cycle, request, class_name, any_priority=any_priority)
-            if found is not None:
-                _claim(cycle, found)
-                if found.victims:
-                    queue = request.queue.name
-                    cycle.preemptions_by_queue[queue] = cycle.preemptions_by_queue.get(queue, 0) + 1
-                return found
+    priorities = (False, True) if _reclaims_above_own_priority(cycle, request) else (False,)
+    # Shrinking Pod-mode work to its gang minimum stops nobody: tried first, at each priority tier.
+    shrinking = (True, False) if _index(cycle).shrunk else (False,)
+    for any_priority in priorities:
+        for shrink in shrinking:
+            for class_name in request.classes:
+                found = _search_class(cycle, request, class_name, any_priority=any_priority, shrink=shrink)
+                if found is not None:
+                    _claim(cycle, found)
+                    if found.victims:
+                        queue = request.queue.name
+                        cycle.preemptions_by_queue[queue] = cycle.preemptions_by_queue.get(queue, 0) + 1
+                    return found
     cycle.preemption_failed.add(memo_key)
     return None
 
@@ -117,6 +126,7 @@ def _may_preempt(cycle, request) -> bool:
 
 def _claim(cycle, found: Found) -> None:
     cycle.chosen_victims.update(victim.workload.id for victim in found.victims)
+    cycle.shrunk_victims.update(victim.workload.id for victim in found.victims if victim.workload.partial)
     cycle.chosen_victims.update(found.evicting)
 
 
@@ -184,6 +194,7 @@ class VictimIndex:
 
     def __init__(self, cycle):
         self.candidates: dict[str, list[RunningWorkload]] = {}  # by queue, in snapshot order
+        self.shrunk: dict[str, RunningWorkload] = {}  # by id: Pod-mode candidates' surplus pods alone
         evicting = set()
         # An evicting workload's devices are for the workload it is evicted for while that one waits.
         self.evicted_for: dict[str, str] = {}
@@ -194,6 +205,8 @@ class VictimIndex:
                     self.evicted_for[workload.id] = workload.evicted_for
             elif workload.preemptible:
                 self.candidates.setdefault(workload.queue, []).append(workload)
+                if workload.surplus_pods:
+                    self.shrunk[workload.id] = replace(workload, pods=workload.surplus_pods, partial=True)
         self.queues = sorted(self.candidates)
         self._own: dict[str, PriorityRun] = {}
         self._by_class: dict[str, dict[str, PriorityRun]] = {}
@@ -209,7 +222,6 @@ class VictimIndex:
         self.nominees = set(self.evicted_for.values())
         self.evicting_for: dict[tuple, list] = {}  # `_evicting_slots` by (access key, nominee, claimed)
         self.cohort_root = _cohort_roots(cycle.snapshot)
-        self.device_count: dict[str, int] = {}  # filled as searches meet the workloads
         self.freed: dict[tuple, dict[str, dict[tuple, list]]] = {}  # freed key -> workload id -> by scope
         self.running_by_class: dict[str, dict[str, list[RunningWorkload]]] = {}  # for lent_out, by queue
         self.holders: dict[tuple, tuple[str, ...]] = {}  # (queue, class) -> `_holders_by_priority`
@@ -239,10 +251,11 @@ def _index(cycle) -> VictimIndex:
     return cycle.victim_index
 
 
-def eligible_victims(cycle, request, class_name: str, any_priority: bool = False) -> list[Victim]:
+def eligible_victims(cycle, request, class_name: str, any_priority: bool = False, shrink: bool = False) -> list[Victim]:
     """Running workloads the policy lets `request` preempt, with the rule that allows each, by id.
-    `any_priority`: find_victims' second tier, cohort borrowers above the preemptor's priority too (Any)."""
-    eligible = _eligible(cycle, request, class_name, any_priority)
+    `any_priority`: find_victims' second tier, cohort borrowers above the preemptor's priority too (Any).
+    `shrink`: only the Pod-mode ones that can lose pods, as records of those surplus pods."""
+    eligible = _eligible(cycle, request, class_name, any_priority, shrink)
     return [Victim(*eligible.by_id[workload_id]) for workload_id in sorted(eligible.by_id)]
 
 
@@ -284,7 +297,7 @@ class _Eligible:
         return found
 
 
-def _eligible(cycle, request, class_name: str, any_priority: bool = False) -> _Eligible:
+def _eligible(cycle, request, class_name: str, any_priority: bool = False, shrink: bool = False) -> _Eligible:
     index = _index(cycle)
     chosen = cycle.chosen_victims
     queue = request.queue
@@ -303,6 +316,10 @@ def _eligible(cycle, request, class_name: str, any_priority: bool = False) -> _E
         for workload in _cohort_reclaim_candidates(cycle, index, request, any_priority):  # none is own
             if workload.id not in chosen and workload.id not in others:
                 others[workload.id] = (workload, "ReclaimWithinCohort")
+    if shrink:
+        shrunk = index.shrunk
+        own = [shrunk[workload.id] for workload in own if workload.id in shrunk]
+        others = {key: (shrunk[key], rule) for key, (_, rule) in others.items() if key in shrunk}
     return _Eligible(own, chosen, others)
 
 
@@ -356,20 +373,23 @@ def _cohort_roots(snapshot) -> dict[str, str | None]:
 
 
 def _search_class(
-    cycle, request, class_name: str, with_victims: bool = True, any_priority: bool = False
+    cycle, request, class_name: str, with_victims: bool = True, any_priority: bool = False, shrink: bool = False
 ) -> Found | None:
     access = request.default_access
     class_index = cycle.state.class_index[class_name]
     level_index = cycle.state.levels.index(request.required) if request.required else None
     evicting = _by_scope(cycle, _evicting_slots(cycle, access, request.id), class_index, level_index)
-    eligible = _eligible(cycle, request, class_name, any_priority) if with_victims else _Eligible([], set(), {})
+    eligible = _eligible(cycle, request, class_name, any_priority, shrink) if with_victims else _Eligible([], set(), {})
+    if shrink and not eligible:
+        return None  # the search without shrinking answers the same
     if not evicting and not eligible:
         return None  # no scope to search (what follows would find none)
     base_view = cycle.view(class_name, access)
     most = base_view.total() + sum(len(slots) for slots in evicting.values())
     if not _hold_at_least(cycle, eligible.workloads(), request.needed - most):
         return None
-    freed_key = (cycle.access_key(access), class_index, level_index)
+    # Shrunk records share their workload's id: what they free is kept apart from what the whole frees.
+    freed_key = (cycle.access_key(access), class_index, level_index, shrink)
     if level_index is None and eligible:
         found = _cheapest_single(cycle, request, class_name, eligible, evicting.get(ROOT, []), freed_key)
         if found is not _UNDECIDED:
@@ -446,12 +466,11 @@ def _cheapest_single(cycle, request, class_name, eligible, evicting_here, freed_
     view = cycle.view(class_name, access)
     deficit = max(1, request.needed - view.total() - len(evicting_here))
     budget = cycle.config.preemption_search_limit  # a walk within it examines no more sets than the search
-    counts = _index(cycle).device_count
     known = _freed_memo(cycle, freed_key)
     for position, workload in enumerate(eligible.in_victim_order()):
         if position >= budget:
             return _UNDECIDED
-        if _device_count(counts, workload) < deficit:
+        if workload.device_count < deficit:
             continue  # it frees at most the devices it holds
         scopes = known.get(workload.id)
         if scopes is None:
@@ -520,20 +539,12 @@ def _evicting_slots_now(cycle, access, request_id) -> list:
 
 def _hold_at_least(cycle, workloads, devices: int) -> bool:
     """Whether `workloads` hold `devices` devices between them (counted only until they do)."""
-    counts = _index(cycle).device_count
     total = 0
     for workload in workloads:
         if total >= devices:
             return True
-        total += _device_count(counts, workload)
+        total += workload.device_count  # kept on the record (a shrunk one counts its own pods)
     return total >= devices
-
-
-def _device_count(counts: dict[str, int], workload: RunningWorkload) -> int:
-    count = counts.get(workload.id)
-    if count is None:
-        count = counts[workload.id] = workload.device_count
-    return count
 
 
 def _freed_by_scope(cycle, workload: RunningWorkload, access, freed_key: tuple) -> dict:
@@ -555,7 +566,7 @@ def _freed_memo(cycle, freed_key: tuple) -> dict[str, dict[tuple, list]]:
 
 
 def _freed_now(cycle, workload: RunningWorkload, access, freed_key: tuple) -> dict:
-    _, class_index, level_index = freed_key
+    class_index, level_index = freed_key[1], freed_key[2]
     freed = _by_scope(cycle, _freed_slots(cycle, workload, access), class_index, level_index)
     _freed_memo(cycle, freed_key)[workload.id] = freed
     return freed

@@ -8,6 +8,7 @@ one readable line that says where, e.g. "pending[2].queue: unknown queue 'foo'".
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import yaml
 
@@ -33,6 +34,7 @@ from broker.scheduler.snapshot import (
     Snapshot,
     Taint,
     Toleration,
+    split_leaving,
 )
 
 TOP_KEYS = {
@@ -341,7 +343,7 @@ class _Reader:
         used: set[str] = set()
         allowed = {
             "name", "queue", "priority", "disruption", "device_class", "pods", "started", "expected_end",
-            "duration", "evicting", "evicted_for", "preemptible",
+            "duration", "evicting", "evicted_for", "preemptible", "min_count", "evicting_pods",
         }  # fmt: skip
         for index, spec in enumerate(_list(self.data.get("running") or [], "running")):
             where = f"running[{index}]"
@@ -364,21 +366,25 @@ class _Reader:
             expected_end = spec.get("expected_end")
             if expected_end is None and spec.get("duration") is not None:
                 expected_end = started + _number(spec["duration"], where + ".duration")
-            running.append(
-                RunningWorkload(
-                    id=name,
-                    queue=queue,
-                    pods=pods,
-                    device_class=device_class,
-                    priority=_int(spec.get("priority", 0), where + ".priority"),
-                    disruption=disruption,
-                    preemptible=bool(spec.get("preemptible", True)),
-                    started=started,
-                    expected_end=None if expected_end is None else _number(expected_end, where + ".expected_end"),
-                    evicting=bool(spec.get("evicting", False)),
-                    evicted_for=_optional_str(spec.get("evicted_for")),
-                )
+            workload = RunningWorkload(
+                id=name,
+                queue=queue,
+                pods=pods,
+                device_class=device_class,
+                priority=_int(spec.get("priority", 0), where + ".priority"),
+                disruption=disruption,
+                preemptible=bool(spec.get("preemptible", True)),
+                started=started,
+                expected_end=None if expected_end is None else _number(expected_end, where + ".expected_end"),
+                evicting=bool(spec.get("evicting", False)),
+                evicted_for=_optional_str(spec.get("evicted_for")),
+                min_counts=_running_min_counts(spec.get("min_count"), pods, where + ".min_count"),
             )
+            leaving = _evicting_pods(spec, pods, where)
+            if leaving:
+                running.extend(split_leaving(replace(workload, evicted_for=None), leaving, workload.evicted_for))
+            else:
+                running.append(workload)
         return tuple(running)
 
     def running_pods(self, raw, where, lookups, used: set[str]) -> tuple[RunningPod, ...]:
@@ -527,6 +533,43 @@ def _keys(where: str, spec: dict, allowed: set) -> None:
         if key not in allowed:
             prefix = f"{where}: " if where else ""
             raise ScenarioError(f"{prefix}unknown key '{key}' (allowed: {', '.join(sorted(allowed))})")
+
+
+def _running_min_counts(raw, pods, where) -> tuple[tuple[str, int], ...]:
+    """`min_count` of a running workload: one number for every pod set, or {pod set: number}."""
+    if raw is None:
+        return ()
+    sizes: dict[str, int] = {}
+    for pod in pods:
+        sizes[pod.pod_set] = sizes.get(pod.pod_set, 0) + 1
+    wanted = {name: raw for name in sizes} if not isinstance(raw, dict) else _mapping(raw, where)
+    counts = []
+    for name, value in sorted(wanted.items()):
+        if name not in sizes:
+            raise ScenarioError(f"{where}: no running pod in pod set '{name}'")
+        count = _int(value, f"{where}.{name}" if isinstance(raw, dict) else where)
+        if not 1 <= count <= sizes[name]:
+            raise ScenarioError(f"{where}: must be between 1 and the {sizes[name]} pods of pod set '{name}'")
+        counts.append((str(name), count))
+    return tuple(counts)
+
+
+def _evicting_pods(spec, pods, where) -> set[tuple[str, int]]:
+    """`evicting_pods`: positions in `pods` of the pods being evicted from a running workload that is
+    being shrunk (the rest of it runs on)."""
+    raw = spec.get("evicting_pods")
+    if raw is None:
+        return set()
+    here = where + ".evicting_pods"
+    if spec.get("evicting"):
+        raise ScenarioError(f"{here}: a workload evicted whole (evicting: true) has no separate evicting pods")
+    leaving = set()
+    for value in _list(raw, here):
+        position = _int(value, here)
+        if not 0 <= position < len(pods):
+            raise ScenarioError(f"{here}: no pod {position} (it has {len(pods)})")
+        leaving.add((pods[position].pod_set, pods[position].index))
+    return leaving
 
 
 def _mapping(value, where) -> dict:
@@ -693,6 +736,9 @@ def _pending_json(decision) -> dict:
 
 
 def _preempted_json(preemption) -> dict:
+    details = {"rule": preemption.rule, "preemptor": preemption.preemptor_id}
+    if preemption.pods:  # shrunk: these pods leave, the rest of it runs on
+        details["pods"] = [{"pod_set": pod_set, "index": index} for pod_set, index in preemption.pods]
     return {
         "name": preemption.victim_id,
         "status": "preempted",
@@ -701,7 +747,7 @@ def _preempted_json(preemption) -> dict:
         "placement": [],
         "domain": {},
         "secondary": [],
-        "details": {"rule": preemption.rule, "preemptor": preemption.preemptor_id},
+        "details": details,
         "position": None,
         "estimated_start": None,
         "suggestions": [],

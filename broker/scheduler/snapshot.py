@@ -8,7 +8,7 @@ never reads a clock, `Snapshot.now` is the only "now" it knows.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 DRIVER = "gpu.example.com"
@@ -290,6 +290,11 @@ class RunningWorkload:
     evicting: already chosen as a victim and shutting down; it still holds its devices (and its quota),
       is never chosen again, and its devices are held for `evicted_for` while it leaves.
     evicted_for: id of the workload it is being evicted for (its nominated preemptor), None = unknown.
+    min_counts: Pod disruption mode: (pod set, gang minimum) pairs; the pods above a pod set's minimum
+      may be preempted one by one (`surplus_pods`). A pod set not named needs all its pods.
+    part_of: set on the evicting pods of a workload that is being shrunk, split off its record
+      (`split_leaving`): the id of the workload they belong to. Their own id is LEAVING_ID of it.
+    partial: only some of the workload's pods (a preemption search's candidate for shrinking it).
     """
 
     id: str
@@ -303,12 +308,61 @@ class RunningWorkload:
     expected_end: float | None = None
     evicting: bool = False
     evicted_for: str | None = None
+    min_counts: tuple[tuple[str, int], ...] = ()
+    part_of: str | None = None
+    partial: bool = False
 
     @cached_property
     def device_count(self) -> int:
         # Kept on the record: quota, fair share and victim searches ask it of 50k workloads every cycle,
         # and the loader hands the same records to the next cycle.
         return sum(len(pod.device_ids) for pod in self.pods)
+
+    @cached_property
+    def surplus_pods(self) -> tuple[RunningPod, ...]:
+        """Pods that may be preempted without stopping the workload: in Pod disruption mode, those above
+        each pod set's gang minimum, the highest indices (the last scaled up go first)."""
+        if self.disruption != "Pod" or not self.min_counts or self.evicting or self.partial:
+            return ()
+        minimum = dict(self.min_counts)
+        by_set: dict[str, list[RunningPod]] = {}
+        for pod in self.pods:
+            by_set.setdefault(pod.pod_set, []).append(pod)
+        surplus = []
+        for name, pods in by_set.items():
+            keep = minimum.get(name)
+            if keep is not None and len(pods) > keep:
+                surplus.extend(sorted(pods, key=lambda pod: pod.index)[keep:])
+        return tuple(sorted(surplus, key=lambda pod: (pod.pod_set, pod.index)))
+
+    @property
+    def workload_id(self) -> str:
+        """The workload this record stands for (the whole one, for evicting pods split off it)."""
+        return self.part_of or self.id
+
+
+LEAVING_SUFFIX = "/leaving"
+
+
+def leaving_id(workload_id: str) -> str:
+    """The record id of a workload's evicting pods, split off it (RunningWorkload.part_of)."""
+    return workload_id + LEAVING_SUFFIX
+
+
+def split_leaving(workload: RunningWorkload, leaving: set, evicted_for: str | None) -> tuple[RunningWorkload, ...]:
+    """`workload` while some of its pods are being evicted (Pod disruption mode): the pods that stay,
+    under its id, and the `leaving` ones ((pod set, index) pairs) as an evicting record of their own,
+    held for `evicted_for`. Both count against its queue; the leaving devices are free to nobody but
+    the preemptor until they are gone."""
+    staying = tuple(pod for pod in workload.pods if (pod.pod_set, pod.index) not in leaving)
+    going = tuple(pod for pod in workload.pods if (pod.pod_set, pod.index) in leaving)
+    if not going:
+        return (workload,)
+    rest = replace(workload, id=leaving_id(workload.id), pods=going, evicting=True, evicted_for=evicted_for,
+                   part_of=workload.id, min_counts=())  # fmt: skip
+    if not staying:  # every pod leaving: the workload is being evicted whole
+        return (replace(workload, evicting=True, evicted_for=evicted_for),)
+    return (replace(workload, pods=staying), rest)
 
 
 @dataclass(frozen=True)
@@ -390,15 +444,18 @@ class Admission:
 
 @dataclass(frozen=True)
 class Preemption:
-    """A running workload to evict (whole) so `preemptor_id` can start in a later cycle.
+    """A running workload to evict so `preemptor_id` can start in a later cycle.
 
     rule: the policy that allowed it: "WithinQueue" | "ReclaimWithinCohort" | "ReservationReclaim".
+    pods: (pod set, index) of the pods to evict when it is shrunk (Pod disruption mode, pods above its
+      gang minimum); empty: the whole workload.
     """
 
     victim_id: str
     preemptor_id: str
     rule: str
     message: str
+    pods: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,26 @@ def assert_valid_result(snapshot, result):
         assert_gang_complete(workload, admission)
     doubled = [device_id for device_id, count in held.items() if count > 1]
     assert not doubled, f"devices allocated twice: {sorted(doubled, key=natural_key)}"
+    assert_gangs_survive_shrinking(snapshot, result)
+
+
+def assert_gangs_survive_shrinking(snapshot, result):
+    """A victim loses single pods only in Pod disruption mode, and keeps at least its gang minimum."""
+    running = {workload.id: workload for workload in snapshot.running}
+    for preemption in result.preemptions:
+        if not preemption.pods:
+            continue
+        victim = running[preemption.victim_id]
+        assert victim.disruption == "Pod", f"{victim.id} is evicted whole or not at all ({victim.disruption})"
+        leaving = set(preemption.pods)
+        assert len(leaving) == len(preemption.pods), f"{victim.id}: a pod named twice"
+        pods = {(pod.pod_set, pod.index) for pod in victim.pods}
+        assert leaving < pods, f"{victim.id}: shrinking must leave pods running, and only its own"
+        minimum = dict(victim.min_counts)
+        staying = Counter(pod_set for pod_set, index in pods - leaving)
+        for pod_set, _ in leaving:
+            assert pod_set in minimum, f"{victim.id}/{pod_set} has no gang minimum below its size"
+            assert staying[pod_set] >= minimum[pod_set], f"{victim.id}/{pod_set} below its gang minimum"
 
 
 def assert_gang_complete(workload, admission):

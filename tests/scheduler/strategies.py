@@ -72,15 +72,25 @@ def running_work(draw, devices, queues=("q1", "q2"), chance=0.4):
         taken = on_node[:count]
         free = [device for device in free if device not in taken]
         model = taken[0].attributes["model"]
+        # Some are elastic (Pod disruption mode): one pod per device, a gang minimum below that.
+        elastic = len(taken) > 1 and draw(st.booleans())
+        ids = tuple(device.id for device in taken)
+        pods = (
+            tuple(RunningPod("main", index, node, (device_id,)) for index, device_id in enumerate(ids))
+            if elastic
+            else (RunningPod("main", 0, node, ids),)
+        )
         running.append(
             RunningWorkload(
                 id=f"run{len(running)}",
                 queue=draw(st.sampled_from(queues)),
-                pods=(RunningPod("main", 0, node, tuple(device.id for device in taken)),),
+                pods=pods,
                 device_class="h100" if model == "H100" else "a100",
                 priority=draw(st.integers(0, 3)),
                 preemptible=draw(st.booleans()) or True,
                 started=float(draw(st.integers(0, 50))),
+                disruption="Pod" if elastic else "PodGroup",
+                min_counts=(("main", draw(st.integers(1, len(ids) - 1))),) if elastic else (),
             )
         )
     return tuple(running)
@@ -244,9 +254,24 @@ def cost_key(victims):
     )
 
 
+def naive_surplus(running):
+    """The pods a Pod-mode workload can lose and keep each pod set's gang minimum: the highest indices."""
+    if running.disruption != "Pod" or not running.min_counts:
+        return ()
+    minimum = dict(running.min_counts)
+    surplus = []
+    for pod_set in {pod.pod_set for pod in running.pods}:
+        pods = sorted((pod for pod in running.pods if pod.pod_set == pod_set), key=lambda pod: pod.index)
+        if pod_set in minimum:
+            surplus.extend(pods[minimum[pod_set] :])
+    return tuple(surplus)
+
+
 def naive_cheapest_victims(snapshot, workload):
     """Brute force over every subset of lower-priority preemptible workloads of the same queue, device
-    classes in fallback order (the first class some subset works for decides, as in Kueue)."""
+    classes in fallback order (the first class some subset works for decides, as in Kueue). Shrinking
+    comes first: subsets of Pod-mode workloads giving up only their pods above the gang minimum (returned
+    as records of those pods, partial=True); whole workloads only when no such subset works."""
     pod_set = workload.pod_sets[0]
     eligible = [
         running
@@ -258,16 +283,25 @@ def naive_cheapest_victims(snapshot, workload):
         level = workload.topology_required
         if naive_fits(snapshot, counts, device_class, pod_set.count, pod_set.devices_per_pod, level):
             return ()  # fits somewhere without preemption: admitted, nobody is preempted
-    for device_class in pod_set.device_classes:
-        best = None
-        for size in range(1, len(eligible) + 1):
-            for chosen in combinations(eligible, size):
-                others = replace(snapshot, running=tuple(r for r in snapshot.running if r not in chosen))
-                counts = free_devices(others, tolerations=pod_set.tolerations)
-                level = workload.topology_required
-                cheaper = best is None or cost_key(chosen) < cost_key(best)
-                if cheaper and naive_fits(others, counts, device_class, pod_set.count, pod_set.devices_per_pod, level):
-                    best = chosen
-            if best is not None:
-                return best
+    shrinkable = [replace(r, pods=naive_surplus(r), partial=True) for r in eligible if naive_surplus(r)]
+    for candidates in (shrinkable, eligible):
+        for device_class in pod_set.device_classes:
+            best = None
+            for size in range(1, len(candidates) + 1):
+                for chosen in combinations(candidates, size):
+                    leaving = {device_id for r in chosen for pod in r.pods for device_id in pod.device_ids}
+                    others = replace(snapshot, running=tuple(_without(r, leaving) for r in snapshot.running))
+                    counts = free_devices(others, tolerations=pod_set.tolerations)
+                    level = workload.topology_required
+                    cheaper = best is None or cost_key(chosen) < cost_key(best)
+                    fits = naive_fits(others, counts, device_class, pod_set.count, pod_set.devices_per_pod, level)
+                    if cheaper and fits:
+                        best = chosen
+                if best is not None:
+                    return best
     return None
+
+
+def _without(running, device_ids):
+    pods = tuple(pod for pod in running.pods if not set(pod.device_ids) & device_ids)
+    return replace(running, pods=pods)

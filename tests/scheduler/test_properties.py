@@ -160,6 +160,8 @@ def test_it_chooses_victims_no_brute_force_beats(snapshot):
         return
     chosen = tuple(running[victim_id] for victim_id in chosen_ids)
     assert naive_cost_key(chosen) == naive_cost_key(best)
+    shrunk = {p.victim_id for p in result.preemptions if p.pods}
+    assert shrunk == {victim.id for victim in best if victim.partial}, "shrinking first, whole only if it fails"
     for victim in chosen:
         assert victim.priority < workload.priority, "never preempt higher or equal priority here"
 

@@ -39,6 +39,7 @@ def random_cycle(seed: int, horizon: int):
         snapshot=SimpleNamespace(now=NOW, running=tuple(running)),
         running={workload.id: workload for workload in running},
         chosen_victims=set(),
+        shrunk_victims=set(),
         log=SimpleNamespace(admitted={}),
         requests=requests,
         config=SimpleNamespace(estimate_horizon_events=horizon),
