@@ -306,10 +306,12 @@ def evict(preemptions, cycle, now):
         by_victim.setdefault(int(preemption.victim_id), preemption)
     if not by_victim:
         return []
-    ids = sorted(by_victim)
-    victims = Workload.objects.select_related("team").in_bulk(ids)
+    victims = Workload.objects.select_related("team").in_bulk(list(by_victim))
     preemptors = Workload.objects.select_related("team").in_bulk({int(p.preemptor_id) for p in by_victim.values()})
-    history = []
+    shrunk = sorted(pk for pk, preemption in by_victim.items() if preemption.pods)
+    nominated = defaultdict(set)
+    history = [shrink(victims[pk], preemptors, by_victim[pk], cycle, now, nominated) for pk in shrunk]
+    ids = sorted(pk for pk in by_victim if pk not in set(shrunk))
     for pk in ids:
         preemption = by_victim[pk]
         preemptor = preemptors[int(preemption.preemptor_id)]
@@ -332,14 +334,57 @@ def evict(preemptions, cycle, now):
             )
         )
     ExplanationChange.objects.bulk_create(history)
-    nominated = defaultdict(set)
     held = Allocation.objects.filter(**column_in("workload", ids), released_at__isnull=True)
     for workload_id, device_pk in held.values_list("workload_id", "device_id"):
         nominated[int(by_victim[workload_id].preemptor_id)].add(device_pk)
     for pk, devices in nominated.items():
         preemptor = preemptors[pk]
         Workload.objects.filter(pk=pk).update(nominated_devices=sorted(set(preemptor.nominated_devices) | devices))
-    return ids
+    return sorted(by_victim)
+
+
+def shrink(victim, preemptors, preemption, cycle, now, nominated):
+    """A Pod-mode victim gives up the pods the core named (those above its gang minimum): their
+    allocations are marked evicting for the preemptor, which is nominated for their devices; the
+    workload itself runs on. Stale if a named pod no longer holds devices or is already leaving.
+    Returns the victim's history row."""
+    preemptor = preemptors[int(preemption.preemptor_id)]
+    wanted = set(preemption.pods)
+    rows = list(
+        Allocation.objects.select_for_update()
+        .filter(workload=victim, released_at__isnull=True)
+        .values_list("id", "pod_set", "pod_index", "device_id", "eviction_requested_at")
+    )
+    leaving = [row for row in rows if (row[1], row[2]) in wanted]
+    found = {(row[1], row[2]) for row in leaving}
+    if found != wanted or any(row[4] is not None for row in leaving):
+        raise StaleSnapshot(f"workload {victim.pk}: the pods chosen to leave changed since the snapshot")
+    staying = {(row[1], row[2]) for row in rows} - wanted
+    Allocation.objects.filter(**pk_in([row[0] for row in leaving])).update(
+        eviction_requested_at=now, evicted_for=preemptor
+    )
+    nominated[preemptor.pk].update(row[3] for row in leaving)
+    pods = sorted(wanted)
+    record(
+        "workload.shrink",
+        victim,
+        before={"state": victim.state, "pods": len(staying) + len(wanted)},
+        after={"state": victim.state, "pods": len(staying), "leaving": [list(pod) for pod in pods],
+               "preemptor": preemptor.pk, "rule": preemption.rule},
+        reason=f"{preemption.rule}: {preemption.message}",
+    )  # fmt: skip
+    why = preemption.message.split("): ", 1)[-1]
+    return ExplanationChange(
+        workload=victim,
+        cycle=cycle,
+        reason="Shrunk",
+        message=(
+            f"{len(pods)} of its pods preempted by {preemptor} (priority {preemptor.priority}) under rule "
+            f"{preemption.rule}: {why}; they keep their devices while they shut down, and it runs on with "
+            f"{len(staying)} pods"
+        ),
+        at=now,
+    )
 
 
 def preempted_text(preemptor, preemption):

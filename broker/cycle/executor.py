@@ -21,14 +21,18 @@ The Kubernetes seam (not built; settings.EXECUTOR selects an implementation):
   gracePeriodSeconds=EVICTION_GRACE_SECONDS; cancellations likewise.
 - advance: once a victim's pods are gone (or the grace period has passed and they were killed) call
   `complete_evictions`: allocations released, Preempted, requeued Pending, audited with the rule.
+- stop, for a shrunk victim (Pod disruption mode: allocations marked `eviction_requested_at`, the
+  workload runs on): delete just those pods with the grace period, then `complete_pod_evictions`.
 
-Graceful eviction here: `stop` only acknowledges; `advance` completes the eviction of every victim
-whose grace period (EVICTION_GRACE_SECONDS of simulated time) is over. Until then the victim keeps its
+Graceful eviction here: `stop` only acknowledges; `advance` completes the eviction of every victim (and
+of every shrunk victim's leaving pods) whose grace period (EVICTION_GRACE_SECONDS of simulated time) is
+over. Until then the victim keeps its
 devices, the cycle sees it as evicting and its preemptor waits with PreemptionPending.
 - wall_seconds: durations are already wall-clock seconds there.
 """
 
 from abc import ABC, abstractmethod
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -46,6 +50,7 @@ class Progress:
     started: list = field(default_factory=list)
     completed: list = field(default_factory=list)
     evicted: list = field(default_factory=list)
+    shrunk: list = field(default_factory=list)  # workloads some of whose pods stopped (Pod disruption mode)
 
 
 class Executor(ABC):
@@ -88,6 +93,7 @@ class SimulatedExecutor(Executor):
     def advance(self, now):
         progress = Progress()
         progress.evicted = self.finish_evictions(now)
+        progress.shrunk = self.finish_pod_evictions(now)
         admitted = Workload.objects.filter(state=State.ADMITTED).values_list("id", flat=True)
         progress.started = self.start(list(admitted), now)
         with transaction.atomic():
@@ -127,6 +133,17 @@ class SimulatedExecutor(Executor):
             )
             complete_evictions(ids, now)
         return ids
+
+    def finish_pod_evictions(self, now):
+        """Pods of shrunk workloads whose grace period is over have stopped: complete those evictions."""
+        grace = timedelta(seconds=self.wall_seconds(settings.EVICTION_GRACE_SECONDS))
+        with transaction.atomic():
+            rows = list(
+                Allocation.objects.select_for_update(skip_locked=True)
+                .filter(released_at__isnull=True, eviction_requested_at__lte=now - grace)
+                .values_list("id", "workload_id", "pod_set", "pod_index")
+            )
+            return complete_pod_evictions(rows, now)
 
 
 def complete_evictions(ids, now):
@@ -173,6 +190,53 @@ def complete_evictions(ids, now):
     ExplanationChange.objects.bulk_create(history)
     request_cycle_after_commit(f"{len(ids)} victims evicted")
     return ids
+
+
+def complete_pod_evictions(rows, now):
+    """Pods of shrunk workloads that have stopped ((allocation id, workload id, pod set, pod index)
+    rows): their devices are released, and each workload, running on with its other pods, is audited
+    and told; a cycle is requested so the preemptor gets the devices. Returns the workload ids."""
+    if not rows:
+        return []
+    from broker.audit.models import record
+    from broker.cycle.triggers import request_cycle_after_commit
+    from broker.workloads.models import ExplanationChange
+
+    Allocation.objects.filter(**pk_in([row[0] for row in rows])).update(released_at=now)
+    pods = {}
+    for _, workload_id, pod_set, index in rows:
+        pods.setdefault(workload_id, set()).add((pod_set, index))
+    workloads = Workload.objects.select_related("team").in_bulk(list(pods))
+    running_pods = (
+        Allocation.objects.filter(**column_in("workload", list(pods)), released_at__isnull=True)
+        .order_by()
+        .values_list("workload_id", "pod_set", "pod_index")
+        .distinct()
+    )
+    staying = Counter(workload_id for workload_id, _, _ in running_pods)
+    history = []
+    for pk in sorted(pods):
+        workload = workloads[pk]
+        gone = sorted(pods[pk])
+        record(
+            "workload.pods_evicted",
+            workload,
+            before={"state": workload.state, "pods": staying.get(pk, 0) + len(gone)},
+            after={"state": workload.state, "pods": staying.get(pk, 0), "stopped": [list(pod) for pod in gone]},
+            reason=f"{len(gone)} pods stopped after their grace period",
+        )
+        history.append(
+            ExplanationChange(
+                workload_id=pk,
+                reason="PodsStopped",
+                message=f"{len(gone)} preempted pods stopped and released their devices; it runs on with "
+                f"{staying.get(pk, 0)} pods",
+                at=now,
+            )
+        )
+    ExplanationChange.objects.bulk_create(history)
+    request_cycle_after_commit(f"pods of {len(pods)} shrunk workloads stopped")
+    return sorted(pods)
 
 
 def move(ids, source, target, now, reason, **also):

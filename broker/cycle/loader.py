@@ -23,7 +23,7 @@ from django.db.models import F, FloatField, TextField
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Cast
 
-from broker.cycle.bulk import pk_in
+from broker.cycle.bulk import column_in, pk_in
 from broker.cycle.executor import get_executor
 from broker.governance.approvals import outside_window
 from broker.inventory.models import ClusterState, Device, Domain, Health, InventoryRevision, Node, TopologyLevel
@@ -650,6 +650,9 @@ def load_running(loaded):
     strays = {row[0] for row in allocations} - info.keys()
     if strays:
         info.update((row[0], row[1:]) for row in fetch_rows(holder_rows(Workload.objects.filter(**pk_in(strays)))))
+    shrinking = shrinking_rows(info)
+    for workload_id, extra in shrinking.items():
+        info[workload_id] = info[workload_id] + extra
     executor = get_executor()
     class_names = {pk: name for name, pk in loaded.device_class_pks.items()}
     # A record names its device class: a renamed class is a new scope.
@@ -661,16 +664,47 @@ def load_running(loaded):
         source = (tuple(rows), info[workload_id])
         known = previous.get(workload_id)
         if known is not None and known[0] == source:
-            workload = known[1]
+            built = known[1]
             records[workload_id] = known  # the kept pair, not the equal new rows: see BuiltFromRows
         else:
-            workload = running_workload(workload_id, *source, loaded, class_names, executor)
+            built = running_records(workload_id, *source, loaded, class_names, executor)
             if source[1][5] is not None or source[1][6] is not None:  # else it started "now": not reusable
-                records[workload_id] = (source, workload)
+                records[workload_id] = (source, built)
         loaded.running_ids.add(workload_id)
-        running.append(workload)
+        if type(built) is tuple:  # a workload being shrunk: the pods staying, the pods leaving
+            running.extend(built)
+        else:
+            running.append(built)
     RUNNING_RECORDS.keep(scope, records)
     return tuple(running)
+
+
+def shrinking_rows(info):
+    """What Pod disruption mode adds to a holder's row, by workload id: (gang minimums, pods leaving,
+    their preemptor) for the few holders that are in Pod mode or have pods being evicted (both small
+    index reads). Others are left out, and their records stay as they were."""
+    extra = {}
+    elastic = [workload_id for workload_id, row in info.items() if row[2] == "Pod"]
+    minimums = defaultdict(list)
+    if elastic:
+        pod_sets = PodSet.objects.filter(**column_in("workload", elastic), min_count__isnull=False)
+        for workload_id, name, min_count in pod_sets.values_list("workload_id", "name", "min_count"):
+            minimums[workload_id].append((name, min_count))
+    leaving = defaultdict(set)
+    leaving_for = {}
+    evicting = Allocation.objects.filter(released_at__isnull=True, eviction_requested_at__isnull=False)
+    for workload_id, pod_set, index, evicted_for in evicting.values_list(
+        "workload_id", "pod_set", "pod_index", "evicted_for_id"
+    ):
+        leaving[workload_id].add((pod_set, index))
+        leaving_for[workload_id] = evicted_for
+    for workload_id in {*minimums, *leaving}.intersection(info):
+        extra[workload_id] = (
+            tuple(sorted(minimums.get(workload_id, ()))),
+            frozenset(leaving.get(workload_id, ())),
+            leaving_for.get(workload_id),
+        )
+    return extra
 
 
 def holder_rows(workloads):
@@ -690,10 +724,20 @@ def holder_rows(workloads):
     )
 
 
+def running_records(workload_id, rows, info, loaded, class_names, executor):
+    """`running_workload`, or for a workload with pods being evicted the tuple `split_leaving` makes."""
+    workload = running_workload(workload_id, rows, info, loaded, class_names, executor)
+    if len(info) > 10 and info[11]:
+        return s.split_leaving(workload, set(info[11]), None if info[12] is None else str(info[12]))
+    return workload
+
+
 def running_workload(workload_id, rows, info, loaded, class_names, executor):
-    """One RunningWorkload from its active allocation rows (ordered) and its workload row."""
+    """One RunningWorkload from its active allocation rows (ordered) and its workload row (plus, in Pod
+    disruption mode, what `shrinking_rows` adds)."""
     queue, priority, disruption, preemptible, state, admitted_at, started_at, duration = info[:8]
-    eviction_requested_at, evicted_for = info[8:]
+    eviction_requested_at, evicted_for = info[8:10]
+    min_counts = info[10] if len(info) > 10 else ()
     # Device and class names come from what was loaded already: no join per allocation.
     devices_by_pk = loaded.devices_by_pk
     pods = defaultdict(list)
@@ -721,4 +765,5 @@ def running_workload(workload_id, rows, info, loaded, class_names, executor):
         # counts its devices as free, and holds them for `evicted_for`.
         evicting=eviction_requested_at is not None,
         evicted_for=None if evicted_for is None else str(evicted_for),
+        min_counts=min_counts,
     )

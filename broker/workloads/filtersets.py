@@ -24,10 +24,12 @@ class AllocationFilterSet(django_filters.FilterSet):
     node = django_filters.CharFilter(field_name="device__node__name")
     device_class = django_filters.CharFilter(field_name="device_class__name")
     active = django_filters.BooleanFilter(field_name="released_at", lookup_expr="isnull")
+    # Pods of shrunk workloads still shutting down (Pod disruption mode).
+    evicting = django_filters.BooleanFilter(field_name="eviction_requested_at", lookup_expr="isnull", exclude=True)
 
     class Meta:
         model = Allocation
-        fields = ["workload", "device", "team", "node", "device_class", "active", "cycle"]
+        fields = ["workload", "device", "team", "node", "device_class", "active", "evicting", "cycle"]
 
 
 class ExplanationFilterSet(django_filters.FilterSet):

@@ -227,9 +227,26 @@ class Allocation(models.Model):
     )
     allocated_at = models.DateTimeField(default=timezone.now)
     released_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    # Shrinking (Pod disruption mode): this pod was chosen to leave so `evicted_for` can start; its
+    # workload runs on with its other pods. The device stays held until the executor has stopped the pod.
+    eviction_requested_at = models.DateTimeField(
+        null=True, blank=True, help_text="This pod was preempted (its workload shrunk) and is shutting down."
+    )
+    evicted_for = models.ForeignKey(
+        Workload, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_constraint=False,
+        db_index=False, help_text="The preemptor this pod leaves for.",
+    )  # fmt: skip
 
     class Meta:
         ordering = ["allocated_at", "id"]
+        # Partial: only pods being evicted have an entry, so admissions' 65,000-row inserts add none.
+        indexes = [
+            models.Index(
+                fields=["eviction_requested_at"],
+                condition=Q(eviction_requested_at__isnull=False, released_at__isnull=True),
+                name="allocation_evicting",
+            )
+        ]
         constraints = [
             models.UniqueConstraint(
                 fields=["device"], condition=Q(released_at__isnull=True), name="allocation_one_active_per_device"

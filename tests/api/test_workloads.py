@@ -238,6 +238,23 @@ class TestVisibility:
         assert [row["workload_name"] for row in client.get("/api/explanations/").data["results"]] == ["mine"]
         assert client.get("/api/allocations/").data["count"] == 0
 
+    def test_it_lists_the_pods_of_shrunk_workloads_that_are_still_leaving(self, cluster, api_client, olivia):
+        running = make_workload(cluster.queue_b, name="elastic", state=State.RUNNING)
+        claimant = make_workload(cluster.queue_b, name="claimant")
+        devices = list(cluster.nodes[0].devices.order_by("name")[:2])
+        for index, device in enumerate(devices):
+            Allocation.objects.create(
+                workload=running, device=device, device_class=cluster.h100, pod_set="main", pod_index=index
+            )
+        now = timezone.now()
+        Allocation.objects.filter(pod_index=1).update(eviction_requested_at=now, evicted_for=claimant)
+        client = signed_in(api_client, olivia)
+        leaving = client.get("/api/allocations/", {"evicting": "true"}).data["results"]
+        assert [(row["pod_index"], row["evicted_for"]) for row in leaving] == [(1, claimant.pk)]
+        assert leaving[0]["eviction_requested_at"] is not None
+        staying = client.get("/api/allocations/", {"evicting": "false"}).data["results"]
+        assert [(row["pod_index"], row["evicted_for"]) for row in staying] == [(0, None)]
+
     def test_it_orders_the_pending_view_by_position_and_filters_it(self, cluster, api_client, olivia):
         for position, name in ((3, "third"), (1, "first"), (2, "second")):
             workload = pending(cluster, name=name)

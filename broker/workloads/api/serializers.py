@@ -195,6 +195,8 @@ class AllocationSerializer(serializers.ModelSerializer):
             "allocated_at",
             "released_at",
             "active",
+            "eviction_requested_at",
+            "evicted_for",
         ]
         read_only_fields = fields
 
