@@ -382,6 +382,22 @@ def cost_so_far(workload, now=None):
     return {"lines": lines, "total": round(sum(line["cost"] for line in lines), 2)}
 
 
+def leaving_pods(active):
+    """Pods of a shrunk workload still shutting down, per preemptor: [{"for": name, "pods": n}]."""
+    rows = (
+        active.filter(eviction_requested_at__isnull=False)
+        .order_by()
+        .values("evicted_for__team__name", "evicted_for__name")
+        .annotate(pods=Count("pod_index", distinct=True))
+        .order_by("evicted_for__name")
+    )
+    return [
+        {"for": f"{row['evicted_for__team__name']}/{row['evicted_for__name']}" if row["evicted_for__name"] else "",
+         "pods": row["pods"]}
+        for row in rows
+    ]  # fmt: skip
+
+
 def workload_detail(workload):
     explanation = Explanation.objects.filter(workload=workload).first()
     allocations = workload.allocations.order_by()
@@ -409,6 +425,7 @@ def workload_detail(workload):
         ],
         "placement_nodes": nodes,
         "placement_active": active.exists(),
+        "leaving": leaving_pods(active),
         "cost": cost_so_far(workload),
         "row": workload_row(annotate_devices(Workload.objects.filter(pk=workload.pk)).get()),
     }

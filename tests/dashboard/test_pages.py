@@ -92,6 +92,23 @@ def test_it_shows_a_workload_with_explanation_history_timeline_and_cost(client, 
     assert running.context["placement_racks"] == [{"id": scene.r1.pk, "name": "r1", "devices": 4}]
 
 
+def test_it_says_which_pods_of_a_shrunk_workload_are_shutting_down(client, scene, alice):
+    from broker.workloads.models import Allocation
+
+    client.force_login(alice)
+    url = reverse("dashboard:workload", args=[scene.a_run.pk])
+    assert not client.get(url).context["leaving"]
+    active = Allocation.objects.filter(workload=scene.a_run, released_at__isnull=True).order_by("id")
+    Allocation.objects.filter(pk__in=[a.pk for a in active[:2]]).update(
+        eviction_requested_at=active[0].allocated_at, evicted_for=scene.a_wait
+    )
+    pods = len({allocation.pod_index for allocation in active[:2]})  # pods, not devices
+    response = client.get(url)
+    assert response.context["leaving"] == [{"for": f"team-a/{scene.a_wait.name}", "pods": pods}]
+    noun = "pod" if pods == 1 else "pods"
+    assert f"{pods} {noun} shutting down for team-a/{scene.a_wait.name}" in response.content.decode()
+
+
 def test_it_hides_another_teams_workload_from_a_member(client, scene, alice, olivia):
     client.force_login(alice)
     assert client.get(reverse("dashboard:workload", args=[scene.b_wait.pk])).status_code == 404
