@@ -308,6 +308,12 @@ DEMO_REQUESTS = (
 )
 
 
+# Elastic work (Pod disruption mode): it takes up to `pods` pods and runs on any `min_count` of them, so
+# when its team's higher-priority work needs room the cycle shrinks it rather than stopping it.
+# (name, team rank by quota, resource class, pods, devices per pod, min_count)
+ELASTIC_REQUESTS = (("elastic-embeddings", 1, "batch-inference", 16, 1, 4),)
+
+
 def add_demo_requests(inventory, teams, report):
     from broker.workloads import services
 
@@ -324,4 +330,18 @@ def add_demo_requests(inventory, teams, report):
             expected_duration_seconds=6 * 3600,
         )
         services.submit_workload(submission, member)
+        report.created["demo requests"] += 1
+    for name, rank, class_name, pods, per_pod, min_count in ELASTIC_REQUESTS:
+        team = ranked[rank]
+        submission = services.Submission(
+            name=name,
+            queue=Queue.objects.get(name=team.name),
+            resource_class=ResourceClass.objects.get(name=class_name),
+            pod_sets=(
+                services.PodSetRequest(name="main", replicas=pods, devices_per_pod=per_pod, min_count=min_count),
+            ),
+            expected_duration_seconds=12 * 3600,
+            disruption_mode="Pod",
+        )
+        services.submit_workload(submission, User.objects.get(username=f"member-{team.name}"))
         report.created["demo requests"] += 1

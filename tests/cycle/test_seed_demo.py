@@ -148,3 +148,8 @@ def test_it_leaves_standing_requests_that_show_the_reasons_from_the_first_cycle(
     assert reasons["borrowed-ambition"] == "NotEntitled"
     assert reasons["one-pod-16-gpus"] == "InvalidRequest"
     assert Workload.objects.get(name="rack-sized-gang").state == "Admitted"
+    # Elastic: admitted with at least its gang minimum, and shrinkable later (Pod disruption mode).
+    elastic = Workload.objects.get(name="elastic-embeddings")
+    assert (elastic.disruption_mode, elastic.state) == ("Pod", "Admitted")
+    assert elastic.pod_sets.get().min_count == 4
+    assert 4 <= elastic.allocations.order_by().values("pod_index").distinct().count() <= 16
