@@ -122,13 +122,16 @@ class SimulatedExecutor(Executor):
         # already released its devices).
         return list(workload_ids)
 
+    def grace_over(self, now):
+        """Evictions requested at or before this have had their grace period (of simulated time)."""
+        return now - timedelta(seconds=self.wall_seconds(settings.EVICTION_GRACE_SECONDS))
+
     def finish_evictions(self, now):
         """Victims whose grace period is over have stopped: complete their evictions."""
-        grace = timedelta(seconds=self.wall_seconds(settings.EVICTION_GRACE_SECONDS))
         with transaction.atomic():
             ids = list(
                 Workload.objects.select_for_update(skip_locked=True)
-                .filter(state__in=HOLDING_STATES, eviction_requested_at__lte=now - grace)
+                .filter(state__in=HOLDING_STATES, eviction_requested_at__lte=self.grace_over(now))
                 .values_list("id", flat=True)
             )
             complete_evictions(ids, now)
@@ -136,11 +139,10 @@ class SimulatedExecutor(Executor):
 
     def finish_pod_evictions(self, now):
         """Pods of shrunk workloads whose grace period is over have stopped: complete those evictions."""
-        grace = timedelta(seconds=self.wall_seconds(settings.EVICTION_GRACE_SECONDS))
         with transaction.atomic():
             rows = list(
                 Allocation.objects.select_for_update(skip_locked=True)
-                .filter(released_at__isnull=True, eviction_requested_at__lte=now - grace)
+                .filter(released_at__isnull=True, eviction_requested_at__lte=self.grace_over(now))
                 .values_list("id", "workload_id", "pod_set", "pod_index")
             )
             return complete_pod_evictions(rows, now)

@@ -28,3 +28,18 @@ def running(queue, name, devices, device_class, resource_class=None, **fields):
                 workload=workload, device=device, device_class=device_class, pod_set="main", pod_index=index
             )
     return workload
+
+
+def preempting_within(queue):
+    """`queue` may preempt its own lower-priority work and has no quota to stop it."""
+    from broker.policy.models import WithinQueuePolicy
+
+    queue.within_queue_preemption = WithinQueuePolicy.LOWER_PRIORITY
+    queue.nominal_quota = None
+    queue.save()
+
+
+def rack_devices(rack):
+    from broker.inventory.models import Device
+
+    return list(Device.objects.filter(node__domain__name=rack).order_by("node__name", "name"))

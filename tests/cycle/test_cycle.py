@@ -15,7 +15,7 @@ from broker.inventory.models import ClusterState, Device, Health
 from broker.scheduler.cycle import decide
 from broker.workloads.models import Allocation, Explanation, ExplanationChange, SchedulingCycle, Workload
 from broker.workloads.states import State
-from tests.cycle.helpers import pending, running
+from tests.cycle.helpers import pending, preempting_within, rack_devices, running
 
 
 def test_it_admits_a_fitting_gang_and_explains_one_that_cannot_fit(cluster):
@@ -121,14 +121,10 @@ def test_it_evicts_victims_gracefully_and_admits_the_preemptor_once_they_are_gon
     from datetime import timedelta
 
     from broker.cycle.executor import SimulatedExecutor
-    from broker.policy.models import WithinQueuePolicy
 
     settings.EVICTION_GRACE_SECONDS = 60  # one second of wall time at 60x
-    cluster.queue_a.within_queue_preemption = WithinQueuePolicy.LOWER_PRIORITY
-    cluster.queue_a.nominal_quota = None
-    cluster.queue_a.save()
-    rack_1 = list(Device.objects.filter(node__domain__name="r1").order_by("node__name", "name"))
-    rack_2 = list(Device.objects.filter(node__domain__name="r2").order_by("node__name", "name"))
+    preempting_within(cluster.queue_a)
+    rack_1, rack_2 = rack_devices("r1"), rack_devices("r2")
     hog = running(cluster.queue_a, "hog", rack_1, cluster.h100, resource_class=cluster.training, priority=1)
     running(cluster.queue_a, "steady", rack_2, cluster.h100, priority=500, preemptible=False)
     claimant = pending(

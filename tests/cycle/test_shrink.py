@@ -11,8 +11,6 @@ from broker.cycle.commit import StaleSnapshot, commit_result
 from broker.cycle.executor import SimulatedExecutor
 from broker.cycle.loader import load_snapshot
 from broker.cycle.runner import run_once
-from broker.inventory.models import Device
-from broker.policy.models import WithinQueuePolicy
 from broker.scheduler.cycle import decide
 from broker.scheduler.snapshot import leaving_id
 from broker.workloads.models import (
@@ -25,7 +23,7 @@ from broker.workloads.models import (
     Workload,
 )
 from broker.workloads.states import State
-from tests.cycle.helpers import pending, running
+from tests.cycle.helpers import pending, preempting_within, rack_devices, running
 
 pytestmark = pytest.mark.django_db
 
@@ -48,11 +46,8 @@ def shrinkable(cluster, settings):
     """Rack r1 held by an elastic workload (8 one-device pods, gang minimum 4), rack r2 by work that
     may not be preempted, and a claimant that needs one node's four devices."""
     settings.EVICTION_GRACE_SECONDS = 60  # one second of wall time at 60x
-    cluster.queue_a.within_queue_preemption = WithinQueuePolicy.LOWER_PRIORITY
-    cluster.queue_a.nominal_quota = None
-    cluster.queue_a.save()
-    rack_1 = list(Device.objects.filter(node__domain__name="r1").order_by("node__name", "name"))
-    rack_2 = list(Device.objects.filter(node__domain__name="r2").order_by("node__name", "name"))
+    preempting_within(cluster.queue_a)
+    rack_1, rack_2 = rack_devices("r1"), rack_devices("r2")
     stretchy = elastic(cluster.queue_a, "stretchy", rack_1, cluster.h100, min_count=4, priority=1)
     running(cluster.queue_a, "steady", rack_2, cluster.h100, priority=500, preemptible=False)
     claimant = pending(
