@@ -107,14 +107,14 @@ def find_victims(cycle, request) -> Found | None:
 
 def _reclaims_above_own_priority(cycle, request) -> bool:
     """Whether `reclaim_within_cohort: Any` gives `request` borrowers above its own priority to consider
-    (the second tier of find_victims; without them it would repeat the first search)."""
+    (the second tier of find_victims; without them it would repeat the first search). A run is in
+    victim order, lowest priority first: its last workload says whether any is above."""
     if request.queue.reclaim_within_cohort != "Any":
         return False
+    if not any(_within_nominal_after(cycle, request, name) for name in request.classes):
+        return False  # it may reclaim nothing at all
     priority = request.workload.priority
-    return any(
-        workload.priority > priority
-        for workload in _cohort_reclaim_candidates(cycle, _index(cycle), request, any_priority=True)
-    )
+    return any(run.workloads[-1].priority > priority for run in _cohort_reclaim_runs(cycle, _index(cycle), request))
 
 
 def _may_preempt(cycle, request) -> bool:
@@ -205,8 +205,10 @@ class VictimIndex:
                     self.evicted_for[workload.id] = workload.evicted_for
             elif workload.preemptible:
                 self.candidates.setdefault(workload.queue, []).append(workload)
-                if workload.surplus_pods:
-                    self.shrunk[workload.id] = replace(workload, pods=workload.surplus_pods, partial=True)
+                if workload.disruption == "Pod" and workload.min_counts:
+                    surplus = workload.surplus_pods
+                    if surplus:
+                        self.shrunk[workload.id] = replace(workload, pods=surplus, partial=True)
         self.queues = sorted(self.candidates)
         self._own: dict[str, PriorityRun] = {}
         self._by_class: dict[str, dict[str, PriorityRun]] = {}
@@ -335,23 +337,29 @@ def _cohort_reclaim_candidates(cycle, index: VictimIndex, request, any_priority:
     """Work of the other queues of the cohort tree, in the device classes they borrow above nominal,
     of priority below the preemptor's (LowerPriority) or up to it (Any; of any priority with
     `any_priority`)."""
+    priority = request.workload.priority
+    for run in _cohort_reclaim_runs(cycle, index, request):
+        if request.queue.reclaim_within_cohort != "Any":
+            yield from run.below(priority)
+        else:
+            yield from run.workloads if any_priority else run.up_to(priority)
+
+
+def _cohort_reclaim_runs(cycle, index: VictimIndex, request):
+    """The victim-ordered runs of the other queues of the cohort tree, one per device class they
+    borrow above nominal."""
     queue = request.queue
     root = index.cohort_root.get(queue.name)
     if root is None:
         return
-    priority = request.workload.priority
     for other in index.queues:
         if other == queue.name or index.cohort_root.get(other) != root:
             continue
         if not any(cycle.quota.is_borrowing(other, name) for name in cycle.class_names):
             continue  # its work is not put in order for nothing
         for device_class, run in index.by_class(other).items():
-            if not cycle.quota.is_borrowing(other, device_class):
-                continue
-            if queue.reclaim_within_cohort != "Any":
-                yield from run.below(priority)
-            else:
-                yield from run.workloads if any_priority else run.up_to(priority)
+            if run.workloads and cycle.quota.is_borrowing(other, device_class):
+                yield run
 
 
 def _within_nominal_after(cycle, request, class_name: str) -> bool:

@@ -318,10 +318,12 @@ class RunningWorkload:
         # and the loader hands the same records to the next cycle.
         return sum(len(pod.device_ids) for pod in self.pods)
 
-    @cached_property
+    @property
     def surplus_pods(self) -> tuple[RunningPod, ...]:
         """Pods that may be preempted without stopping the workload: in Pod disruption mode, those above
-        each pod set's gang minimum, the highest indices (the last scaled up go first)."""
+        each pod set's gang minimum, the highest indices (the last scaled up go first). Not kept on the
+        record: one more cached attribute on 50,000 records makes each instance dict a combined one,
+        larger and slower to read (see `made`); it is asked once per cycle, of Pod-mode work only."""
         if self.disruption != "Pod" or not self.min_counts or self.evicting or self.partial:
             return ()
         minimum = dict(self.min_counts)
