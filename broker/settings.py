@@ -10,6 +10,7 @@ from pathlib import Path
 
 import dj_database_url
 import plotly
+from celery.schedules import crontab
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -143,7 +144,16 @@ CELERY_BEAT_SCHEDULE = {
     "scheduling-cycle": {"task": "broker.cycle.tasks.run_cycle", "schedule": CYCLE_INTERVAL_SECONDS},
     "simulated-executor": {"task": "broker.cycle.tasks.advance_executor", "schedule": CYCLE_INTERVAL_SECONDS},
     "governance": {"task": "broker.governance.tasks.governance_tick", "schedule": CYCLE_INTERVAL_SECONDS},
+    # At a fixed time rather than every 24 h: an interval restarts with beat, so a beat restarted more
+    # often than daily (without its schedule file) would never prune.
+    "prune-history": {"task": "broker.cycle.tasks.prune_history", "schedule": crontab(hour=3, minute=30)},
 }
+# Retention (broker/cycle/retention.py), in days; 0 keeps forever. A cycle writes a SchedulingCycle row
+# every few seconds (~17,000 a day); the latest cycle is always kept.
+CYCLE_RETENTION_DAYS = envint("CYCLE_RETENTION_DAYS", "14")
+# The explanation history and state transitions of workloads that ended (Succeeded, Failed, Cancelled)
+# this long ago. The audit log, allocations (costs) and capacity samples are never pruned.
+HISTORY_RETENTION_DAYS = envint("HISTORY_RETENTION_DAYS", "90")
 
 # The simulated executor's clock runs this many times faster than the wall clock.
 SIMULATION_SPEED = envfloat("SIMULATION_SPEED", "60")

@@ -51,3 +51,21 @@ def cycle_transaction(cluster=None):
             yield True
     finally:
         _process_lock.release()
+
+
+@contextmanager
+def excluding_cycles(cluster=None):
+    """Opens a transaction no cycle of the cluster runs alongside: it waits for a running cycle to end,
+    and a cycle that starts meanwhile finds the lock held and skips (the next tick runs it).
+
+    For maintenance that rewrites rows a cycle may rewrite too (the retention's cleared references): a
+    cycle's REPEATABLE READ commit that met such a concurrent update would fail instead of committing."""
+    cluster = cluster or settings.CLUSTER_NAME
+    if is_postgresql():
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [lock_key(cluster)])
+            yield
+        return
+    with _process_lock, transaction.atomic():
+        yield

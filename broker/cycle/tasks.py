@@ -1,4 +1,4 @@
-"""Celery tasks: the scheduling cycle, the executor, and the demo replay (beat runs all three)."""
+"""Celery tasks: the scheduling cycle, the executor, the demo replay and the daily retention (beat runs them)."""
 
 import logging
 
@@ -32,3 +32,13 @@ def replay_tick():
     from broker.cycle.replay import PhillyReplay
 
     return PhillyReplay.resume().tick(timezone.now())
+
+
+@shared_task(name="broker.cycle.tasks.prune_history", ignore_result=True)
+def prune_history():
+    """The daily retention pass (CYCLE_RETENTION_DAYS, HISTORY_RETENTION_DAYS)."""
+    from broker.cycle import retention
+
+    counts = retention.prune_history(timezone.now())
+    log.info("retention: %s", ", ".join(f"{name} {count}" for name, count in counts.items()))
+    return counts
