@@ -152,8 +152,10 @@ CELERY_BEAT_SCHEDULE = {
 # every few seconds (~17,000 a day); the latest cycle is always kept.
 CYCLE_RETENTION_DAYS = envint("CYCLE_RETENTION_DAYS", "14")
 # The explanation history and state transitions of workloads that ended (Succeeded, Failed, Cancelled)
-# this long ago. The audit log, allocations (costs) and capacity samples are never pruned.
-HISTORY_RETENTION_DAYS = envint("HISTORY_RETENTION_DAYS", "90")
+# this long ago. Off by default: the cost of pending work (broker/costs/pending.py) is rebuilt from them,
+# so a finance window older than this leaves out the workloads whose history is gone. The audit log,
+# allocations (costs) and capacity samples are never pruned.
+HISTORY_RETENTION_DAYS = envint("HISTORY_RETENTION_DAYS", "0")
 
 # The simulated executor's clock runs this many times faster than the wall clock.
 SIMULATION_SPEED = envfloat("SIMULATION_SPEED", "60")

@@ -20,7 +20,7 @@ from broker.costs.report import entry, round_leaves
 from broker.costs.windows import from_us, steps_of, to_us
 from broker.policy.models import DeviceClass, ResourceClassDeviceClass
 from broker.workloads.models import ExplanationChange, PodSet, Workload, WorkloadTransition
-from broker.workloads.states import WAITING_STATES, State
+from broker.workloads.states import FINAL_STATES, WAITING_STATES, State
 
 PENDING_AGGREGATES = ("workload", "team", "queue", "reason", "device_class")
 NOT_YET_EXPLAINED = "NotYetExplained"
@@ -90,7 +90,9 @@ def pending_intervals(start, end, now, team_ids=None):
     )
     if team_ids is not None:
         workloads = workloads.filter(team_id__in=team_ids)
-    meta = {row["pk"]: row for row in workloads.values("pk", "name", "submitted_at", "team__name", "queue__name")}
+    meta = {
+        row["pk"]: row for row in workloads.values("pk", "name", "submitted_at", "state", "team__name", "queue__name")
+    }
     transitions, changes = defaultdict(list), defaultdict(list)
     for workload_id, at, to_state in (
         WorkloadTransition.objects.filter(workload_id__in=meta)
@@ -107,6 +109,8 @@ def pending_intervals(start, end, now, team_ids=None):
     requests = first_class_requests(list(meta))
     intervals = []
     for workload_id, row in meta.items():
+        if row["state"] in FINAL_STATES and not transitions[workload_id]:
+            continue  # its history was pruned (HISTORY_RETENTION_DAYS): when it waited is not known
         stretches = waiting_stretches(row["submitted_at"], transitions[workload_id])
         for a, b, reason in reasons_over(stretches, changes[workload_id]):
             for class_id, devices in requests.get(workload_id, []):

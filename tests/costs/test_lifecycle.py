@@ -102,3 +102,16 @@ def test_it_prices_the_waiting_by_reason_and_never_adds_it_to_the_bill(cluster):
         "team-a/trainer/Priority": {"device_hours": Decimal("8.0000"), "cost": Decimal("32.00")},
     }
     assert bill["totals"]["total"]["cost"] == Decimal("8") * 16 * 4
+
+
+def test_it_leaves_out_the_waiting_of_a_workload_whose_history_was_pruned(cluster):
+    from broker.workloads.models import WorkloadTransition
+
+    story(cluster)
+    window = (NOV, NOV + 8 * H)
+    # HISTORY_RETENTION_DAYS removed the trainer's transitions and explanation changes: when it waited
+    # is no longer known, and it must not be counted as waiting from submission on.
+    WorkloadTransition.objects.filter(workload__name="trainer").delete()
+    ExplanationChange.objects.filter(workload__name="trainer").delete()
+    pending = pending_report(*window, aggregate=("workload", "reason"), step="day", now=NOV + 30 * H)
+    assert pending["totals"]["pending"] == {}

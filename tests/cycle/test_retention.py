@@ -308,8 +308,8 @@ def test_it_rejects_bad_arguments_in_one_line(tmp_path, args, env, code, message
     assert message in result.stderr
 
 
-def test_it_defaults_to_two_weeks_of_cycles_and_ninety_days_of_history(tmp_path):
+def test_it_defaults_to_two_weeks_of_cycles_and_all_of_the_history(tmp_path):
     code = "from django.conf import settings; print(settings.CYCLE_RETENTION_DAYS, settings.HISTORY_RETENTION_DAYS)"
     result = manage("shell", "-c", code, DATA_DIR=str(tmp_path))
 
-    assert result.stdout.strip().splitlines()[-1].split() == ["14", "90"], result.stderr
+    assert result.stdout.strip().splitlines()[-1].split() == ["14", "0"], result.stderr
