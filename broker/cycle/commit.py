@@ -311,7 +311,7 @@ def evict(preemptions, cycle, now):
     shrunk = sorted(pk for pk, preemption in by_victim.items() if preemption.pods)
     nominated = defaultdict(set)
     history = [shrink(victims[pk], preemptors, by_victim[pk], cycle, now, nominated) for pk in shrunk]
-    ids = sorted(pk for pk in by_victim if pk not in set(shrunk))
+    ids = sorted(by_victim.keys() - set(shrunk))
     for pk in ids:
         preemption = by_victim[pk]
         preemptor = preemptors[int(preemption.preemptor_id)]
