@@ -293,7 +293,7 @@ class RunningWorkload:
     min_counts: Pod disruption mode: (pod set, gang minimum) pairs; the pods above a pod set's minimum
       may be preempted one by one (`surplus_pods`). A pod set not named needs all its pods.
     part_of: set on the evicting pods of a workload that is being shrunk, split off its record
-      (`split_leaving`): the id of the workload they belong to. Their own id is LEAVING_ID of it.
+      (`split_leaving`): the id of the workload they belong to. Their own id is `leaving_id` of it.
     partial: only some of the workload's pods (a preemption search's candidate for shrinking it).
     """
 
@@ -360,10 +360,10 @@ def split_leaving(workload: RunningWorkload, leaving: set, evicted_for: str | No
     going = tuple(pod for pod in workload.pods if (pod.pod_set, pod.index) in leaving)
     if not going:
         return (workload,)
-    rest = replace(workload, id=leaving_id(workload.id), pods=going, evicting=True, evicted_for=evicted_for,
-                   part_of=workload.id, min_counts=())  # fmt: skip
     if not staying:  # every pod leaving: the workload is being evicted whole
         return (replace(workload, evicting=True, evicted_for=evicted_for),)
+    rest = replace(workload, id=leaving_id(workload.id), pods=going, evicting=True, evicted_for=evicted_for,
+                   part_of=workload.id, min_counts=())  # fmt: skip
     return (replace(workload, pods=staying), rest)
 
 

@@ -13,6 +13,8 @@
     stranded: { label: "stranded", scale: [[0, "#f2f4f7"], [1, "#6938ef"]] },
   };
   var CONFIG = { displayModeBar: false, responsive: true };
+  var RACK_MARGIN = { l: 130, r: 20, t: 10, b: 30 };  // the rack chart's, kept by its preview too
+  var COLORBAR_WIDTH = 90;
 
   /* On the topology page Plotly is only preloaded (<link rel="preload">, downloading while the page and
    * the heatmap JSON load): running its 4.6 MB bundle blocks the page for seconds on a slow client, so
@@ -156,7 +158,7 @@
       trace.colorbar = { title: { text: METRICS[metric].label }, tickformat: ".0%" };
     }
     var layout = {
-      margin: { l: 130, r: 20, t: 10, b: 30 }, height: this.height(g.rows.length),
+      margin: RACK_MARGIN, height: this.height(g.rows.length),
       xaxis: { title: { text: "rack in block" }, dtick: 1, showgrid: false },
       yaxis: { autorange: "reversed", showgrid: false, type: "category" },
       paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
@@ -190,10 +192,10 @@
     var ctx = canvas.getContext("2d");
     ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
     ctx.clearRect(0, 0, width, height);
-    // Plotly's margins (drawChart's layout) and room for its colour bar, so the chart replaces it in place.
-    var left = 130, top = 10, right = 20 + 90, bottom = 30;
+    // The chart's margins and room for its colour bar, so the chart replaces it in place.
+    var left = RACK_MARGIN.l, top = RACK_MARGIN.t, right = RACK_MARGIN.r + COLORBAR_WIDTH, bottom = RACK_MARGIN.b;
     var cellW = (width - left - right) / Math.max(g.width, 1), cellH = (height - top - bottom) / Math.max(g.rows.length, 1);
-    ctx.font = "12px system-ui, sans-serif"; ctx.textAlign = "right"; ctx.textBaseline = "middle"; ctx.fillStyle = "#444";
+    ctx.font = "12px system-ui, sans-serif"; ctx.textAlign = "right"; ctx.textBaseline = "middle";
     var span = scale.zmax - scale.zmin;
     m.z.forEach(function (row, r) {
       var y = top + r * cellH;
@@ -301,7 +303,7 @@
   }
 
   window.BrokerTopology = {
-    RackMap: RackMap, drawRack: drawRack, loadRack: loadRack, getJSON: getJSON, plotlyReady: plotlyReady, colorAt: colorAt,
+    RackMap: RackMap, drawRack: drawRack, loadRack: loadRack, getJSON: getJSON, plotlyReady: plotlyReady,
     STATE_COLORS: STATE_COLORS, TEAM_COLORS: TEAM_COLORS, HIGHLIGHT: HIGHLIGHT,
   };
 })();

@@ -5,9 +5,8 @@ be seen."""
 
 import pytest
 
-from tests.builders import make_workload
+from tests.cycle.helpers import running
 from tests.e2e.conftest import log_in, shot
-from tests.e2e.test_dashboard_browser import hold
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True, serialized_rollback=True)]
 
@@ -24,8 +23,7 @@ COUNT_COLOR = """([r, g, b]) => {
 
 def test_it_shows_the_rack_heatmap_before_plotly_has_loaded(stack, browser, cluster, olivia):
     base, _logs = stack
-    blocker = make_workload(cluster.queue_b, "holder", devices_per_pod=4, chosen_device_class=cluster.h100)
-    hold(blocker, [cluster.nodes[0]], cluster.h100)  # rack r1: 4 of its 8 devices busy, r2 idle
+    running(cluster.queue_b, "holder", list(cluster.nodes[0].devices.all()), cluster.h100)  # r1: 4 of 8 busy
     page = log_in(browser, base, "olivia")
     held = []
     released = []
