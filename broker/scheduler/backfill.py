@@ -52,9 +52,9 @@ def release_timeline(cycle) -> list[tuple[float, str]]:
     far as simulations reach: the first `estimate_horizon_events` releases and any at the same time as
     the last of them (a simulation handles whole release times until it has handled that many).
 
-    Asked by backfill during the cycle and by estimates after it. Chosen victims end now (shrunk ones do
-    not: they run on); they and the admissions only grow during a cycle, so what is read of running work
-    is gathered once (on the cycle)."""
+    Asked by backfill during the cycle and by estimates after it. Chosen victims end now; a shrunk one
+    runs on, and only the pods it gives up end now (under their `leaving_id`). Victims and admissions
+    only grow during a cycle, so what is read of running work is gathered once (on the cycle)."""
     return _timeline(cycle).events(cycle, cycle.config.estimate_horizon_events)
 
 
@@ -97,12 +97,13 @@ class ReleaseTimeline:
         self.admitted_seen = 0
 
     def events(self, cycle, horizon: int) -> list[tuple[float, str]]:
-        # A shrunk victim runs on to its end; the pods it gives up are its preemptor's, nobody else's.
+        # A shrunk victim runs on to its end; the pods it gives up leave now (`cycle.leaving`).
         victims = cycle.chosen_victims - cycle.shrunk_victims if cycle.shrunk_victims else cycle.chosen_victims
         now = self.now
         ending_now = sorted(
             {(now, workload_id) for workload_id in self.evicting}
             | {(now, workload_id) for workload_id in victims if workload_id in cycle.running}
+            | {(now, workload_id) for workload_id in cycle.leaving}
         )
         events: list[tuple[float, str]] = []
         for event in heapq.merge(ending_now, self._ends_except(victims, horizon), self._admitted(cycle)):

@@ -23,6 +23,7 @@ from broker.scheduler.snapshot import (
     PendingDecision,
     PodPlacement,
     Preemption,
+    RunningWorkload,
     Snapshot,
     made,
 )
@@ -93,6 +94,8 @@ class Cycle:
         self._hopeless_demands: set = set()  # ids of the demands tuples of those keys (held by requests)
         self.chosen_victims: set[str] = set()
         self.shrunk_victims: set[str] = set()  # of those, the ones that only lose pods (they run on)
+        # The pods those give up, by `leaving_id`: released now in the release timeline, as whole victims are.
+        self.leaving: dict[str, RunningWorkload] = {}
         self.preemption_failed: set = set()
         self.victim_index = None
         self.preemptions_by_queue: dict[str, int] = {}
@@ -496,15 +499,16 @@ class Cycle:
         plan = self.log.admitted_plans.get(workload_id) or self.simulated_plans.get(workload_id)
         if plan is not None:
             return list(plan.slots())
-        workload = self.running.get(workload_id)
+        workload = self.running.get(workload_id) or self.leaving.get(workload_id)
         if workload is None:
             return []
         slots = self.state.slot_by_id
+        holder = workload.id  # a shrunk victim's leaving pods are still held under its own id
         return [
             slots[device_id]
             for pod in workload.pods
             for device_id in pod.device_ids
-            if device_id in slots and slots[device_id].holder == workload_id
+            if device_id in slots and slots[device_id].holder == holder
         ]
 
     def empty_state(self) -> CapacityState:

@@ -291,7 +291,7 @@ def _placement_key(cycle, request, class_name: str, excluded: frozenset) -> tupl
 def _release(cycle, workload_id: str) -> None:
     slots = cycle.slots_held_by(workload_id)
     cycle.state.release(slots)
-    workload = cycle.running.get(workload_id)
+    workload = cycle.running.get(workload_id) or cycle.leaving.get(workload_id)
     if workload is not None:
         cycle.quota.add_usage(workload.queue, workload.device_class, -len(slots))
         return

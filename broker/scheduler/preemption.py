@@ -34,7 +34,7 @@ from operator import attrgetter
 
 from broker.scheduler.capacity import PLAIN, RANK_PLAIN, ROOT
 from broker.scheduler.placement import place_within_scope
-from broker.scheduler.snapshot import RunningWorkload
+from broker.scheduler.snapshot import RunningWorkload, leaving_id
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,10 @@ def _may_preempt(cycle, request) -> bool:
 
 def _claim(cycle, found: Found) -> None:
     cycle.chosen_victims.update(victim.workload.id for victim in found.victims)
-    cycle.shrunk_victims.update(victim.workload.id for victim in found.victims if victim.workload.partial)
+    for victim in found.victims:
+        if victim.workload.partial:
+            cycle.shrunk_victims.add(victim.workload.id)
+            cycle.leaving[leaving_id(victim.workload.id)] = victim.workload
     cycle.chosen_victims.update(found.evicting)
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from broker.scheduler import backfill
 from broker.scheduler.cycle import decide
-from broker.scheduler.snapshot import RunningWorkload, SchedulerConfig
+from broker.scheduler.snapshot import RunningWorkload, SchedulerConfig, leaving_id
 from broker.scheduler.synthetic import synthetic_snapshot
 
 NOW = 1000.0
@@ -40,6 +40,7 @@ def random_cycle(seed: int, horizon: int):
         running={workload.id: workload for workload in running},
         chosen_victims=set(),
         shrunk_victims=set(),
+        leaving={},
         log=SimpleNamespace(admitted={}),
         requests=requests,
         config=SimpleNamespace(estimate_horizon_events=horizon),
@@ -51,10 +52,11 @@ def full_timeline(cycle) -> list[tuple[float, str]]:
     now = cycle.snapshot.now
     events = []
     for workload in cycle.snapshot.running:
-        if workload.evicting or workload.id in cycle.chosen_victims:
+        if workload.evicting or workload.id in cycle.chosen_victims - cycle.shrunk_victims:
             events.append((now, workload.id))
         elif workload.expected_end is not None:
             events.append((max(now, workload.expected_end), workload.id))
+    events.extend((now, workload_id) for workload_id in cycle.leaving)  # the pods shrunk victims give up
     for workload_id in cycle.log.admitted:
         duration = cycle.requests[workload_id].workload.expected_duration
         if duration is not None:
@@ -80,8 +82,14 @@ def test_it_gives_the_sorted_ends_as_far_as_the_horizon_reaches(seed):
     # Victims and admissions grow between calls, as during a cycle.
     for _ in range(4):
         for workload in cycle.snapshot.running:
+            if workload.id in cycle.chosen_victims or workload.evicting:
+                continue
             if chance.random() < 0.05:
                 cycle.chosen_victims.add(workload.id)
+            elif chance.random() < 0.03:  # shrunk: it runs on, some of its pods leave now
+                cycle.chosen_victims.add(workload.id)
+                cycle.shrunk_victims.add(workload.id)
+                cycle.leaving[leaving_id(workload.id)] = workload
         for workload_id in cycle.requests:
             if chance.random() < 0.1:
                 cycle.log.admitted[workload_id] = None
@@ -89,7 +97,7 @@ def test_it_gives_the_sorted_ends_as_far_as_the_horizon_reaches(seed):
         unknown = [
             w
             for w in cycle.snapshot.running
-            if w.expected_end is None and not w.evicting and w.id not in cycle.chosen_victims
+            if w.expected_end is None and not w.evicting and w.id not in cycle.chosen_victims - cycle.shrunk_victims
         ]
         assert backfill.unknown_ends(cycle) == len(unknown)
 
