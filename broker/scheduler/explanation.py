@@ -90,7 +90,8 @@ class Assessor:
         self._invalid_cache: dict = {}
         self._numbers_cache: dict = {}
         self._shape_decisions: dict = {}
-        self._codes: dict[int, tuple[PendingDecision, dict]] = {}  # by decision identity: (it, every code's message)
+        # By decision identity: (it, every code's message, the pooled codes it was demoted from).
+        self._codes: dict[int, tuple[PendingDecision, dict, frozenset]] = {}
         self._demoted: dict[int, PendingDecision] = {}
         snapshot = cycle.snapshot
         # Quota suggestions are verified by re-running the cycle for the very workload (see _increase_quota).
@@ -186,7 +187,7 @@ class Assessor:
             suggestions=suggestions,
         )
         if primary in POOLED_CODES:
-            self._codes[id(decision)] = (decision, codes)
+            self._codes[id(decision)] = (decision, codes, frozenset())
         return decision
 
     # --- contended pools ---
@@ -201,7 +202,7 @@ class Assessor:
         left: dict[tuple[str, str], int] = {}
         for workload_id in waiting:
             decision = assessed[workload_id]
-            while decision.reason in POOLED_CODES and decision.secondary:
+            while decision.reason in POOLED_CODES and self._next_code(decision) is not None:
                 field, _ = POOLED_CODES[decision.reason]
                 details = decision.details
                 key = (decision.reason, details["device_class"])
@@ -221,15 +222,21 @@ class Assessor:
         code primary; one per decision, so the workloads of a shape still share it."""
         demoted = self._demoted.get(id(decision))
         if demoted is None:
-            original, codes = self._codes[id(decision)]
-            field, what = POOLED_CODES[original.reason]
+            original, codes, spent = self._codes[id(decision)]
             details = original.details
-            primary = original.secondary[0]
-            message = (
-                f"{codes[primary]}; the {details[field]} {what} {details['device_class']} devices would go to "
-                f"workloads ahead of it first"
+            primary = self._next_code(decision)
+            spent = spent | {original.reason}
+            pools = " and ".join(
+                f"the {details[POOLED_CODES[code][0]]} {POOLED_CODES[code][1]}"
+                for code in REASON_CODES
+                if code in spent
             )
-            secondary = tuple(code for code in REASON_CODES if code in (original.reason, *original.secondary[1:]))
+            message = (
+                f"{codes[primary]}; {pools} {details['device_class']} devices would go to workloads ahead of it first"
+            )
+            secondary = tuple(
+                code for code in REASON_CODES if code != primary and code in (original.reason, *original.secondary)
+            )
             demoted = PendingDecision(
                 workload_id=original.workload_id,
                 reason=primary,
@@ -239,9 +246,16 @@ class Assessor:
                 suggestions=original.suggestions,
             )
             if primary in POOLED_CODES:
-                self._codes[id(demoted)] = (demoted, codes)
+                self._codes[id(demoted)] = (demoted, codes, spent)
             self._demoted[id(decision)] = demoted
         return demoted
+
+    def _next_code(self, decision: PendingDecision) -> str | None:
+        """The code a pooled decision is demoted to: its first secondary code that is not a pooled code it
+        was already demoted from (DeviceUnhealthy demoted to Reserved has DeviceUnhealthy among its
+        secondary codes, ahead of InsufficientCapacity); None when only those are left."""
+        spent = self._codes[id(decision)][2]
+        return next((code for code in decision.secondary if code not in spent), None)
 
     def _invalid_message(self, request: Request) -> str | None:
         key = (request.classes, request.demands, request.required, request.preferred)
