@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from broker.scheduler.cycle import decide
 from broker.scheduler.explanation import apply_suggestion
-from broker.scheduler.snapshot import PendingWorkload, PodSet, Queue, SchedulerConfig
+from broker.scheduler.snapshot import REASON_CODES, PendingWorkload, PodSet, Queue, Reservation, SchedulerConfig
 from tests.scheduler.invariants import assert_valid_result
 from tests.scheduler.strategies import (
     QUIET,
@@ -56,6 +56,37 @@ def test_it_decides_the_same_whatever_the_input_order(snapshot, chance):
     )
     assert decide(snapshot) == first
     assert decide(shuffled) == first
+
+
+@st.composite
+def reserved_snapshots(draw):
+    """Snapshots with one or two reservations over their broken and tainted hardware: two pooled
+    reasons (DeviceUnhealthy, Reserved) to share out among the waiting workloads."""
+    snapshot = draw(snapshots())
+    # Busier than most draws, so that pools run out: the case that demotes a workload twice.
+    running = draw(running_work(snapshot.devices, chance=0.85))
+    reservations = tuple(
+        Reservation(
+            name=f"res{index}",
+            team=draw(st.sampled_from(("team1", "team2"))),
+            device_class=draw(st.sampled_from(("h100", "a100"))),
+            count=draw(st.integers(1, 6)),
+            domain=draw(st.sampled_from((None, {"rack": "r0"}, {"rack": "r1"}))),
+        )
+        for index in range(draw(st.integers(1, 2)))
+    )
+    return replace(snapshot, running=running, pending=draw(pending_work(count_range=(2, 6))), reservations=reservations)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(reserved_snapshots())
+def test_it_decides_and_explains_under_reservations(snapshot):
+    result = decide(snapshot)
+    assert_valid_result(snapshot, result)
+    for decision in result.pending:
+        assert decision.reason in REASON_CODES
+        assert decision.reason not in decision.secondary, f"{decision.workload_id}: primary also secondary"
+        assert len(set(decision.secondary)) == len(decision.secondary)
 
 
 def single(snapshot, workload):
