@@ -13,11 +13,13 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import close_old_connections, transaction
 from django.utils import timezone
 
+from broker.cycle import retention
 from broker.cycle.commit import StaleSnapshot, commit_result
 from broker.cycle.executor import get_executor
 from broker.cycle.loader import INVENTORY_CACHE, load_snapshot
@@ -129,14 +131,19 @@ def _run_once(now, decider):
         return CycleRun(cycle.pk, cycle.outcome, tuple(delta.admitted), tuple(delta.preempted))
 
 
+RETENTION_PERIOD = timedelta(days=1)
+
+
 class Runner(threading.Thread):
-    """The embedded default's background loop: replay, executor, cycle; one step at a time."""
+    """The embedded default's background loop: replay, executor, cycle, and once a day the retention
+    pass that beat runs in production; one step at a time."""
 
     def __init__(self, interval=None, replay=None):
         super().__init__(name="capacity-broker-runner", daemon=True)
         self.interval = interval or settings.CYCLE_INTERVAL_SECONDS
         self.replay = replay
         self.stopping = threading.Event()
+        self.next_retention = None  # the first step prunes what an earlier run left behind
 
     def stop(self):
         self.stopping.set()
@@ -156,9 +163,19 @@ class Runner(threading.Thread):
             ("executor", lambda: executor.advance(now)),
             ("governance", lambda: governance_tick(now)),
             ("cycle", run_once),
+            ("retention", lambda: self.prune_when_due(now)),
         ):
             try:
                 action()
             except Exception:
                 # One bad step must not stop the demo; the next tick tries again.
                 log.exception("runner step %s failed", name)
+
+    def prune_when_due(self, now):
+        """retention.prune_history's counts when a day has passed since the last pass (or none ran yet),
+        else None. The next pass is due a day on even when this one fails: the log says why, and
+        retrying every tick would repeat the failure 28,800 times a day."""
+        if self.next_retention is not None and now < self.next_retention:
+            return None
+        self.next_retention = now + RETENTION_PERIOD
+        return retention.prune_history(now)

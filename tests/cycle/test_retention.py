@@ -313,3 +313,32 @@ def test_it_defaults_to_two_weeks_of_cycles_and_all_of_the_history(tmp_path):
     result = manage("shell", "-c", code, DATA_DIR=str(tmp_path))
 
     assert result.stdout.strip().splitlines()[-1].split() == ["14", "0"], result.stderr
+
+
+def test_it_prunes_in_the_embedded_loop_at_start_and_then_once_a_day(cluster, now, settings):
+    from broker.cycle.runner import Runner
+
+    settings.CYCLE_RETENTION_DAYS = 14
+    old = cycle_at(now - timedelta(days=30))
+    cycle_at(now - timedelta(seconds=3))
+    runner = Runner(interval=1)
+
+    assert runner.prune_when_due(now)["cycles"] == 1
+    assert not SchedulingCycle.objects.filter(pk=old.pk).exists()
+    later = cycle_at(now - timedelta(days=20))
+    assert runner.prune_when_due(now + timedelta(hours=23)) is None
+    assert SchedulingCycle.objects.filter(pk=later.pk).exists()
+    assert runner.prune_when_due(now + timedelta(days=1))["cycles"] == 1
+    assert not SchedulingCycle.objects.filter(pk=later.pk).exists()
+
+
+def test_it_runs_the_retention_as_one_of_the_embedded_loops_steps(cluster, now, settings, monkeypatch):
+    from broker.cycle import runner as runner_module
+
+    settings.CYCLE_RETENTION_DAYS = 14
+    old = cycle_at(now - timedelta(days=30))
+    cycle_at(now - timedelta(seconds=3))
+    monkeypatch.setattr(runner_module, "run_once", lambda: None)  # this test is about the retention step
+    runner_module.Runner(interval=1).step(runner_module.get_executor())
+
+    assert not SchedulingCycle.objects.filter(pk=old.pk).exists()
