@@ -12,8 +12,9 @@ from __future__ import annotations
 import re
 from bisect import bisect_left, insort
 from collections import Counter
-from itertools import groupby
-from operator import attrgetter
+from copy import copy
+from itertools import compress, groupby
+from operator import attrgetter, is_not
 
 from broker.scheduler.selectors import ClassMatcher
 from broker.scheduler.snapshot import NO_SCHEDULE_EFFECTS, Snapshot, Toleration
@@ -44,6 +45,11 @@ def _device_key(device_id: str) -> tuple:
 
 def _id_order(device) -> tuple:
     return _device_key(device.id)
+
+
+def _changed_positions(old: tuple, new: tuple) -> list[int]:
+    """Positions where two equally long tuples hold different objects (identity, at C speed)."""
+    return list(compress(range(len(new)), map(is_not, old, new)))
 
 
 class Slot:
@@ -112,8 +118,13 @@ class InventoryIndex:
     @classmethod
     def of(cls, snapshot: Snapshot, matcher: ClassMatcher, class_names: tuple[str, ...]) -> InventoryIndex:
         last = cls._last
-        if last is not None and last.serves(snapshot, class_names):
-            return last
+        if last is not None:
+            if last.serves(snapshot, class_names):
+                return last
+            index = last.patched(snapshot, matcher, class_names)
+            if index is not None:
+                cls._last = index
+                return index
         index = cls(snapshot, matcher, class_names)
         cls._last = index
         return index
@@ -147,6 +158,80 @@ class InventoryIndex:
         # snapshot instead of built anew. A list, because pop() and append() are atomic under the GIL:
         # a decide() running meanwhile (nested or in another thread) finds it empty and builds its own.
         self._spare: list[CapacityState] = []
+
+    def patched(self, snapshot: Snapshot, matcher: ClassMatcher, class_names: tuple[str, ...]) -> InventoryIndex | None:
+        """A new index for `snapshot`, equal to a new build, made from this one when the inventory differs
+        only in what devices and nodes say of themselves (health, taints, attributes, cordons, labels):
+        the same devices on the same nodes, in the same order, every unchanged record the very same
+        object (as the loader hands them out after such a change). None when more changed. A device
+        going unhealthy then costs a pass over the tuples and the changed devices, not indexing 100k
+        devices again, and the last cycle's device records (the spare) move over, corrected."""
+        old_devices, new_devices = self._devices, snapshot.devices
+        if (
+            len(new_devices) != len(old_devices)
+            or len(snapshot.nodes) != len(self._nodes)
+            or self._levels != tuple(snapshot.levels)
+            or self._device_classes != snapshot.device_classes
+            or self.class_names != class_names
+        ):
+            return None
+        cordons_changed = []
+        for position in _changed_positions(self._nodes, snapshot.nodes):
+            old, new = self._nodes[position], snapshot.nodes[position]
+            if old.name != new.name or old.domains != new.domains:
+                return None
+            if old.schedulable != new.schedulable:
+                cordons_changed.append(new)
+        changed = []
+        for position in _changed_positions(old_devices, new_devices):
+            old, new = old_devices[position], new_devices[position]
+            if old.id != new.id or old.node != new.node:
+                return None
+            changed.append(new)
+        order_of = self._order_of()  # made before the copy, so that the copy shares it
+        index = copy(self)  # shares every part no change reaches
+        index._nodes, index._devices, index._spare = snapshot.nodes, new_devices, []
+        if cordons_changed:
+            index.node_schedulable = list(self.node_schedulable)
+            for node in cordons_changed:
+                index.node_schedulable[self.node_index[node.name]] = node.schedulable
+            names = {node.name for node in cordons_changed}
+            changed += [device for device in new_devices if device.node in names]  # their category may change
+        rows = index.device_rows = list(self.device_rows)
+        reclassed = False
+        for device in changed:
+            order = order_of[device.id]
+            row = rows[order] = index._device_row(order, device, matcher)
+            before = self.device_rows[order]
+            reclassed = reclassed or row[3] is not before[3] or row[4] != before[4]
+        if reclassed:
+            index.class_alias = index._class_aliases()
+            index.class_devices = index._class_devices()
+            index._as_built = None  # made of the devices' classes and attributes
+        index._adopt_spare(self, [order_of[device.id] for device in changed])
+        return index
+
+    def _order_of(self) -> dict[str, int]:
+        """Device id -> its position in placement order; made once and shared by the patched indexes of
+        one inventory (their devices and order are the same)."""
+        if self._device_order is None:
+            self._device_order = {device_id: order for order, device_id in enumerate(self.device_ids)}
+        return self._device_order
+
+    def _adopt_spare(self, previous: InventoryIndex, orders: list[int]) -> None:
+        """`previous`'s spare device records, with the devices at `orders` made as this index says: a
+        rebase then corrects holders and reservations as after any cycle."""
+        state = previous.take_spare()
+        if state is None:
+            return
+        rows = self.device_rows
+        slots = state.slots
+        for order in orders:
+            slot, row = slots[order], rows[order]
+            slot.classes, slot.attributes, slot.category, slot.taints = row[3], row[4], row[5], row[6]
+        for name in CapacityState.SHARED:
+            setattr(state, name, getattr(self, name))
+        self.keep_spare(state)
 
     def take_spare(self) -> CapacityState | None:
         try:
@@ -194,7 +279,11 @@ class InventoryIndex:
 
     def _index_devices(self, snapshot: Snapshot, matcher: ClassMatcher) -> None:
         """`device_rows`: per device in placement order, the arguments of its Slot."""
+        # One tuple per set of classes, shared by every device of it (and by patched indexes): slots
+        # compare their classes by identity.
         class_sets: dict[frozenset, tuple[int, ...]] = {}
+        self._class_sets = class_sets
+        self._device_order: dict[str, int] | None = None
         node_index = self.node_index
         schedulable = self.node_schedulable
         classes_of = matcher.classes_of
@@ -228,6 +317,25 @@ class InventoryIndex:
             rows.append((order, device.id, node, indices, device.attributes, category, blocking))
         self.device_rows = rows
         self.device_ids = [row[1] for row in rows]
+
+    def _device_row(self, order: int, device, matcher: ClassMatcher) -> tuple:
+        """One device's row as `_index_devices` makes it (that loop is inlined for 100k devices)."""
+        names = matcher.classes_of(device)
+        indices = self._class_sets.get(names)
+        if indices is None:
+            indices = tuple(sorted(self.class_index[name] for name in names if name in self.class_index))
+            self._class_sets = {**self._class_sets, names: indices}  # shared with older indexes: not changed
+        node = self.node_index[device.node]
+        blocking = (
+            tuple(taint for taint in device.taints if taint.effect in NO_SCHEDULE_EFFECTS) if device.taints else ()
+        )
+        if not device.healthy or not self.node_schedulable[node]:
+            category = BLOCKED
+        elif blocking:
+            category = TAINTED
+        else:
+            category = PLAIN
+        return (order, device.id, node, indices, device.attributes, category, blocking)
 
     def _class_devices(self) -> list[int]:
         """How many devices each class selects, whatever their state."""
@@ -268,6 +376,10 @@ class CapacityState:
         """The as-built state of `index`'s cluster (see InventoryIndex.as_built)."""
         state = cls.__new__(cls)
         state._adopt(index)
+        for slot in state.slots:
+            # What the devices say of their health and taints is not part of it, so an index patched
+            # for such a change (InventoryIndex.patched) keeps the same as-built state.
+            slot.category, slot.taints = PLAIN, ()
         state._aggregate(as_built=True)
         return state
 

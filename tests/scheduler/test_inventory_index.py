@@ -3,9 +3,11 @@
 import dataclasses
 import random
 
+import pytest
+
 from broker.scheduler.capacity import InventoryIndex, _device_key
 from broker.scheduler.cycle import Cycle, decide
-from broker.scheduler.snapshot import DeviceClass
+from broker.scheduler.snapshot import DeviceClass, Taint
 from broker.scheduler.synthetic import synthetic_snapshot
 
 
@@ -106,3 +108,121 @@ def test_it_orders_devices_by_node_then_natural_device_id_whatever_the_input_ord
     expected = sorted(devices, key=lambda device: (index.node_index[device.node], _device_key(device.id)))
     assert index.device_ids == [device.id for device in expected]
     assert index.node_names[:3] == ["n00000", "n00001", "n00002"] and index.node_names[-1] == "n00100"
+
+
+# --- patched for a change of what devices and nodes say of themselves ---------------------------------
+
+
+def index_fields(index):
+    return (
+        index.levels,
+        index.class_names,
+        index.node_names,
+        index.node_schedulable,
+        index.node_domains,
+        index.domain_nodes,
+        index.node_keys,
+        index.device_ids,
+        index.device_rows,
+        index.class_alias,
+        index.class_devices,
+    )
+
+
+def new_build(snapshot):
+    cycle = Cycle(snapshot)
+    return InventoryIndex(snapshot, cycle.matcher, cycle.class_names)
+
+
+def changed_inventory(snapshot, seed):
+    """`snapshot` with a few devices changed in place (health, taints, attributes that move a device to
+    another class) and a node cordoned or uncordoned; every other record the very same object."""
+    chance = random.Random(seed)
+    devices = list(snapshot.devices)
+    for position in chance.sample(range(len(devices)), 6):
+        device = devices[position]
+        change = chance.choice(("health", "taint", "attributes"))
+        if change == "health":
+            devices[position] = dataclasses.replace(device, healthy=not device.healthy)
+        elif change == "taint":
+            taints = () if device.taints else (Taint("maintenance", "true", "NoSchedule"),)
+            devices[position] = dataclasses.replace(device, taints=taints)
+        else:
+            model = "A100" if device.attributes["model"] == "H100" else "H100"
+            devices[position] = dataclasses.replace(device, attributes={**device.attributes, "model": model})
+    nodes = list(snapshot.nodes)
+    position = chance.randrange(len(nodes))
+    nodes[position] = dataclasses.replace(nodes[position], schedulable=not nodes[position].schedulable)
+    return dataclasses.replace(snapshot, devices=tuple(devices), nodes=tuple(nodes))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_it_patches_the_index_for_changed_health_taints_attributes_and_cordons(seed):
+    snapshot = synthetic_snapshot(nodes=40, pending=300, seed=11)
+    cold_decide(snapshot)
+    decide(snapshot)  # leaves a spare set of device records to move over
+    first = InventoryIndex._last
+    changed = changed_inventory(snapshot, seed)
+
+    result = decide(changed)
+
+    patched = InventoryIndex._last
+    assert patched is not first and patched.device_ids is first.device_ids, "patched, not built anew"
+    assert index_fields(patched) == index_fields(new_build(changed))
+    assert result == cold_decide(changed)
+
+
+def test_it_decides_a_sequence_of_changes_as_new_builds_do():
+    snapshot = synthetic_snapshot(nodes=40, pending=300, seed=12)
+    cold_decide(snapshot)
+    for step in range(5):
+        snapshot = changed_inventory(snapshot, 100 + step)
+        snapshot = dataclasses.replace(snapshot, now=snapshot.now + 60)
+        patched = decide(snapshot)
+        spare = InventoryIndex._last
+        assert patched == cold_decide(snapshot), f"step {step}"
+        InventoryIndex._last = spare  # back to the patched chain
+
+
+def test_it_keeps_the_as_built_cluster_when_no_device_changed_class():
+    snapshot = synthetic_snapshot(nodes=40, pending=300, seed=11)
+    cold_decide(snapshot)
+    built = InventoryIndex._last.as_built()
+    devices = list(snapshot.devices)
+    devices[3] = dataclasses.replace(devices[3], healthy=not devices[3].healthy)
+
+    decide(dataclasses.replace(snapshot, devices=tuple(devices)))
+
+    assert InventoryIndex._last.as_built() is built
+    fresh = new_build(dataclasses.replace(snapshot, devices=tuple(devices))).as_built()
+    assert [(s.id, s.classes, s.category, s.taints) for s in built.slots] == [
+        (s.id, s.classes, s.category, s.taints) for s in fresh.slots
+    ]
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["rename a device", "move a device", "add a device", "move a node", "rename a node"],
+)
+def test_it_builds_anew_when_the_inventory_structure_changed(change):
+    snapshot = synthetic_snapshot(nodes=40, pending=300, seed=11)
+    cold_decide(snapshot)
+    first = InventoryIndex._last
+    devices, nodes = list(snapshot.devices), list(snapshot.nodes)
+    if change == "rename a device":
+        devices[0] = dataclasses.replace(devices[0], id=devices[0].node + "/renamed")
+    elif change == "move a device":
+        devices[0] = dataclasses.replace(devices[0], node=nodes[1].name, id=nodes[1].name + "/moved")
+    elif change == "add a device":
+        devices.append(dataclasses.replace(devices[0], id=devices[0].node + "/extra"))
+    elif change == "move a node":
+        nodes[0] = dataclasses.replace(nodes[0], domains={**nodes[0].domains, "rack": "elsewhere"})
+    else:
+        nodes[0] = dataclasses.replace(nodes[0], name="renamed")
+    changed = dataclasses.replace(snapshot, devices=tuple(devices), nodes=tuple(nodes))
+
+    result = decide(changed)
+
+    assert InventoryIndex._last.device_ids is not first.device_ids, "built anew"
+    assert index_fields(InventoryIndex._last) == index_fields(new_build(changed))
+    assert result == cold_decide(changed)
