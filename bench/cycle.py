@@ -8,6 +8,8 @@ section uses (bench.db.populate), then four cycles run:
 - refill:  pending work is topped up to the size's pending count again (new gangs of the same mix)
            on an almost full cluster: few admissions, an explanation written for every pending gang;
 - steady:  nothing changed since `refill`: the cycle every beat runs on a long, stable queue;
+- health_flap: one free device went unhealthy since `steady` (in a 100k-device cluster some device's
+           health, taints or cordon change every few minutes): the inventory changed, its structure not;
 - steady_cold: the same once more in a worker that just started: nothing cached (inventory read and
            indexed again, every record built).
 
@@ -31,7 +33,7 @@ from bench import db
 CASES = ((125, 1_000), (1_250, 10_000), (12_500, 20_000))
 QUICK_CASES = ((125, 1_000),)
 TARGET_SECONDS = 2.0  # load + decide + commit at 100k devices / 20k pending (issue 3)
-WARM_CYCLES = ("first", "refill", "steady")
+WARM_CYCLES = ("first", "refill", "steady", "health_flap")
 
 # What the database holds now: (nodes, pending) after `prepare`, or None.
 STATE = {"size": None}
@@ -180,6 +182,18 @@ def warm_up() -> None:
     loader.PENDING_RECORDS.keep(None, {})
 
 
+def health_flap() -> None:
+    """The first free healthy device (in a full cluster, the first healthy one) goes unhealthy, written
+    as an inventory sync would (one UPDATE)."""
+    from broker.inventory.models import Device, Health
+    from broker.workloads.models import Allocation
+
+    healthy = Device.objects.filter(health=Health.HEALTHY).order_by("pk")
+    held = Allocation.objects.filter(released_at__isnull=True).values("device_id")
+    device = healthy.exclude(pk__in=held).first() or healthy.first()
+    Device.objects.filter(pk=device.pk).update(health=Health.UNHEALTHY)
+
+
 def restarted_worker_cycle() -> dict:
     from broker.cycle import loader
 
@@ -195,6 +209,8 @@ def run_size(nodes: int, pending: int) -> dict:
     out["refill_added"] = refill(pending)
     out["refill"] = one_cycle()
     out["steady"] = one_cycle()
+    health_flap()
+    out["health_flap"] = one_cycle()
     out["steady_cold"] = restarted_worker_cycle()
     measured = [out[k]["committed_ms"] for k in WARM_CYCLES if out[k].get("committed_ms") is not None]
     out["worst_cycle_ms"] = max(measured) if measured else None
@@ -226,8 +242,8 @@ def section(quick: bool) -> dict:
     largest = by_size.get(CASES[-1])
     target = {
         "what": "each cycle from run_once's call until its transaction committed (lock, load, decide, commit "
-        "with its constraint checks, COMMIT) at 100,000 devices / 20,000 pending; pass = first, refill and steady "
-        "in a running worker, pass_cold = steady_cold in a worker that just started",
+        "with its constraint checks, COMMIT) at 100,000 devices / 20,000 pending; pass = first, refill, steady "
+        "and health_flap in a running worker, pass_cold = steady_cold in a worker that just started",
         "seconds": TARGET_SECONDS,
     }
     ratios = {}
