@@ -106,17 +106,20 @@ def prune_cycles(before, dry_run=False, batch_size=BATCH_SIZE):
         return old.count(), named
     using = router.db_for_write(SchedulingCycle)
     removed = cleared = 0
-    for batch in batches(old.using(using), batch_size):
-        # Cleared references are rows a cycle may rewrite in its REPEATABLE READ commit, which would then
-        # fail on the concurrent update: no cycle runs while a batch is written.
-        with excluding_cycles():
-            for field in references:
-                rows = field.model._base_manager.using(using).filter(**{f"{field.name}__in": batch.values("pk")})
-                cleared += rows.update(**{field.name: None})
-            # Nothing refers to these rows any more, so no collector: QuerySet.delete() would fetch the
-            # batch and clear every reference again (a scan of the unindexed Explanation.cycle), then
-            # delete 100 ids per statement. One DELETE instead.
-            removed += batch._raw_delete(using)
+    clusters = sorted(old.order_by().values_list("cluster", flat=True).distinct())
+    for cluster in clusters:
+        for batch in batches(old.filter(cluster=cluster).using(using), batch_size):
+            # Cleared references are rows a cycle may rewrite in its REPEATABLE READ commit, which would
+            # then fail on the concurrent update: no cycle of the cluster whose rows these are runs while
+            # a batch is written (each cluster's cycles take their own lock).
+            with excluding_cycles(cluster):
+                for field in references:
+                    rows = field.model._base_manager.using(using).filter(**{f"{field.name}__in": batch.values("pk")})
+                    cleared += rows.update(**{field.name: None})
+                # Nothing refers to these rows any more, so no collector: QuerySet.delete() would fetch the
+                # batch and clear every reference again (a scan of the unindexed Explanation.cycle), then
+                # delete 100 ids per statement. One DELETE instead.
+                removed += batch._raw_delete(using)
     return removed, cleared
 
 

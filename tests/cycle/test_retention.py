@@ -342,3 +342,24 @@ def test_it_runs_the_retention_as_one_of_the_embedded_loops_steps(cluster, now, 
     runner_module.Runner(interval=1).step(runner_module.get_executor())
 
     assert not SchedulingCycle.objects.filter(pk=old.pk).exists()
+
+
+def test_it_prunes_each_clusters_cycles_under_that_clusters_lock(cluster, now, settings, monkeypatch):
+    """Cycles of several clusters in one database: a cluster's rows are cleared while no cycle of that
+    cluster runs, whichever cluster the pruning process itself belongs to."""
+    settings.CYCLE_RETENTION_DAYS = 14
+    for name in ("default", "east"):
+        cycle_at(now - timedelta(days=30), cluster=name)
+        cycle_at(now - timedelta(days=1), cluster=name)
+    locked = []
+    real = retention.excluding_cycles
+
+    def recording(cluster_name=None):
+        locked.append((cluster_name, sorted(SchedulingCycle.objects.filter(started_at__lt=now - timedelta(days=14))
+                                            .values_list("cluster", flat=True))))  # fmt: skip
+        return real(cluster_name)
+
+    monkeypatch.setattr(retention, "excluding_cycles", recording)
+
+    assert retention.prune_history(now)["cycles"] == 2
+    assert locked == [("default", ["default", "east"]), ("east", ["east"])]
