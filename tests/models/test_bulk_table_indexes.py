@@ -4,7 +4,7 @@ one more entry per row inside the cycle's transaction (docs/benchmarks.md, the r
 import pytest
 from django.db import connection
 
-from broker.workloads.models import Explanation, Workload
+from broker.workloads.models import Allocation, Explanation, ExplanationChange, Workload, WorkloadTransition
 
 pytestmark = pytest.mark.django_db
 
@@ -53,3 +53,26 @@ def test_it_does_not_index_a_workloads_state_changes_beyond_the_queue_lists():
             ("submitted_by_id",),
         ]
     )
+
+
+def foreign_keys_of(model):
+    with connection.cursor() as cursor:
+        constraints = connection.introspection.get_constraints(cursor, model._meta.db_table)
+    return sorted(
+        (tuple(spec["columns"]), spec["foreign_key"][0]) for spec in constraints.values() if spec["foreign_key"]
+    )
+
+
+def test_it_checks_in_the_database_only_the_references_nothing_else_guarantees():
+    """A cycle's bulk rows are checked row by row at commit. What an allocation is (its workload and
+    device) and an explanation's workload (the refusal of a cycle that explains a deleted workload) stay
+    constrained; the logs, written beside a change of the row they name, and the classes and cycles,
+    read from the snapshot, are not (see the models' comments)."""
+    assert foreign_keys_of(Allocation) == [
+        (("device_id",), "inventory_device"),
+        (("workload_id",), Workload._meta.db_table),
+    ]
+    assert foreign_keys_of(Explanation) == [(("workload_id",), Workload._meta.db_table)]
+    assert foreign_keys_of(ExplanationChange) == []
+    assert foreign_keys_of(WorkloadTransition) == [(("actor_id",), "auth_user")]
+    assert ("chosen_device_class_id",) not in dict(foreign_keys_of(Workload))
