@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import groupby
 from operator import itemgetter
+from typing import NamedTuple
 
 from django.conf import settings
 from django.db import connection
@@ -144,6 +145,17 @@ def _load_snapshot(now, config):
 
 
 @dataclass(frozen=True)
+class RowIndex:
+    """Where each node and device row of an Inventory sits, and the revision it was read up to: what
+    `patched_inventory` needs to put rows written since then in their places."""
+
+    revision: int  # the highest node or device revision read (see migration inventory 0004)
+    node_slots: dict  # Node pk -> (position in nodes, domain pk)
+    device_slots: dict  # Device pk -> position in devices
+    descriptions: dict  # (attributes, capacity, taints) texts -> `device_description` of them
+
+
+@dataclass(frozen=True)
 class Inventory:
     """Topology, nodes and devices as read at one InventoryRevision token; shared, never mutated."""
 
@@ -155,6 +167,7 @@ class Inventory:
     device_pks: dict  # snapshot device id -> Device pk
     devices_by_pk: dict  # Device pk -> (snapshot device id, node name)
     device_taints: dict  # Device pk -> taints as stored
+    rows: RowIndex | None = None  # None: no row revisions here (SQLite), a new token means a full read
 
 
 class InventoryCache:
@@ -163,7 +176,9 @@ class InventoryCache:
     Devices change rarely and cycles run every few seconds: re-reading and re-parsing 100k device rows
     each time was most of the load. Every write to the inventory tables moves the token (triggers), and
     the token is read in the cycle's snapshot with everything else, so a hit is exactly the rows the
-    snapshot would have read. The decision core keys its own per-inventory index on these same tuples."""
+    snapshot would have read. When the token moved, the last inventory is still the base that the rows
+    written since are patched into (`patched_inventory`). The decision core keys its own per-inventory
+    index on these same tuples."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -175,10 +190,17 @@ class InventoryCache:
         with self._lock:
             return self._inventory if key is not None and key == self._key else None
 
-    def put(self, key, inventory):
+    def latest(self, database):
+        """The last inventory kept, if it was read from `database` (whatever its token)."""
+        with self._lock:
+            return self._inventory if self._key is not None and self._key[:-1] == database else None
+
+    def put(self, key, inventory, rebuilt=True):
+        """Keep `inventory` as read at `key`; `rebuilt` False for one patched from the last (its records
+        are nearly all the last one's, nothing new to freeze)."""
         with self._lock:
             self._key, self._inventory = key, inventory
-            if inventory is not None:
+            if inventory is not None and rebuilt:
                 self._rebuilt = len(inventory.devices)
 
     def take_rebuilt(self):
@@ -197,17 +219,92 @@ INVENTORY_CACHE = InventoryCache()
 def load_inventory():
     token = InventoryRevision.current()
     # The token alone would do; the database name keeps test databases and the bench's apart for sure.
-    key = None if token is None else (connection.alias, connection.settings_dict["NAME"], token)
+    database = (connection.alias, connection.settings_dict["NAME"])
+    key = None if token is None else (*database, token)
     inventory = INVENTORY_CACHE.get(key)
     if inventory is not None:
         return inventory
     levels = tuple(TopologyLevel.objects.order_by("order").values_list("name", flat=True))
     domain_paths = load_domain_paths()
-    nodes, node_names = load_nodes(domain_paths)
-    inventory = Inventory(token, levels, domain_paths, nodes, *load_devices(node_names))
+    previous = None if key is None else INVENTORY_CACHE.latest(database)
+    inventory = None if previous is None else patched_inventory(previous, token, levels, domain_paths)
+    if inventory is not None:
+        INVENTORY_CACHE.put(key, inventory, rebuilt=False)
+        return inventory
+    inventory = read_inventory(token, levels, domain_paths)
     if key is not None:
         INVENTORY_CACHE.put(key, inventory)
     return inventory
+
+
+def read_inventory(token, levels, domain_paths):
+    """The whole inventory, every node and device row read and parsed."""
+    nodes, node_names, node_slots, node_revision = load_nodes(domain_paths)
+    devices = load_devices(node_names)
+    rows = None
+    if connection.vendor == "postgresql":  # only there do triggers keep row revisions
+        rows = RowIndex(max(node_revision, devices.revision), node_slots, devices.slots, devices.descriptions)
+    return Inventory(
+        token,
+        levels,
+        domain_paths,
+        nodes,
+        devices.devices,
+        devices.device_pks,
+        devices.devices_by_pk,
+        devices.device_taints,
+        rows,
+    )
+
+
+def patched_inventory(previous, token, levels, domain_paths):
+    """`previous` with the node and device rows written since it was read put in their places, or None
+    when the inventory's structure changed and it has to be read whole: a topology level or domain
+    changed, a node or device was added or deleted, renamed or moved (to another domain, to another
+    node). Health, taints, attributes, capacity, driver, labels and cordons are patched.
+
+    Unchanged records stay the very same objects, in the same order (the decision core patches its
+    index by comparing the old and new tuples element by element with `is`), and the device names and
+    pks stay the same dicts (running and pending records are kept per those, see load_running)."""
+    index = previous.rows
+    if index is None or levels != previous.levels or domain_paths != previous.domain_paths:
+        return None
+    node_count, device_count, revision = row_counts()
+    if node_count != len(index.node_slots) or device_count != len(index.device_slots):
+        return None  # deleted rows leave no revision behind: counts tell (an insertion shows up below)
+    if revision < index.revision:
+        return None  # the tables went back in time (a restore): the revisions read before mean nothing
+    nodes, devices, device_taints, descriptions = previous.nodes, previous.devices, previous.device_taints, None
+    if revision > index.revision:
+        nodes = patched_nodes(previous, index.revision)
+        if nodes is None:
+            return None
+        patched = patched_devices(previous, index.revision)
+        if patched is None:
+            return None
+        devices, device_taints, descriptions = patched
+    return Inventory(
+        token,
+        previous.levels,
+        previous.domain_paths,
+        nodes,
+        devices,
+        previous.device_pks,
+        previous.devices_by_pk,
+        device_taints,
+        RowIndex(revision, index.node_slots, index.device_slots, descriptions or index.descriptions),
+    )
+
+
+def row_counts():
+    """(nodes, devices, highest revision of either): one sequential scan of each table."""
+    node, device = Node._meta.db_table, Device._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f'SELECT (SELECT count(*) FROM "{node}"), (SELECT count(*) FROM "{device}"), '
+            f'GREATEST((SELECT max(revision) FROM "{node}"), (SELECT max(revision) FROM "{device}"), 0)'
+        )
+        return cursor.fetchone()
 
 
 def load_domain_paths():
@@ -219,38 +316,82 @@ def load_domain_paths():
     return paths
 
 
+NODE_COLUMNS = ("id", "name", "domain_id", "cordoned", as_text("labels"), "revision")
+
+
 def load_nodes(domain_paths):
+    """(nodes, {Node pk: name}, {Node pk: (position, domain pk)}, highest revision read)."""
     nodes = []
     names = {}
+    slots = {}
+    revision = 0
     parse = JsonCache()  # nodes of a rack share their labels
-    rows = fetch_rows(
-        Node.objects.order_by("name").values_list("id", "name", "domain_id", "cordoned", as_text("labels"))
-    )
-    for pk, name, domain_id, cordoned, labels in rows:
+    rows = fetch_rows(Node.objects.order_by("name").values_list(*NODE_COLUMNS))
+    for pk, name, domain_id, cordoned, labels, row_revision in rows:
         names[pk] = name
-        nodes.append(
-            s.Node(
-                name=name, domains=domain_paths.get(domain_id, {}), schedulable=not cordoned, labels=parse(labels, {})
-            )
-        )
-    return tuple(nodes), names
+        slots[pk] = (len(nodes), domain_id)
+        revision = max(revision, row_revision)
+        nodes.append(node_record(name, domain_paths.get(domain_id, {}), cordoned, labels, parse))
+    return tuple(nodes), names, slots, revision
+
+
+def node_record(name, domains, cordoned, labels, parse):
+    return s.Node(name=name, domains=domains, schedulable=not cordoned, labels=parse(labels, {}))
+
+
+def patched_nodes(previous, since):
+    """`previous.nodes` with the rows written after revision `since` in their places (the same tuple if
+    none differs), or None if a row is new, renamed or in another domain."""
+    slots = previous.rows.node_slots
+    rows = fetch_rows(Node.objects.filter(revision__gt=since).values_list(*NODE_COLUMNS))
+    nodes = list(previous.nodes)
+    replaced = False
+    parse = JsonCache()
+    for pk, name, domain_id, cordoned, labels, _ in rows:
+        slot = slots.get(pk)
+        if slot is None or slot[1] != domain_id or nodes[slot[0]].name != name:
+            return None
+        node = node_record(name, previous.domain_paths.get(domain_id, {}), cordoned, labels, parse)
+        if node != nodes[slot[0]]:  # a row written again unchanged keeps its record
+            nodes[slot[0]] = node
+            replaced = True
+    return tuple(nodes) if replaced else previous.nodes
+
+
+class DevicesRead(NamedTuple):
+    devices: tuple
+    device_pks: dict  # snapshot device id -> Device pk
+    devices_by_pk: dict  # Device pk -> (snapshot device id, node name)
+    device_taints: dict  # Device pk -> taints as stored
+    slots: dict  # Device pk -> position in devices
+    descriptions: dict  # (attributes, capacity, taints) texts -> `device_description` of them
+    revision: int  # the highest revision read
+
+
+DEVICE_COLUMNS = (
+    "id",
+    "node_id",
+    "name",
+    "driver",
+    as_text("attributes"),
+    as_text("capacity"),
+    "health",
+    as_text("taints"),
+    "revision",
+)
 
 
 def load_devices(node_names):
-    """(devices, device_pks, devices_by_pk, device_taints)."""
+    """Every device, as a DevicesRead."""
     parse = JsonCache()
     # A handful of distinct (attributes, capacity, taints) texts among 100k devices: each is parsed once
     # and every device looks its description up once (a worker that just started reads them all).
     descriptions = {}
     devices = []
     device_pks, devices_by_pk, device_taints = {}, {}, {}
-    rows = fetch_rows(
-        Device.objects.order_by("node_id", "name").values_list(
-            "id", "node_id", "name", "driver", as_text("attributes"), as_text("capacity"), "health", as_text("taints")
-        )
-    )
+    rows = fetch_rows(Device.objects.order_by("node_id", "name").values_list(*DEVICE_COLUMNS))
     make = s.Device
-    for pk, node_id, name, driver, attributes, capacity, health, taints in rows:
+    for pk, node_id, name, driver, attributes, capacity, health, taints, _ in rows:
         node = node_names[node_id]
         device_id = f"{node}/{name}"
         text = (attributes, capacity, taints)
@@ -264,7 +405,53 @@ def load_devices(node_names):
         devices.append(
             make(device_id, node, driver, attribute_values, capacity_values, health == Health.HEALTHY, taint_records)
         )
-    return tuple(devices), device_pks, devices_by_pk, device_taints
+    # devices_by_pk was filled in device order.
+    slots = dict(zip(devices_by_pk, range(len(devices)), strict=True))
+    revision = max((row[-1] for row in rows), default=0)
+    return DevicesRead(tuple(devices), device_pks, devices_by_pk, device_taints, slots, descriptions, revision)
+
+
+# Descriptions patched in since the last full read are kept for the next patch, up to this many (then
+# the next patch starts afresh): a stream of one-off taint texts must not grow them without end.
+MAX_KEPT_DESCRIPTIONS = 1024
+
+
+def patched_devices(previous, since):
+    """(devices, device_taints, descriptions): `previous`'s with the rows written after revision `since`
+    in their places (the same devices tuple if no record differs), or None if a row is new, renamed or on
+    another node."""
+    index = previous.rows
+    rows = fetch_rows(Device.objects.filter(revision__gt=since).values_list(*DEVICE_COLUMNS))
+    if not rows:
+        return previous.devices, previous.device_taints, index.descriptions
+    node_names = {pk: previous.nodes[position].name for pk, (position, _) in index.node_slots.items()}
+    devices = list(previous.devices)
+    device_taints = dict(previous.device_taints)
+    descriptions = dict(index.descriptions) if len(index.descriptions) < MAX_KEPT_DESCRIPTIONS else {}
+    parse = JsonCache()
+    replaced = False
+    for pk, node_id, name, driver, attributes, capacity, health, taints, _ in rows:
+        position, node = index.device_slots.get(pk), node_names.get(node_id)
+        if position is None or node is None:
+            return None
+        device_id = f"{node}/{name}"
+        known = devices[position]
+        if known.node != node or known.id != device_id:
+            return None
+        text = (attributes, capacity, taints)
+        description = descriptions.get(text)
+        if description is None:
+            description = descriptions[text] = device_description(parse, attributes, capacity, taints)
+        attribute_values, capacity_values, taint_list, taint_records = description
+        device = s.Device(
+            device_id, node, driver, attribute_values, capacity_values, health == Health.HEALTHY, taint_records
+        )
+        # Taints as stored, even under an equal record: the commit compares them with the rows.
+        device_taints[pk] = taint_list
+        if device != known:  # a row written again unchanged keeps its record
+            devices[position] = device
+            replaced = True
+    return tuple(devices) if replaced else previous.devices, device_taints, descriptions
 
 
 def device_description(parse, attributes, capacity, taints):
@@ -489,7 +676,8 @@ def load_pending(loaded, approval_rules):
     )
     pod_set_rows = load_pod_set_rows(WAITING)
     executor = get_executor()
-    scope = (loaded.inventory_token, executor.wall_seconds(HOUR))
+    # What a record takes from the inventory: the names of nominated devices (see RUNNING_RECORDS).
+    scope = (loaded.devices_by_pk, executor.wall_seconds(HOUR))
     previous = PENDING_RECORDS.previous(scope)
     records = {}
     parse = JsonCache()
@@ -617,6 +805,11 @@ class BuiltFromRows:
         self._scope, self._records = scope, records
 
 
+# Running and pending records take from the inventory only device names and nodes by Device pk
+# (`devices_by_pk`: a running pod's devices and node, a preemptor's nominated devices, unknown pks
+# skipped), so that dict is their inventory scope, not the revision token: a health, taint or cordon
+# change keeps them. A patched inventory hands on the very same dict (the scope compares at once); a
+# full read makes a new one, compared by value, so records survive a re-read that renamed nothing.
 RUNNING_RECORDS = BuiltFromRows()
 PENDING_RECORDS = BuiltFromRows()
 
@@ -656,7 +849,7 @@ def load_running(loaded):
     executor = get_executor()
     class_names = {pk: name for name, pk in loaded.device_class_pks.items()}
     # A record names its device class: a renamed class is a new scope.
-    scope = (loaded.inventory_token, executor.wall_seconds(HOUR), tuple(sorted(class_names.items())))
+    scope = (loaded.devices_by_pk, executor.wall_seconds(HOUR), tuple(sorted(class_names.items())))
     previous = RUNNING_RECORDS.previous(scope)
     records = {}
     running = []

@@ -113,6 +113,10 @@ class Node(models.Model):
     cordoned = models.BooleanField(default=False, help_text="A cordoned node takes no new allocations.")
     created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)
+    # Drawn from one sequence by a trigger on every INSERT and UPDATE (migration 0004, PostgreSQL only):
+    # the loader re-reads just the rows above the highest revision it has seen. Not indexed, so a health
+    # or taint update stays a HOT update; a sequential scan of the table is cheap enough.
+    revision = models.BigIntegerField(default=0, db_default=0, editable=False)
 
     class Meta:
         ordering = ["name"]
@@ -144,6 +148,10 @@ class Device(models.Model):
         related_name="partitions",
         help_text="For a partition (e.g. a MIG slice): the whole device it is cut from.",
     )
+    # Drawn from one sequence by a trigger on every INSERT and UPDATE (migration 0004, PostgreSQL only):
+    # the loader re-reads just the rows above the highest revision it has seen. Not indexed, so a health
+    # or taint update stays a HOT update; a sequential scan of the table is cheap enough.
+    revision = models.BigIntegerField(default=0, db_default=0, editable=False)
 
     class Meta:
         ordering = ["node__name", "name"]
