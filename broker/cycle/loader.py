@@ -330,7 +330,7 @@ def load_nodes(domain_paths):
     for pk, name, domain_id, cordoned, labels, row_revision in rows:
         names[pk] = name
         slots[pk] = (len(nodes), domain_id)
-        revision = max(revision, row_revision)
+        revision = max(revision, row_revision or 0)  # NULL: written before row revisions, or SQLite
         nodes.append(node_record(name, domain_paths.get(domain_id, {}), cordoned, labels, parse))
     return tuple(nodes), names, slots, revision
 
@@ -407,7 +407,7 @@ def load_devices(node_names):
         )
     # devices_by_pk was filled in device order.
     slots = dict(zip(devices_by_pk, range(len(devices)), strict=True))
-    revision = max((row[-1] for row in rows), default=0)
+    revision = max((row[-1] or 0 for row in rows), default=0)
     return DevicesRead(tuple(devices), device_pks, devices_by_pk, device_taints, slots, descriptions, revision)
 
 

@@ -115,8 +115,9 @@ class Node(models.Model):
     updated = models.DateTimeField(auto_now=True)
     # Drawn from one sequence by a trigger on every INSERT and UPDATE (migration 0004, PostgreSQL only):
     # the loader re-reads just the rows above the highest revision it has seen. Not indexed, so a health
-    # or taint update stays a HOT update; a sequential scan of the table is cheap enough.
-    revision = models.BigIntegerField(default=0, db_default=0, editable=False)
+    # or taint update stays a HOT update; a sequential scan of the table is cheap enough. Nullable: SQLite
+    # adds such a column in place, where a default would rebuild the table and drop its triggers.
+    revision = models.BigIntegerField(null=True, editable=False)
 
     class Meta:
         ordering = ["name"]
@@ -150,8 +151,9 @@ class Device(models.Model):
     )
     # Drawn from one sequence by a trigger on every INSERT and UPDATE (migration 0004, PostgreSQL only):
     # the loader re-reads just the rows above the highest revision it has seen. Not indexed, so a health
-    # or taint update stays a HOT update; a sequential scan of the table is cheap enough.
-    revision = models.BigIntegerField(default=0, db_default=0, editable=False)
+    # or taint update stays a HOT update; a sequential scan of the table is cheap enough. Nullable: SQLite
+    # adds such a column in place, where a default would rebuild the table and drop its triggers.
+    revision = models.BigIntegerField(null=True, editable=False)
 
     class Meta:
         ordering = ["node__name", "name"]

@@ -23,8 +23,9 @@ counting rows. The cycle's commit locks the same row (broker.cycle.commit.invent
 writer now holds it from its first inventory statement, so the commit waits for it from then on, and
 both take the revision row before any device row, one lock order for all.
 
-SQLite (the embedded default, small clusters) gets the columns but no triggers; the loader reads the
-whole inventory there whenever the token moves."""
+SQLite (the embedded default, small clusters) gets the columns, always NULL, and no triggers; the
+loader reads the whole inventory there whenever the token moves. Rows older than this migration keep a
+NULL revision on PostgreSQL too until their next write: the loader's first read after it is a full one."""
 
 from django.db import migrations, models
 
@@ -86,12 +87,12 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="device",
             name="revision",
-            field=models.BigIntegerField(db_default=0, default=0, editable=False),
+            field=models.BigIntegerField(editable=False, null=True),
         ),
         migrations.AddField(
             model_name="node",
             name="revision",
-            field=models.BigIntegerField(db_default=0, default=0, editable=False),
+            field=models.BigIntegerField(editable=False, null=True),
         ),
         migrations.RunPython(install, uninstall),
     ]
