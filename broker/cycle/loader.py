@@ -269,20 +269,21 @@ def patched_inventory(previous, token, levels, domain_paths):
     index = previous.rows
     if index is None or levels != previous.levels or domain_paths != previous.domain_paths:
         return None
-    node_count, device_count, revision = row_counts()
-    if node_count != len(index.node_slots) or device_count != len(index.device_slots):
-        return None  # deleted rows leave no revision behind: counts tell (an insertion shows up below)
+    nodes_written = rows_written_since(Node, index.revision)
+    devices_written = rows_written_since(Device, index.revision)
+    # Deleted rows leave no revision behind: the counts tell (an inserted row is written, and unknown).
+    if nodes_written.count != len(index.node_slots) or devices_written.count != len(index.device_slots):
+        return None
+    revision = max(nodes_written.revision, devices_written.revision)
     if revision < index.revision:
         return None  # the tables went back in time (a restore): the revisions read before mean nothing
-    nodes, devices, device_taints, descriptions = previous.nodes, previous.devices, previous.device_taints, None
-    if revision > index.revision:
-        nodes = patched_nodes(previous, index.revision)
-        if nodes is None:
-            return None
-        patched = patched_devices(previous, index.revision)
-        if patched is None:
-            return None
-        devices, device_taints, descriptions = patched
+    if len(devices_written.pks) > LARGEST_PATCH * len(index.device_slots):
+        return None  # a bulk write: reading everything costs about as much and builds tidier
+    nodes = patched_nodes(previous, nodes_written.pks)
+    patched = None if nodes is None else patched_devices(previous, devices_written.pks)
+    if patched is None:
+        return None
+    devices, device_taints, descriptions = patched
     return Inventory(
         token,
         previous.levels,
@@ -292,19 +293,29 @@ def patched_inventory(previous, token, levels, domain_paths):
         previous.device_pks,
         previous.devices_by_pk,
         device_taints,
-        RowIndex(revision, index.node_slots, index.device_slots, descriptions or index.descriptions),
+        RowIndex(revision, index.node_slots, index.device_slots, descriptions),
     )
 
 
-def row_counts():
-    """(nodes, devices, highest revision of either): one sequential scan of each table."""
-    node, device = Node._meta.db_table, Device._meta.db_table
+LARGEST_PATCH = 0.25  # the share of devices written beyond which a full read is done instead
+
+
+class RowsWritten(NamedTuple):
+    count: int  # rows in the table
+    revision: int  # the highest revision among them (0: none)
+    pks: list  # of the rows whose revision is above the one asked about
+
+
+def rows_written_since(model, revision):
+    """RowsWritten of `model`'s table, in one sequential scan (the revision has no index, see the model)."""
+    table = model._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(
-            f'SELECT (SELECT count(*) FROM "{node}"), (SELECT count(*) FROM "{device}"), '
-            f'GREATEST((SELECT max(revision) FROM "{node}"), (SELECT max(revision) FROM "{device}"), 0)'
+            f'SELECT count(*), coalesce(max(revision), 0), array_agg(id) FILTER (WHERE revision > %s) FROM "{table}"',
+            [revision],
         )
-        return cursor.fetchone()
+        count, highest, pks = cursor.fetchone()
+    return RowsWritten(count, highest, pks or [])
 
 
 def load_domain_paths():
@@ -339,11 +350,13 @@ def node_record(name, domains, cordoned, labels, parse):
     return s.Node(name=name, domains=domains, schedulable=not cordoned, labels=parse(labels, {}))
 
 
-def patched_nodes(previous, since):
-    """`previous.nodes` with the rows written after revision `since` in their places (the same tuple if
-    none differs), or None if a row is new, renamed or in another domain."""
+def patched_nodes(previous, pks):
+    """`previous.nodes` with the rows of `pks` in their places (the same tuple if none differs), or None if
+    one is new, renamed or in another domain."""
+    if not pks:
+        return previous.nodes
     slots = previous.rows.node_slots
-    rows = fetch_rows(Node.objects.filter(revision__gt=since).values_list(*NODE_COLUMNS))
+    rows = fetch_rows(Node.objects.filter(**pk_in(pks)).values_list(*NODE_COLUMNS))
     nodes = list(previous.nodes)
     replaced = False
     parse = JsonCache()
@@ -416,14 +429,13 @@ def load_devices(node_names):
 MAX_KEPT_DESCRIPTIONS = 1024
 
 
-def patched_devices(previous, since):
-    """(devices, device_taints, descriptions): `previous`'s with the rows written after revision `since`
-    in their places (the same devices tuple if no record differs), or None if a row is new, renamed or on
-    another node."""
+def patched_devices(previous, pks):
+    """(devices, device_taints, descriptions): `previous`'s with the rows of `pks` in their places (the same
+    devices tuple if no record differs), or None if one is new, renamed or on another node."""
     index = previous.rows
-    rows = fetch_rows(Device.objects.filter(revision__gt=since).values_list(*DEVICE_COLUMNS))
-    if not rows:
+    if not pks:
         return previous.devices, previous.device_taints, index.descriptions
+    rows = fetch_rows(Device.objects.filter(**pk_in(pks)).values_list(*DEVICE_COLUMNS))
     node_names = {pk: previous.nodes[position].name for pk, (position, _) in index.node_slots.items()}
     devices = list(previous.devices)
     device_taints = dict(previous.device_taints)

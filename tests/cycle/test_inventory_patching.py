@@ -48,6 +48,8 @@ STRUCTURAL = {
     "node moved": lambda: Node.objects.filter(name="n3").update(domain=Domain.objects.get(name="r1")),
     "domain renamed": lambda: Domain.objects.filter(name="r2").update(name="r7"),
     "level renamed": lambda: TopologyLevel.objects.filter(name="rack").update(name="row"),
+    # Not structural, but most of the devices: read whole rather than patched.
+    "bulk health": lambda: Device.objects.filter(node__name__in=["n1", "n2"]).update(health=Health.UNKNOWN),
 }
 
 
