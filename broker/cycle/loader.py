@@ -196,8 +196,8 @@ class InventoryCache:
             return self._inventory if self._key is not None and self._key[:-1] == database else None
 
     def put(self, key, inventory, rebuilt=True):
-        """Keep `inventory` as read at `key`; `rebuilt` False for one patched from the last (its records
-        are nearly all the last one's, nothing new to freeze)."""
+        """Keep `inventory` as read at `key`; `rebuilt` False for one that hands out the last one's very
+        tuples (nothing new for take_rebuilt to report)."""
         with self._lock:
             self._key, self._inventory = key, inventory
             if inventory is not None and rebuilt:
@@ -229,7 +229,10 @@ def load_inventory():
     previous = None if key is None else INVENTORY_CACHE.latest(database)
     inventory = None if previous is None else patched_inventory(previous, token, levels, domain_paths)
     if inventory is not None:
-        INVENTORY_CACHE.put(key, inventory, rebuilt=False)
+        # New tuples, however few new records they hold, make the decision core build (or patch) its
+        # index anew: what it then keeps is as worth freezing as after a full read (see the runner).
+        new_tuples = inventory.devices is not previous.devices or inventory.nodes is not previous.nodes
+        INVENTORY_CACHE.put(key, inventory, rebuilt=new_tuples)
         return inventory
     inventory = read_inventory(token, levels, domain_paths)
     if key is not None:

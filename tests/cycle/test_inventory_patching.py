@@ -109,14 +109,14 @@ def test_it_patches_in_place_changes_keeping_every_other_record(cluster, change)
 
     second, loaded = load_snapshot(timezone.now())
 
-    assert INVENTORY_CACHE.take_rebuilt() is None, "patched, not read whole"
+    assert INVENTORY_CACHE.take_rebuilt() == len(second.devices), "new tuples: the runner freezes what is kept"
     fresh = {d.id: d for d in read_afresh()[0].devices}
     for before, after in zip(first.devices, second.devices, strict=True):
         assert (after is before) == (fresh[after.id] == before), f"{after.id}: kept exactly when unchanged"
     fresh_nodes = {n.name: n for n in read_afresh()[0].nodes}
     for before, after in zip(first.nodes, second.nodes, strict=True):
         assert (after is before) == (fresh_nodes[after.name] == before), f"{after.name}: kept exactly when unchanged"
-    assert loaded.devices_by_pk is first_loaded.devices_by_pk
+    assert loaded.devices_by_pk is first_loaded.devices_by_pk, "patched, not read whole"
     assert loaded.device_pks is first_loaded.device_pks
     (kept_running,) = second.running
     assert kept_running is first.running[0] and kept_running.id == str(held.pk)
@@ -127,20 +127,19 @@ def test_it_patches_in_place_changes_keeping_every_other_record(cluster, change)
 @requires_postgresql
 @pytest.mark.parametrize("change", STRUCTURAL)
 def test_it_reads_the_inventory_whole_after_a_structural_change(cluster, change):
-    load_snapshot(timezone.now())
-    INVENTORY_CACHE.take_rebuilt()
+    _, first_loaded = load_snapshot(timezone.now())
     STRUCTURAL[change]()
 
-    snapshot, _ = load_snapshot(timezone.now())
+    _, loaded = load_snapshot(timezone.now())
 
-    assert INVENTORY_CACHE.take_rebuilt() == len(snapshot.devices)
+    assert loaded.devices_by_pk is not first_loaded.devices_by_pk, "a patch would have kept the very dict"
 
 
 @requires_postgresql
 def test_it_hands_out_the_same_tuples_after_a_write_that_changed_nothing(cluster):
     first, first_loaded = load_snapshot(timezone.now())
-    held = device("n2", "1").get()
-    held.save()
+    INVENTORY_CACHE.take_rebuilt()
+    device("n2", "1").get().save()
     Node.objects.get(name="n3").save()
 
     second, loaded = load_snapshot(timezone.now())
@@ -148,6 +147,7 @@ def test_it_hands_out_the_same_tuples_after_a_write_that_changed_nothing(cluster
     assert loaded.inventory_token != first_loaded.inventory_token
     assert second.devices is first.devices
     assert second.nodes is first.nodes
+    assert INVENTORY_CACHE.take_rebuilt() is None, "nothing new for the runner to freeze"
 
 
 def test_it_names_a_renamed_device_in_the_running_work_holding_it(cluster):
