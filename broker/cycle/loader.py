@@ -155,6 +155,11 @@ class RowIndex:
     descriptions: dict  # (attributes, capacity, taints) texts -> `device_description` of them
 
 
+# Descriptions are kept from one read to the next patch up to this many (then the next patch starts
+# afresh): a stream of one-off taint texts must not grow them without end.
+MAX_KEPT_DESCRIPTIONS = 1024
+
+
 @dataclass(frozen=True)
 class Inventory:
     """Topology, nodes and devices as read at one InventoryRevision token; shared, never mutated."""
@@ -246,7 +251,9 @@ def read_inventory(token, levels, domain_paths):
     devices = load_devices(node_names)
     rows = None
     if connection.vendor == "postgresql":  # only there do triggers keep row revisions
-        rows = RowIndex(max(node_revision, devices.revision), node_slots, devices.slots, devices.descriptions)
+        # Kept for patches only while they are the handful they usually are (their texts cost memory).
+        descriptions = devices.descriptions if len(devices.descriptions) < MAX_KEPT_DESCRIPTIONS else {}
+        rows = RowIndex(max(node_revision, devices.revision), node_slots, devices.slots, descriptions)
     return Inventory(
         token,
         levels,
@@ -425,11 +432,6 @@ def load_devices(node_names):
     slots = dict(zip(devices_by_pk, range(len(devices)), strict=True))
     revision = max((row[-1] or 0 for row in rows), default=0)
     return DevicesRead(tuple(devices), device_pks, devices_by_pk, device_taints, slots, descriptions, revision)
-
-
-# Descriptions patched in since the last full read are kept for the next patch, up to this many (then
-# the next patch starts afresh): a stream of one-off taint texts must not grow them without end.
-MAX_KEPT_DESCRIPTIONS = 1024
 
 
 def patched_devices(previous, pks):
