@@ -265,29 +265,46 @@ class Cycle:
     def _commit(self, request: Request, class_name: str, plan: GangPlan) -> None:
         planned = plan.pods
         request_id = request.workload.id
+        state = self.state
+        node_names = state.node_names
         if len(planned) == 1:
-            slots = planned[0].slots
+            # Most admissions are one pod: its node's domains are the gang's, and its records are made
+            # here as `made` makes them, without a call and a keyword dict for each of two records.
+            pod = planned[0]
+            slots = pod.slots
+            state.hold(slots, request_id)
+            placement = object.__new__(PodPlacement)
+            placement.__dict__.update(
+                pod_set=pod.pod_set,
+                index=pod.index,
+                node=node_names[pod.node],
+                device_ids=tuple([slot.id for slot in slots]),
+            )
+            pods = (placement,)
+            domain = self._node_domains.get(pod.node)
+            domain = dict(self._node_domain(pod.node) if domain is None else domain)
         else:
             slots = [slot for pod in planned for slot in pod.slots]
-            planned = sorted(planned, key=_pod_order)
-        self.state.hold(slots, request_id)
-        self._charge(request.queue.name, class_name, len(slots))
-        node_names = self.state.node_names
-        pods = tuple(
-            [
-                made(
-                    PodPlacement,
-                    pod_set=pod.pod_set,
-                    index=pod.index,
-                    node=node_names[pod.node],
-                    device_ids=tuple([slot.id for slot in pod.slots]),
-                )
-                for pod in planned
-            ]
-        )
-        self.log.admitted[request_id] = made(
-            Admission, workload_id=request_id, device_class=class_name, pods=pods, domain=self.common_domain(plan)
-        )
+            state.hold(slots, request_id)
+            pods = tuple(
+                [
+                    made(
+                        PodPlacement,
+                        pod_set=pod.pod_set,
+                        index=pod.index,
+                        node=node_names[pod.node],
+                        device_ids=tuple([slot.id for slot in pod.slots]),
+                    )
+                    for pod in sorted(planned, key=_pod_order)
+                ]
+            )
+            domain = self.common_domain(plan)
+        queue = request.queue.name
+        self.quota.add_usage(queue, class_name, len(slots))
+        self.book.add(queue, class_name, len(slots))
+        admission = object.__new__(Admission)
+        admission.__dict__.update(workload_id=request_id, device_class=class_name, pods=pods, domain=domain)
+        self.log.admitted[request_id] = admission
         self.log.admitted_plans[request_id] = plan
 
     def common_domain(self, plan: GangPlan) -> dict:
