@@ -596,6 +596,20 @@ class CapacityState:
         journal = self._journal
         if journal is not None:
             journal.extend([(slot, slot.holder) for slot in slots])
+        if len(slots) == 1:
+            # Most holds are one plain device taken from the front of its node's free list: nothing to
+            # group by node or by class.
+            slot = slots[0]
+            slot.holder = holder
+            if slot.category == PLAIN:
+                node = slot.node
+                free = self.free_plain[node]
+                if free and free[0] is slot:
+                    self.free_plain[node] = free[1:]
+                else:
+                    self.free_plain[node] = [other for other in free if other is not slot]
+                self._shift(slot.classes, node, -1)
+            return
         changed: dict[int, list[Slot]] = {}
         for slot in slots:
             slot.holder = holder
