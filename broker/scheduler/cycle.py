@@ -281,8 +281,7 @@ class Cycle:
                 device_ids=tuple([slot.id for slot in slots]),
             )
             pods = (placement,)
-            domain = self._node_domains.get(pod.node)
-            domain = dict(self._node_domain(pod.node) if domain is None else domain)
+            domain = dict(self._node_domain(pod.node))
         else:
             slots = [slot for pod in planned for slot in pod.slots]
             state.hold(slots, request_id)
@@ -299,9 +298,7 @@ class Cycle:
                 ]
             )
             domain = self.common_domain(plan)
-        queue = request.queue.name
-        self.quota.add_usage(queue, class_name, len(slots))
-        self.book.add(queue, class_name, len(slots))
+        self._charge(request.queue.name, class_name, len(slots))
         admission = object.__new__(Admission)
         admission.__dict__.update(workload_id=request_id, device_class=class_name, pods=pods, domain=domain)
         self.log.admitted[request_id] = admission
