@@ -211,3 +211,24 @@ def last_revision_drawn():
     with connection.cursor() as cursor:
         cursor.execute("SELECT last_value FROM inventory_row_revision")
         return cursor.fetchone()[0]
+
+
+@requires_postgresql
+def test_it_reads_the_inventory_whole_when_the_revisions_went_back_in_time(cluster):
+    """A database restored from a backup: its rows carry revisions below what the worker read, and one of
+    them differs. Nothing was written since the worker's highest revision, so a patch would change
+    nothing: only a full read finds the difference."""
+    _, first_loaded = load_snapshot(timezone.now())
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL session_replication_role = replica")  # as pg_restore loads rows: no triggers
+        cursor.execute('UPDATE "inventory_device" SET revision = 1')
+        cursor.execute('UPDATE "inventory_node" SET revision = 1')
+        device("n2", "1").update(health=Health.UNHEALTHY)
+        cursor.execute("UPDATE inventory_inventoryrevision SET token = 'restored'")
+        cursor.execute("SET LOCAL session_replication_role = origin")
+
+    snapshot, loaded = load_snapshot(timezone.now())
+
+    assert loaded.devices_by_pk is not first_loaded.devices_by_pk, "read whole"
+    assert not next(d for d in snapshot.devices if d.id == "n2/1").healthy
+    assert_same_inventory(snapshot, loaded, *read_afresh())
