@@ -98,7 +98,7 @@ class ReleaseTimeline:
 
     def events(self, cycle, horizon: int) -> list[tuple[float, str]]:
         # A shrunk victim runs on to its end; the pods it gives up leave now (`cycle.leaving`).
-        victims = cycle.chosen_victims - cycle.shrunk_victims if cycle.shrunk_victims else cycle.chosen_victims
+        victims = cycle.chosen_victims - cycle.shrunk_victims if cycle.leaving else cycle.chosen_victims
         now = self.now
         ending_now = sorted(
             {(now, workload_id) for workload_id in self.evicting}

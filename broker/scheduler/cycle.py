@@ -93,8 +93,8 @@ class Cycle:
         self._hopeless: set = set()  # see _hopeless_key
         self._hopeless_demands: set = set()  # ids of the demands tuples of those keys (held by requests)
         self.chosen_victims: set[str] = set()
-        self.shrunk_victims: set[str] = set()  # of those, the ones that only lose pods (they run on)
-        # The pods those give up, by `leaving_id`: released now in the release timeline, as whole victims are.
+        # Of those, the ones that only lose pods (they run on): the pods they give up, by `leaving_id`,
+        # released now in the release timeline as whole victims are.
         self.leaving: dict[str, RunningWorkload] = {}
         self.preemption_failed: set = set()
         self.victim_index = None
@@ -261,6 +261,11 @@ class Cycle:
             return True
         self.log.outcomes[request.id] = Outcome(request)
         return False
+
+    @property
+    def shrunk_victims(self) -> set[str]:
+        """The chosen victims that only lose pods."""
+        return {workload.id for workload in self.leaving.values()}
 
     def _commit(self, request: Request, class_name: str, plan: GangPlan) -> None:
         planned = plan.pods

@@ -128,7 +128,6 @@ def _claim(cycle, found: Found) -> None:
     cycle.chosen_victims.update(victim.workload.id for victim in found.victims)
     for victim in found.victims:
         if victim.workload.partial:
-            cycle.shrunk_victims.add(victim.workload.id)
             cycle.leaving[leaving_id(victim.workload.id)] = victim.workload
     cycle.chosen_victims.update(found.evicting)
 
