@@ -186,11 +186,14 @@ def last_cycle_changes(user, cycle=None):
     preempted = WorkloadTransition.objects.filter(
         to_state=State.PREEMPTED, at__gte=cycle.started_at, at__lte=window_end + timedelta(seconds=1)
     )
+    # Its history rows, one per admitted workload (an allocation row is one per device).
+    history = ExplanationChange.objects.filter(cycle=cycle)
+    admitted = history.filter(reason="Admitted")
     return {
         "cycle": cycle,
-        "admitted": split_visible(user, Allocation.objects.filter(cycle=cycle).values("workload_id")),
+        "admitted": split_visible(user, admitted.values("workload_id")),
         "preempted": split_visible(user, preempted.values("workload_id")),
-        "changed": split_visible(user, ExplanationChange.objects.filter(cycle=cycle).values("workload_id")),
+        "changed": split_visible(user, history.exclude(reason="Admitted").values("workload_id")),
     }
 
 

@@ -27,13 +27,19 @@ class Workload(models.Model):
     name = models.SlugField(max_length=100, db_index=False)
     # Looked up through the (team, name) unique index, which starts with it.
     team = models.ForeignKey("policy.Team", on_delete=models.PROTECT, related_name="workloads", db_index=False)
-    queue = models.ForeignKey("policy.Queue", on_delete=models.PROTECT, related_name="workloads")
+    # Looked up through the (queue, state) index, which starts with it.
+    queue = models.ForeignKey("policy.Queue", on_delete=models.PROTECT, related_name="workloads", db_index=False)
+    # Not indexed (nor submitted_by): read by a submission's class guidance within one team (the team's
+    # rows through the (team, name) index), by API filters and by the rare deletion of a class or user.
+    # An index is one more entry for every one of the 20,000 rows an admission rewrites.
     resource_class = models.ForeignKey(
-        "policy.ResourceClass", null=True, blank=True, on_delete=models.PROTECT, related_name="workloads"
-    )
+        "policy.ResourceClass", null=True, blank=True, on_delete=models.PROTECT, related_name="workloads",
+        db_index=False,
+    )  # fmt: skip
     submitted_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="workloads"
-    )
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="workloads",
+        db_index=False,
+    )  # fmt: skip
     priority = models.IntegerField(default=0)
     disruption_mode = models.CharField(max_length=8, choices=DisruptionMode.choices, default=DisruptionMode.POD_GROUP)
     preemptible = models.BooleanField(default=True)
@@ -93,7 +99,9 @@ class Workload(models.Model):
         constraints = [models.UniqueConstraint(fields=["team", "name"], name="workload_unique_name_per_team")]
         indexes = [
             models.Index(fields=["name"], name="workload_name"),
-            models.Index(fields=["state", "queue"]),
+            # Queue first: it serves a queue's workloads in one state and all of them (a queue's deletion,
+            # the queue filter); a state across queues reads workload_state_submitted.
+            models.Index(fields=["queue", "state"], name="workload_queue_state"),
             # The API's lists by state in submission order read a page off this index, no sort.
             models.Index(fields=["state", "submitted_at", "id"], name="workload_state_submitted"),
             # Partial: only the few workloads being evicted have an entry, so the 20,000 rows an admission
@@ -175,11 +183,18 @@ class WorkloadTransition(models.Model):
     from_state = models.CharField(max_length=20, choices=State.choices)
     to_state = models.CharField(max_length=20, choices=State.choices)
     at = models.DateTimeField(default=timezone.now)
-    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, db_index=False
+    )
     reason = models.TextField(blank=True)
 
     class Meta:
         ordering = ["at", "id"]
+        # Partial: the cycle's and the executor's transitions (tens of thousands a cycle) have no actor,
+        # so they add no entry; a person's have one, found when that user is deleted.
+        indexes = [
+            models.Index(fields=["actor"], condition=Q(actor__isnull=False), name="workloadtransition_actor"),
+        ]
 
 
 class SchedulingCycle(models.Model):
@@ -224,14 +239,18 @@ class Allocation(models.Model):
     # constraint row by row. With them, a 20,000-admission commit spent 1.3 s in such checks; these two
     # (and the cycle columns of the explanation tables) were half of it. The workload and device
     # constraints stay: they are what an allocation is.
+    # Nor indexed: only a class's (rare) deletion looks allocations up by it, and the last cycle's
+    # admissions are read from its history rows (ExplanationChange.cycle), not from here.
     device_class = models.ForeignKey(
-        "policy.DeviceClass", on_delete=models.PROTECT, related_name="allocations", db_constraint=False
-    )
+        "policy.DeviceClass", on_delete=models.PROTECT, related_name="allocations", db_constraint=False,
+        db_index=False,
+    )  # fmt: skip
     pod_set = models.CharField(max_length=63)
     pod_index = models.PositiveIntegerField()
     cycle = models.ForeignKey(
-        SchedulingCycle, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_constraint=False
-    )
+        SchedulingCycle, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_constraint=False,
+        db_index=False,
+    )  # fmt: skip
     allocated_at = models.DateTimeField(default=timezone.now)
     released_at = models.DateTimeField(null=True, blank=True, db_index=True)
     # Shrinking (Pod disruption mode): this pod was chosen to leave so `evicted_for` can start; its

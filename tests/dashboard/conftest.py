@@ -46,6 +46,10 @@ def run(workload, devices, cycle, hours_ago):
             cycle=cycle,
             allocated_at=at,
         )
+    # As the cycle's commit writes an admission: its allocations and its history row.
+    ExplanationChange.objects.create(
+        workload=workload, cycle=cycle, reason="Admitted", message=f"admitted: {len(devices)} devices", at=at
+    )
 
 
 def wait(workload, cycle, reason, message, position):

@@ -297,3 +297,13 @@ def test_it_counts_a_large_cycles_changes_in_the_database_and_loads_only_the_row
     assert {workload.team.name for workload in for_alice["shown"]} == {cluster.team_a.name}
     rows = [q["sql"] for q in queried.captured_queries if q["sql"].startswith('SELECT "workloads_workload"."id"')]
     assert rows and all("LIMIT 20" in sql for sql in rows)
+
+
+def test_it_lists_a_cycles_admissions_once_each_and_not_among_its_changed_explanations(scene, olivia):
+    from dashboard import queries
+
+    changes = queries.last_cycle_changes(olivia)
+    # train-a holds 4 devices, serve-b 2: one entry each, from the cycle's history rows.
+    assert sorted(w.name for w in changes["admitted"]["shown"]) == ["serve-b", "train-a"]
+    assert (changes["admitted"]["more"], changes["admitted"]["hidden"]) == (0, 0)
+    assert sorted(w.name for w in changes["changed"]["shown"]) == ["big-a", "secret-b"]
