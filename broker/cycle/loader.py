@@ -695,6 +695,13 @@ def load_pending(loaded, approval_rules):
     executor = get_executor()
     # What a record takes from the inventory: the names of nominated devices (see RUNNING_RECORDS).
     scope = (loaded.devices_by_pk, executor.wall_seconds(HOUR))
+    # The approval rules decide a record's `approved`: part of what it is built from.
+    read = (rows, pod_set_rows, approval_rules)
+    built = PENDING_RECORDS.unchanged_since(scope, read)
+    if built is not None:
+        pending, states = built
+        loaded.pending_states.update(states)
+        return pending
     previous = PENDING_RECORDS.previous(scope)
     records = {}
     parse = JsonCache()
@@ -716,8 +723,9 @@ def load_pending(loaded, approval_rules):
             records[pk] = (source, workload)
         loaded.pending_states[pk] = state
         pending.append(workload)
-    PENDING_RECORDS.keep(scope, records)
-    return tuple(pending)
+    pending = tuple(pending)
+    PENDING_RECORDS.keep(scope, records, (read, (pending, dict(loaded.pending_states))))
+    return pending
 
 
 def pending_workload(row, pod_set_rows, approved, loaded, executor, parse):
@@ -814,12 +822,23 @@ class BuiltFromRows:
     def __init__(self):
         self._scope = None
         self._records = {}
+        self._whole = None
 
     def previous(self, scope):
         return self._records if scope == self._scope else {}
 
-    def keep(self, scope, records):
-        self._scope, self._records = scope, records
+    def keep(self, scope, records, whole=None):
+        """`whole`: (the complete input, what was built from it), when every record was kept: the next
+        load whose input equals it, in this scope, takes the result as it is (`unchanged_since`)."""
+        self._scope, self._records, self._whole = scope, records, whole
+
+    def unchanged_since(self, scope, read):
+        """What was built last time, if `read` (the complete input of a load) equals last time's and
+        the scope holds: one comparison of the rows in C instead of one per record in Python (a steady
+        load compared 30,000 running workloads' rows one by one, ~0.1 s)."""
+        if self._whole is None or scope != self._scope or self._whole[0] != read:
+            return None
+        return self._whole[1]
 
 
 # Running and pending records take from the inventory only device names and nodes by Device pk
@@ -867,6 +886,12 @@ def load_running(loaded):
     class_names = {pk: name for name, pk in loaded.device_class_pks.items()}
     # A record names its device class: a renamed class is a new scope.
     scope = (loaded.devices_by_pk, executor.wall_seconds(HOUR), tuple(sorted(class_names.items())))
+    read = (allocations, info)
+    built = RUNNING_RECORDS.unchanged_since(scope, read)
+    if built is not None:
+        running, holders = built
+        loaded.running_ids.update(holders)
+        return running
     previous = RUNNING_RECORDS.previous(scope)
     records = {}
     running = []
@@ -885,8 +910,11 @@ def load_running(loaded):
             running.extend(built)
         else:
             running.append(built)
-    RUNNING_RECORDS.keep(scope, records)
-    return tuple(running)
+    running, holders = tuple(running), frozenset(loaded.running_ids)
+    # Only a result made of kept records can be taken whole: one that started "now" is built anew.
+    complete = len(records) == len(holders)
+    RUNNING_RECORDS.keep(scope, records, (read, (running, holders)) if complete else None)
+    return running
 
 
 def shrinking_rows(info):

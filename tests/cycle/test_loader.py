@@ -311,3 +311,45 @@ def test_it_reads_timestamps_as_the_same_seconds_python_computes(cluster):
 
     submitted = {workload.id: workload.submitted for workload in snapshot.pending}
     assert [submitted[str(workload.pk)] for workload in made] == [instant.timestamp() for instant in instants]
+
+
+def test_it_takes_a_read_equal_to_the_last_one_whole(cluster):
+    devices = list(Device.objects.order_by("pk"))
+    held = running(cluster.queue_a, "held", devices[:4], cluster.h100, admitted_at=timezone.now())
+    waiting = pending(cluster.queue_b, "waiting", replicas=2, devices_per_pod=2, resource_class=cluster.training)
+    first, first_loaded = load_snapshot(timezone.now())
+
+    second, second_loaded = load_snapshot(timezone.now())
+
+    assert second.running is first.running and second.pending is first.pending
+    assert second_loaded.running_ids == first_loaded.running_ids == {held.pk}
+    assert second_loaded.pending_states == first_loaded.pending_states == {waiting.pk: State.PENDING}
+
+
+def test_it_builds_again_what_changed_since_a_read_taken_whole(cluster):
+    devices = list(Device.objects.order_by("pk"))
+    held = running(cluster.queue_a, "held", devices[:4], cluster.h100, admitted_at=timezone.now())
+    waiting = pending(cluster.queue_b, "waiting", replicas=2, devices_per_pod=2, resource_class=cluster.training)
+    load_snapshot(timezone.now())
+    load_snapshot(timezone.now())  # taken whole
+    Workload.objects.filter(pk=held.pk).update(priority=31)
+    Workload.objects.filter(pk=waiting.pk).update(priority=32)
+
+    snapshot, _ = load_snapshot(timezone.now())
+
+    assert [w.priority for w in snapshot.running] == [31]
+    assert [w.priority for w in snapshot.pending] == [32]
+
+
+def test_it_never_takes_whole_a_running_workload_without_a_start_time(cluster):
+    """Its start is the load's `now` (see running_workload): a new one each time."""
+    from datetime import timedelta
+
+    devices = list(Device.objects.order_by("pk"))
+    running(cluster.queue_a, "unstamped", devices[:4], cluster.h100, admitted_at=None, started_at=None)
+    now = timezone.now()
+    first, _ = load_snapshot(now)
+
+    second, _ = load_snapshot(now + timedelta(seconds=30))
+
+    assert second.running[0].started == first.running[0].started + 30
