@@ -33,7 +33,7 @@ SECTIONS = ("decide", "cycle", "pages", "browser", "replay")
 DB_SECTIONS = {"cycle", "pages", "browser"}
 LARGEST = (12_500, 20_000)
 QUICK_SIZE = (125, 1_000)
-CYCLE_NAMES = ("first", "refill", "steady", "health_flap", "steady_cold")
+CYCLE_NAMES = ("first", "refill", "steady", "health_flap", "steady_cold", "restarted_worker")
 
 
 def configure_environment() -> None:

@@ -140,6 +140,12 @@ CYCLE_MODE = os.getenv("CYCLE_MODE", "celery" if REDIS_URL else "inprocess")
 CYCLE_INTERVAL_SECONDS = envfloat("CYCLE_INTERVAL_SECONDS", "3")
 CYCLE_DEBOUNCE_SECONDS = envfloat("CYCLE_DEBOUNCE_SECONDS", "0.5")
 CLUSTER_NAME = os.getenv("CLUSTER_NAME", "default")
+# Before its first cycle a process that runs them (each Celery worker process, `manage.py serve`'s loop)
+# reads and indexes the cluster once, so that cycle is as fast as the later ones (broker.cycle.runner.warm_up).
+CYCLE_WARM_UP = envbool("CYCLE_WARM_UP", "True")
+# A worker process reports ready to Celery only after that warm-up: at 100k devices a few seconds, over
+# Celery's default wait of 4 s before it kills the process as stuck.
+CELERY_WORKER_PROC_ALIVE_TIMEOUT = envfloat("CELERY_WORKER_PROC_ALIVE_TIMEOUT", "60")
 CELERY_BEAT_SCHEDULE = {
     "scheduling-cycle": {"task": "broker.cycle.tasks.run_cycle", "schedule": CYCLE_INTERVAL_SECONDS},
     "simulated-executor": {"task": "broker.cycle.tasks.advance_executor", "schedule": CYCLE_INTERVAL_SECONDS},

@@ -89,14 +89,15 @@ def test_it_times_each_cycle_on_postgresql_until_its_transaction_committed(tmp_p
     assert "error" not in cycle, cycle
     assert cycle["gang_sizes"]["jobs"] > 1000
     (case,) = cycle["cases"]
-    for name in ("first", "refill", "steady", "health_flap", "steady_cold"):
+    for name in ("first", "refill", "steady", "health_flap", "steady_cold", "restarted_worker"):
         run = case[name]
         assert run["outcome"] == "Committed", run
         assert run["load_ms"] + run["decide_ms"] + run["commit_ms"] <= run["committed_ms"] <= run["run_once_wall_ms"]
         assert abs(run["after_commit_ms"] - (run["run_once_wall_ms"] - run["committed_ms"])) <= 0.2
         assert run["gc_ms"] >= 0 and run["gc_collections"] >= 0
     # Every committed cycle takes a finance sample after its commit; its timer wraps the hook the commit calls.
-    warm = ("first", "refill", "steady", "health_flap")
+    assert case["restarted_worker"]["warm_up_ms"] > 0
+    warm = ("first", "refill", "steady", "health_flap", "restarted_worker")
     assert all(case[name]["after_commit_capacity_sample_ms"] > 0 for name in warm)
     assert case["worst_cycle_ms"] == max(case[name]["committed_ms"] for name in warm)
     assert "cycle until committed" in completed.stdout

@@ -131,6 +131,35 @@ def _run_once(now, decider):
         return CycleRun(cycle.pk, cycle.outcome, tuple(delta.admitted), tuple(delta.preempted))
 
 
+def warm_up(now=None):
+    """What a process that runs cycles does before its first one: read the inventory and the queued
+    and running work, and decide once, in a transaction rolled back (nothing is written, no lock is
+    taken), so that its first cycle finds the loader's records and the core's inventory index kept, as
+    every later cycle does. As kube-scheduler waits for its informers' caches to sync before it
+    schedules: at 100k devices a cold cycle costs about a second more than a warm one.
+
+    Returns the milliseconds it took, or None when it could not run (no database yet, say): the
+    first cycle then reads everything itself."""
+    started = time.perf_counter()
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        with transaction.atomic():
+            snapshot, _ = load_snapshot(now or timezone.now())
+            decide(snapshot)
+            transaction.set_rollback(True)
+    except Exception:
+        log.warning("warm-up before the first cycle failed; the first cycle reads everything", exc_info=True)
+        return None
+    finally:
+        if collecting:
+            gc.enable()
+        keep_inventory_out_of_collections()
+    elapsed = (time.perf_counter() - started) * 1000
+    log.info("warmed up for cycles in %.0f ms", elapsed)
+    return elapsed
+
+
 RETENTION_PERIOD = timedelta(days=1)
 
 
@@ -150,6 +179,8 @@ class Runner(threading.Thread):
 
     def run(self):
         executor = get_executor()
+        if settings.CYCLE_WARM_UP:
+            warm_up()
         while not self.stopping.is_set():
             close_old_connections()
             self.step(executor)

@@ -104,6 +104,8 @@ def workers(tmp_path):
 
 def test_it_admits_a_workload_submitted_through_the_api_in_a_worker(cluster, alice, api_client, workers):
     workers.start("w1")
+    # Before its first task the worker process read and indexed the cluster (runner.warm_up).
+    assert re.search(r"warmed up for cycles in \d+ ms", workers.log("w1")), workers.log("w1")[-2000:]
     api_client.force_authenticate(alice)
 
     response = api_client.post(
