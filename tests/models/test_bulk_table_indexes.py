@@ -58,6 +58,14 @@ def test_it_indexes_allocations_by_what_reads_them_only():
     assert columns == sorted(
         [("id",), ("device_id",), ("device_id",), ("workload_id",), ("released_at",), ("eviction_requested_at",)]
     )
+    if connection.vendor == "postgresql":  # CI: PostgreSQL (tests/conftest.py)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT indexdef FROM pg_indexes WHERE tablename = %s", [Allocation._meta.db_table])
+            definitions = [row[0] for row in cursor.fetchall()]
+        # A new (active) allocation has an entry in the unique index and the workload's and device's only.
+        assert [d for d in definitions if "(released_at)" in d] == [
+            d for d in definitions if "(released_at) WHERE (released_at IS NOT NULL)" in d
+        ]
 
 
 def test_it_indexes_transitions_by_actor_only_where_a_person_acted():
