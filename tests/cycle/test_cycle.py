@@ -87,6 +87,30 @@ def test_it_refuses_a_result_when_the_inventory_generation_moved(cluster):
     assert not Allocation.objects.exists()
 
 
+def test_it_refuses_a_result_placing_a_device_another_writer_allocated_meanwhile(cluster):
+    """The unique index on active allocations refuses it; on PostgreSQL the refusal names the device."""
+    workload = pending(cluster.queue_a, "fits", replicas=1, devices_per_pod=4, resource_class=cluster.training)
+    other = pending(cluster.queue_b, "by-hand", replicas=1, devices_per_pod=1, resource_class=cluster.training)
+    snapshot, loaded = load_snapshot(timezone.now())
+    result = decide(snapshot)
+    (admission,) = [a for a in result.admissions if a.workload_id == str(workload.pk)]
+    taken = admission.pods[0].device_ids[-1]
+    Allocation.objects.create(
+        workload=other, device_id=loaded.device_pks[taken], device_class=cluster.h100, pod_set="main", pod_index=0
+    )
+    cycle = SchedulingCycle.objects.create()
+
+    expected = f"device {taken} was allocated meanwhile" if connection.vendor == "postgresql" else "refused a write"
+    with pytest.raises(StaleSnapshot, match=expected):
+        commit_result(result, loaded, cycle)
+
+    cycle.refresh_from_db()
+    assert cycle.outcome == SchedulingCycle.Outcome.REFUSED
+    assert list(Allocation.objects.values_list("workload_id", flat=True)) == [other.pk]
+    workload.refresh_from_db()
+    assert workload.state == State.PENDING
+
+
 def test_it_refuses_a_result_for_a_workload_that_was_cancelled_meanwhile(cluster):
     workload = pending(cluster.queue_a, "fits", replicas=1, devices_per_pod=4, resource_class=cluster.training)
     snapshot, loaded = load_snapshot(timezone.now())
