@@ -295,7 +295,7 @@ def apply(result, loaded, cycle):
     delta = CommitDelta(cycle=cycle.pk)
     delta.preempted = evict(result.preemptions, cycle, now)
     delta.admitted = admit(result.admissions, loaded, cycle, now)
-    renominate(result)
+    renominate(result, loaded, delta.admitted)
     delta.explanations = explain(result.pending, delta.admitted, cycle, now)
     return delta
 
@@ -400,12 +400,13 @@ def preempted_text(preemptor, preemption):
     )
 
 
-def renominate(result):
+def renominate(result, loaded, admitted):
     """A pending workload keeps its nomination only while it is still PreemptionPending (kube-scheduler
-    clears a nomination that no longer helps); an admitted one's was cleared by its admission."""
+    clears a nomination that no longer helps); an admitted one's was cleared by its admission. Which
+    ones carry a nomination the load saw (only a commit sets one, and commits take turns), rather than a
+    scan of every pending row's JSON (15-20 ms a cycle at 20,000 pending)."""
     waiting = {int(d.workload_id) for d in result.pending if d.reason == "PreemptionPending"}
-    nominated = Workload.objects.filter(state=State.PENDING).exclude(nominated_devices=[]).values_list("id", flat=True)
-    stale = [pk for pk in nominated if pk not in waiting]
+    stale = sorted(loaded.nominated_pending - waiting - set(admitted))
     if stale:
         Workload.objects.filter(**pk_in(stale)).update(nominated_devices=[])
 

@@ -49,6 +49,7 @@ class LoadedState:
     device_taints: dict = field(default_factory=dict)  # Device pk -> taints as loaded
     device_class_pks: dict = field(default_factory=dict)  # name -> DeviceClass pk
     pending_states: dict = field(default_factory=dict)  # Workload pk -> state as loaded
+    nominated_pending: set = field(default_factory=set)  # pks of Pending workloads loaded with a nomination
     running_ids: set = field(default_factory=set)  # Workload pks holding devices
     load_ms: float = 0.0
 
@@ -700,8 +701,9 @@ def load_pending(loaded, approval_rules):
     read = (rows, pod_set_rows, approval_rules)
     built = PENDING_RECORDS.unchanged_since(scope, read)
     if built is not None:
-        pending, states = built
+        pending, states, nominated = built
         loaded.pending_states.update(states)
+        loaded.nominated_pending.update(nominated)
         return pending
     previous = PENDING_RECORDS.previous(scope)
     records = {}
@@ -723,9 +725,12 @@ def load_pending(loaded, approval_rules):
             workload = pending_workload(row, sets, approved, loaded, executor, parse)
             records[pk] = (source, workload)
         loaded.pending_states[pk] = state
+        if row[13] != "[]" and state == State.PENDING:
+            loaded.nominated_pending.add(pk)
         pending.append(workload)
     pending = tuple(pending)
-    PENDING_RECORDS.keep(scope, records, (read, (pending, dict(loaded.pending_states))))
+    whole = (pending, dict(loaded.pending_states), frozenset(loaded.nominated_pending))
+    PENDING_RECORDS.keep(scope, records, (read, whole))
     return pending
 
 

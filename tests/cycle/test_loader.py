@@ -353,3 +353,21 @@ def test_it_never_takes_whole_a_running_workload_without_a_start_time(cluster):
     second, _ = load_snapshot(now + timedelta(seconds=30))
 
     assert second.running[0].started == first.running[0].started + 30
+
+
+def test_it_notes_which_pending_workloads_carry_a_nomination_read_whole_or_not(cluster):
+    devices = list(Device.objects.order_by("pk"))
+    nominated = pending(cluster.queue_a, "nominated", nominated_devices=[devices[0].pk])
+    pending(cluster.queue_a, "plain")
+    pending(cluster.queue_b, "gone-device", nominated_devices=[10**9])  # a device since removed
+    waiting = pending(
+        cluster.queue_a, "waiting", state=State.AWAITING_APPROVAL, approval=ApprovalState.REQUESTED,
+        nominated_devices=[devices[1].pk],
+    )  # fmt: skip
+
+    _, first = load_snapshot(timezone.now())
+    _, second = load_snapshot(timezone.now())  # taken whole
+
+    gone = Workload.objects.get(name="gone-device").pk
+    assert first.nominated_pending == second.nominated_pending == {nominated.pk, gone}
+    assert waiting.pk in first.pending_states
