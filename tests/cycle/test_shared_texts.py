@@ -48,3 +48,26 @@ def test_it_hands_decisions_of_one_shape_one_suggestions_list():
     assert shared.suggestions(suggestions) is first
     assert first == suggestion_dicts(suggestions)
     assert shared.encode(first) == CANONICAL_JSON.encode(first)
+
+
+def test_it_makes_the_stored_row_each_explanation_alone_would_make_sharing_its_json_texts():
+    from datetime import UTC, datetime
+
+    from broker.cycle.bulk import JsonText
+    from broker.cycle.commit import EXPLANATION_FIELDS, explanation_values
+
+    result = decide(saturated_snapshot(120, 900, sizes=None, seed=3))
+    shared = SharedTexts()
+    now = datetime(2026, 11, 30, tzinfo=UTC)
+    rows = []
+    for pk, decision in enumerate(result.pending):
+        content = explanation_content(decision, shared)
+        encoded = encode_explanation(content, shared)
+        rows.append(shared.stored_row(pk, 7, now, content, encoded))
+        alone = explanation_values(content := explanation_content(decision), encode_explanation(content))
+        assert rows[-1] == (pk, 7, now, *(alone[name] for name in EXPLANATION_FIELDS), encoded[1])
+
+    json_columns = [4, 6, 10]  # secondary, details, suggestions
+    assert all(type(row[i]) is JsonText for row in rows for i in json_columns)
+    distinct = {id(row[i]) for row in rows for i in json_columns}
+    assert len(distinct) == len({row[i] for row in rows for i in json_columns}) < len(rows)
