@@ -63,6 +63,15 @@ class JsonCache:
 
     def __init__(self):
         self._parsed = {}
+        self._pod_sets = {}
+
+    def pod_set(self, row):
+        """`pod_set_from_row(row)`, one record per distinct row: 20,000 queued gangs come in a few dozen
+        shapes, and a PodSet is frozen, so gangs of one shape can share it."""
+        record = self._pod_sets.get(row)
+        if record is None:
+            record = self._pod_sets[row] = pod_set_from_row(row, self)
+        return record
 
     def __call__(self, text, default):
         if text is None:
@@ -741,7 +750,7 @@ def pending_workload(row, pod_set_rows, approved, loaded, executor, parse):
     return s.PendingWorkload(
         id=str(pk),
         queue=queue,
-        pod_sets=tuple(pod_set_from_row(pod_set, parse) for pod_set in pod_set_rows),
+        pod_sets=tuple(parse.pod_set(pod_set) for pod_set in pod_set_rows),
         resource_class=rc,
         team=team,
         topology_required=required or None,
@@ -988,20 +997,26 @@ def running_workload(workload_id, rows, info, loaded, class_names, executor):
     min_counts = info[10] if len(info) > 10 else ()
     # Device and class names come from what was loaded already: no join per allocation.
     devices_by_pk = loaded.devices_by_pk
-    pods = defaultdict(list)
-    for row in rows:
+    if len(rows) == 1:  # most running work is one device: one pod, nothing to group or sort
+        row = rows[0]
         device_id, node = devices_by_pk[row[3]]
-        pods[(row[1], row[2], node)].append(device_id)
+        placed = (s.RunningPod(pod_set=row[1], index=row[2], node=node, device_ids=(device_id,)),)
+    else:
+        pods = defaultdict(list)
+        for row in rows:
+            device_id, node = devices_by_pk[row[3]]
+            pods[(row[1], row[2], node)].append(device_id)
+        placed = tuple(
+            s.RunningPod(pod_set=pod_set, index=index, node=node, device_ids=tuple(ids))
+            for (pod_set, index, node), ids in sorted(pods.items())
+        )
     started = seconds(started_at if started_at is not None else admitted_at)
     started = loaded.now.timestamp() if started is None else started
     expected = executor.wall_seconds(duration)
     return s.RunningWorkload(
         id=str(workload_id),
         queue=queue,
-        pods=tuple(
-            s.RunningPod(pod_set=pod_set, index=index, node=node, device_ids=tuple(ids))
-            for (pod_set, index, node), ids in sorted(pods.items())
-        ),
+        pods=placed,
         device_class=class_names[rows[0][4]],  # one class per admission
         priority=priority,
         disruption=disruption,

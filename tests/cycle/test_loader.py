@@ -371,3 +371,15 @@ def test_it_notes_which_pending_workloads_carry_a_nomination_read_whole_or_not(c
     gone = Workload.objects.get(name="gone-device").pk
     assert first.nominated_pending == second.nominated_pending == {nominated.pk, gone}
     assert waiting.pk in first.pending_states
+
+
+def test_it_gives_gangs_of_one_shape_one_pod_set_record(cluster):
+    first = pending(cluster.queue_a, "first", replicas=2, devices_per_pod=4, resource_class=cluster.training)
+    second = pending(cluster.queue_b, "second", replicas=2, devices_per_pod=4, resource_class=cluster.training)
+    other = pending(cluster.queue_b, "other", replicas=3, devices_per_pod=4, resource_class=cluster.training)
+
+    snapshot, _ = load_snapshot(timezone.now())
+
+    pod_sets = {workload.id: workload.pod_sets[0] for workload in snapshot.pending}
+    assert pod_sets[str(first.pk)] is pod_sets[str(second.pk)]
+    assert pod_sets[str(other.pk)].count == 3 and pod_sets[str(first.pk)].count == 2
