@@ -38,7 +38,8 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.db import transaction
+from django.db import connection, transaction
+from django.db.models.sql import UpdateQuery
 
 from broker.cycle.bulk import column_in, insert_rows, pk_in
 from broker.workloads.models import Allocation, Workload, WorkloadTransition
@@ -253,13 +254,29 @@ def move(ids, source, target, now, reason, **also):
         fields["started_at"] = now
     if target in (State.SUCCEEDED, State.FAILED):
         fields["finished_at"] = now
-    count = Workload.objects.filter(state=source, **pk_in(ids)).update(**fields)
-    insert_rows(
-        WorkloadTransition,
-        ("workload_id", "from_state", "to_state", "at", "reason"),
-        ((pk, source, target, now, reason) for pk in ids),
-    )
-    return count
+    moving = Workload.objects.filter(state=source, **pk_in(ids))
+    if connection.vendor == "postgresql":
+        moved = update_returning_ids(moving, fields)
+    else:
+        # SQLite (the embedded default): the cycle's write lock keeps the rows as read until the UPDATE.
+        moved = list(moving.values_list("pk", flat=True))
+        Workload.objects.filter(**pk_in(moved)).update(**fields)
+    # A row each for the workloads that moved, none for one that had left `source` meanwhile.
+    insert_rows(WorkloadTransition, TRANSITION_COLUMNS, ((pk, source, target, now, reason) for pk in moved))
+    return len(moved)
+
+
+TRANSITION_COLUMNS = ("workload_id", "from_state", "to_state", "at", "reason")
+
+
+def update_returning_ids(moving, fields):
+    """`moving.update(**fields)`, returning the pks of the rows it updated (UPDATE ... RETURNING)."""
+    query = moving.query.chain(UpdateQuery)
+    query.add_update_values(fields)
+    update, params = query.get_compiler(moving.db).as_sql()
+    with connection.cursor() as cursor:
+        cursor.execute(f"{update} RETURNING {connection.ops.quote_name(Workload._meta.pk.column)}", params)
+        return [row[0] for row in cursor.fetchall()]
 
 
 EXECUTORS = {"simulated": SimulatedExecutor}

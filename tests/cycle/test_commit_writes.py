@@ -113,3 +113,25 @@ def test_it_copies_encoded_json_in_binary_as_the_orm_would_store_it(cluster):
     encoded, plain = (Explanation.objects.get(workload=workload) for workload in workloads)
     assert encoded.details == plain.details == details
     assert (encoded.secondary, plain.secondary, plain.suggestions) == ([], ["Quota"], [])
+
+
+def test_it_records_a_transition_for_each_workload_it_moved_and_only_those(cluster):
+    from broker.cycle.executor import move
+    from broker.workloads.models import WorkloadTransition
+
+    moving = [pending(cluster.queue_a, f"w{i}") for i in range(3)]
+    gone = pending(cluster.queue_b, "cancelled-meanwhile", state=State.CANCELLED)
+    now = timezone.now()
+
+    moved = move([w.pk for w in (*moving, gone)], State.PENDING, State.ADMITTED, now, "admitted in cycle 9",
+                 admitted_at=now)  # fmt: skip
+
+    assert moved == 3
+    rows = WorkloadTransition.objects.order_by("workload_id").values_list(
+        "workload_id", "from_state", "to_state", "at", "reason", "actor_id"
+    )
+    assert list(rows) == [(w.pk, State.PENDING, State.ADMITTED, now, "admitted in cycle 9", None) for w in moving]
+    assert set(Workload.objects.filter(state=State.ADMITTED, admitted_at=now).values_list("pk", flat=True)) == {
+        w.pk for w in moving
+    }
+    assert Workload.objects.get(pk=gone.pk).state == State.CANCELLED

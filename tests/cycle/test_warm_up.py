@@ -75,7 +75,7 @@ def test_it_connects_the_warm_up_to_every_celery_worker_process_start():
     assert celery_module.warm_up_for_cycles in receivers
 
 
-def test_it_warms_the_embedded_loop_up_before_its_first_step(settings, monkeypatch):
+def test_it_warms_the_embedded_loop_up_before_its_first_step(db, settings, monkeypatch):
     steps = []
     monkeypatch.setattr(runner_module, "warm_up", lambda: steps.append("warm up"))
     monkeypatch.setattr(Runner, "step", lambda self, executor: steps.append("step") or self.stop())
