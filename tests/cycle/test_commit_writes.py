@@ -135,3 +135,17 @@ def test_it_records_a_transition_for_each_workload_it_moved_and_only_those(clust
         w.pk for w in moving
     }
     assert Workload.objects.get(pk=gone.pk).state == State.CANCELLED
+
+
+def test_it_writes_what_each_admission_got_in_its_history(cluster):
+    from broker.workloads.models import ExplanationChange
+
+    gang = pending(cluster.queue_a, "gang", replicas=2, devices_per_pod=4, resource_class=cluster.training)
+    single = pending(cluster.queue_b, "single", replicas=1, devices_per_pod=2, resource_class=cluster.training)
+
+    run_once()
+
+    history = dict(ExplanationChange.objects.filter(reason="Admitted").values_list("workload_id", "message"))
+    racks = ("r1", "r2")
+    assert history[gang.pk] in {f"admitted: 2 pods, 8 h100 devices in zone z1, block b1, rack {r}" for r in racks}
+    assert history[single.pk].startswith("admitted: 1 pods, 2 h100 devices in zone z1, block b1, rack r")
