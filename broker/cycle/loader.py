@@ -721,9 +721,11 @@ def load_pending(loaded, approval_rules):
     for row in rows:
         pk, state, rc = row[0], row[1], row[4]
         sets = pod_set_rows.get(pk, ())
-        devices = sum(replicas * per_pod for _, replicas, _, per_pod, *_ in sets)
-        # The approval rule comes from the policy, not the row: its answer is part of the source.
-        approved = approved_flag(state, row[10], approval_rules.get(rc), devices)
+        # The approval rule comes from the policy, not the row: its answer is part of the source. Only a
+        # rule asks how many devices the gang wants.
+        rule = approval_rules.get(rc)
+        devices = 0 if rule is None else sum(replicas * per_pod for _, replicas, _, per_pod, *_ in sets)
+        approved = approved_flag(state, row[10], rule, devices)
         source = (row, sets, approved)
         known = previous.get(pk)
         if known is not None and known[0] == source:
