@@ -56,7 +56,6 @@ EXPLANATION_FIELDS = (
 
 ALLOCATION_COLUMNS = ("workload_id", "device_id", "device_class_id", "pod_set", "pod_index", "cycle_id", "allocated_at",
                       "released_at")  # fmt: skip
-JSON_FIELDS = {"secondary", "details", "suggestions"}
 EXPLANATION_COLUMNS = ("workload_id", "cycle_id", "updated_at", *EXPLANATION_FIELDS)
 STORED_EXPLANATION_COLUMNS = (*EXPLANATION_COLUMNS, "fingerprint")
 FINGERPRINT_BYTES = 16  # 32 hex digits: Explanation.fingerprint
@@ -502,11 +501,16 @@ def suggestion_dicts(suggestions):
     return [{"kind": s.kind, "description": s.description, "change": s.change} for s in suggestions]
 
 
-def explanation_values(content, encoded=None):
-    """`content` as stored: each JSON field encoded as `plain` shapes it (tuples as lists; keys sorted,
-    which a jsonb column does not keep anyway). `encoded`: what `encode_explanation` gave for it."""
-    texts = (encoded or encode_explanation(content))[0]
-    return {name: JsonText(texts[name]) if name in JSON_FIELDS else value for name, value in content.items()}
+def stored_row(pk, cycle_pk, now, content, encoded=None, json_text=JsonText):
+    """The STORED_EXPLANATION_COLUMNS row of `content`: each JSON field as the text `encode_explanation`
+    gives (tuples as lists; keys sorted, which a jsonb column does not keep anyway), as `json_text` wraps
+    it for the COPY. `encoded`: what `encode_explanation` gave for it."""
+    texts, digest = encoded or encode_explanation(content)
+    return (
+        pk, cycle_pk, now, content["reason"], json_text(texts["secondary"]), content["message"],
+        json_text(texts["details"]), content["position_in_queue"], content["position_in_cluster"],
+        content["estimated_start"], json_text(texts["suggestions"]), digest,
+    )  # fmt: skip
 
 
 DIGITS = re.compile(r"\d+")
@@ -584,14 +588,8 @@ class SharedTexts:
         return known
 
     def stored_row(self, pk, cycle_pk, now, content, encoded):
-        """The STORED_EXPLANATION_COLUMNS row of `content` (as `explanation_values` stores it)."""
-        texts, digest = encoded
-        json_text = self.json_text
-        return (
-            pk, cycle_pk, now, content["reason"], json_text(texts["secondary"]), content["message"],
-            json_text(texts["details"]), content["position_in_queue"], content["position_in_cluster"],
-            content["estimated_start"], json_text(texts["suggestions"]), digest,
-        )  # fmt: skip
+        """`stored_row` with this commit's shared JsonText values."""
+        return stored_row(pk, cycle_pk, now, content, encoded, self.json_text)
 
     def text(self, value) -> str:
         """CANONICAL_JSON text of a scalar: the reason, message and estimate notes repeat across a

@@ -54,7 +54,7 @@ def test_it_makes_the_stored_row_each_explanation_alone_would_make_sharing_its_j
     from datetime import UTC, datetime
 
     from broker.cycle.bulk import JsonText
-    from broker.cycle.commit import EXPLANATION_FIELDS, explanation_values
+    from broker.cycle.commit import stored_row
 
     result = decide(saturated_snapshot(120, 900, sizes=None, seed=3))
     shared = SharedTexts()
@@ -64,8 +64,7 @@ def test_it_makes_the_stored_row_each_explanation_alone_would_make_sharing_its_j
         content = explanation_content(decision, shared)
         encoded = encode_explanation(content, shared)
         rows.append(shared.stored_row(pk, 7, now, content, encoded))
-        alone = explanation_values(content := explanation_content(decision), encode_explanation(content))
-        assert rows[-1] == (pk, 7, now, *(alone[name] for name in EXPLANATION_FIELDS), encoded[1])
+        assert rows[-1] == stored_row(pk, 7, now, explanation_content(decision))
 
     json_columns = [4, 6, 10]  # secondary, details, suggestions
     assert all(type(row[i]) is JsonText for row in rows for i in json_columns)
