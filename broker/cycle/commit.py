@@ -541,30 +541,40 @@ def encode_explanation(content, shared=None):
     and the fingerprint is made of them. The details' estimate note goes in with its numbers blanked
     (see without_numbers) and is added back to the stored details text, so the largest value is not
     encoded twice. `shared`: a SharedTexts for one commit (workloads of one shape share their values)."""
-    details = content["details"]
-    note = details.get("estimate") if isinstance(details, dict) else None
-    rest = {key: value for key, value in details.items() if key != "estimate"} if isinstance(note, str) else details
-    encode = shared.encode if shared is not None else CANONICAL_JSON.encode
+    details, secondary, suggestions = content["details"], content["secondary"], content["suggestions"]
     try:
-        secondary, rest_text, suggestions = (
-            encode(value) for value in (content["secondary"], rest, content["suggestions"])
-        )
+        if shared is not None:
+            rest_text, details_text, comparable_note = shared.details_texts(details)
+            secondary, suggestions = shared.encode(secondary), shared.encode(suggestions)
+        else:
+            rest_text, details_text, comparable_note = details_texts(details, CANONICAL_JSON.encode)
+            secondary, suggestions = CANONICAL_JSON.encode(secondary), CANONICAL_JSON.encode(suggestions)
     except TypeError:  # keys of mixed types cannot be sorted; as JSON they are all strings
-        secondary, rest_text, suggestions = (
-            CANONICAL_JSON.encode(plain(value)) for value in (content["secondary"], rest, content["suggestions"])
+        rest_text, details_text, comparable_note = details_texts(
+            details, lambda value: CANONICAL_JSON.encode(plain(value))
         )
+        secondary, suggestions = (CANONICAL_JSON.encode(plain(value)) for value in (secondary, suggestions))
     text = shared.text if shared is not None else CANONICAL_JSON.encode
-    details_text = rest_text
-    if isinstance(note, str):
-        details_text = rest_text[:-1] + (", " if rest else "") + '"estimate": ' + text(note) + "}"
     scalars = (content["reason"], content["message"], content["position_in_queue"], content["position_in_cluster"])
     scalars = "[" + ", ".join([text(value) for value in scalars]) + "]"
-    comparable_note = text(without_numbers(note) if isinstance(note, str) else None)
     digest = hashlib.blake2b(
         FIELD_SEPARATOR.join((scalars, secondary, rest_text, comparable_note, suggestions)).encode(),
         digest_size=FINGERPRINT_BYTES,
     ).hexdigest()
     return {"secondary": secondary, "details": details_text, "suggestions": suggestions}, digest
+
+
+def details_texts(details, encode, text=CANONICAL_JSON.encode):
+    """(the details without their estimate note as `encode` writes them, the stored details text, the
+    note as compared: its numbers blanked)."""
+    note = details.get("estimate") if isinstance(details, dict) else None
+    if not isinstance(note, str):
+        rest_text = encode(details)
+        return rest_text, rest_text, text(None)
+    rest = {key: value for key, value in details.items() if key != "estimate"}
+    rest_text = encode(rest)
+    details_text = rest_text[:-1] + (", " if rest else "") + '"estimate": ' + text(note) + "}"
+    return rest_text, details_text, text(without_numbers(note))
 
 
 class SharedTexts:
@@ -578,6 +588,7 @@ class SharedTexts:
         self._suggestions = {}
         self._scalars = {}
         self._json = {}
+        self._details = {}
 
     def json_text(self, text: str) -> JsonText:
         """`text` as the COPY's JsonText, one per distinct text: a few hundred among 20,000 rows, each of
@@ -608,6 +619,18 @@ class SharedTexts:
         known = self._suggestions.get(id(suggestions))
         if known is None:
             known = self._suggestions[id(suggestions)] = (suggestions, suggestion_dicts(suggestions))
+        return known[1]
+
+    def details_texts(self, details):
+        """`details_texts(details)`, kept by the identities of the details' values: decisions of one shape
+        have equal details made of the same objects, note included (a handful of distinct notes)."""
+        if type(details) is not dict:
+            return details_texts(details, self.encode, self.text)
+        key = (tuple(details), tuple(map(id, details.values())))
+        known = self._details.get(key)
+        if known is None:
+            # As in `encode`: the values are kept, so no identity in the key can be reused meanwhile.
+            known = self._details[key] = (tuple(details.values()), details_texts(details, self.encode, self.text))
         return known[1]
 
     def encode(self, value):

@@ -70,3 +70,31 @@ def test_it_makes_the_stored_row_each_explanation_alone_would_make_sharing_its_j
     assert all(type(row[i]) is JsonText for row in rows for i in json_columns)
     distinct = {id(row[i]) for row in rows for i in json_columns}
     assert len(distinct) == len({row[i] for row in rows for i in json_columns}) < len(rows)
+
+
+def test_it_keeps_details_by_the_identities_of_their_values_and_writes_mixed_keys_as_json_does():
+    import json
+
+    from broker.cycle.commit import details_texts
+
+    shared = SharedTexts()
+    needed = {"devices": 8}
+    note = "estimated from 12 running workloads"
+    first = {"needed": needed, "free": 3, "estimate": note}
+    same_objects = {"needed": needed, "free": 3, "estimate": note}
+    other_note = {"needed": needed, "free": 3, "estimate": "estimated from 13 running workloads"}
+    other_value = {"needed": {"devices": 9}, "free": 3, "estimate": note}
+    mixed_keys = {1: "one", "two": 2}
+
+    texts = [shared.details_texts(details) for details in (first, same_objects, other_note, other_value)]
+
+    assert texts == [details_texts(d, CANONICAL_JSON.encode) for d in (first, same_objects, other_note, other_value)]
+    assert texts[0] is texts[1]
+    assert texts[2][0] == texts[0][0] and texts[2][1] != texts[0][1]  # same rest, another stored note
+    assert texts[2][2] == texts[0][2] == CANONICAL_JSON.encode("estimated from # running workloads")
+    assert texts[3][0] != texts[0][0]
+    content = {"reason": "Priority", "message": "m", "position_in_queue": 1, "position_in_cluster": 2,
+               "secondary": [], "details": mixed_keys, "suggestions": []}  # fmt: skip
+    alone, with_shared = encode_explanation(content), encode_explanation(content, SharedTexts())
+    assert alone == with_shared
+    assert json.loads(alone[0]["details"]) == {"1": "one", "two": 2}
