@@ -168,21 +168,24 @@ def refill(pending: int, seed: int = 2) -> int:
     return db.add_pending(extra)
 
 
+def worker_warm_up() -> float:
+    """Every cache dropped, then the warm-up a worker process runs before its first task; its ms."""
+    from broker.cycle import loader, runner
+
+    loader.forget_everything_loaded()
+    elapsed = runner.warm_up()
+    if elapsed is None:
+        raise RuntimeError("the warm-up failed (its warning in the log says why)")
+    return elapsed
+
+
 def warm_up() -> None:
     """What earlier beats leave in a long-running worker before a burst of submissions: the inventory
     read and indexed, the running work's records built. Pending work is new to it, so its records are
     dropped again. No transaction commits."""
-    from django.db import transaction
-    from django.utils import timezone
-
     from broker.cycle import loader
-    from broker.scheduler.cycle import decide
 
-    loader.forget_everything_loaded()
-    with transaction.atomic():
-        snapshot, _ = loader.load_snapshot(timezone.now())
-        decide(snapshot)
-        transaction.set_rollback(True)
+    worker_warm_up()
     loader.PENDING_RECORDS.keep(None, {})
 
 
@@ -206,12 +209,8 @@ def restarted_worker_cycle() -> dict:
 
 
 def warmed_up_restarted_worker_cycle() -> dict:
-    from broker.cycle import loader
-    from broker.cycle.runner import warm_up
-
-    loader.forget_everything_loaded()
-    warm_up_ms = warm_up()
-    return {**one_cycle(), "warm_up_ms": None if warm_up_ms is None else round(warm_up_ms, 1)}
+    warm_up_ms = worker_warm_up()
+    return {**one_cycle(), "warm_up_ms": round(warm_up_ms, 1)}
 
 
 def run_size(nodes: int, pending: int) -> dict:

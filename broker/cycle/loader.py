@@ -59,7 +59,8 @@ class LoadedState:
 
 
 class JsonCache:
-    """Parses each distinct JSON text once: thousands of devices share a handful of descriptions."""
+    """One load's parse of each distinct JSON text (thousands of devices share a handful of descriptions)
+    and of each distinct pod set row (`pod_set`)."""
 
     def __init__(self):
         self._parsed = {}
