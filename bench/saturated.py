@@ -31,7 +31,8 @@ def saturated_snapshot(nodes: int, pending: int, sizes, seed: int = 1) -> Snapsh
     first = synthetic_snapshot(nodes=nodes, pending=pending, sizes=sizes, seed=seed)
     result = decide(first)
     admitted = admitted_as_running(first, result)
-    left = [workload for workload in first.pending if workload.id not in {a.workload_id for a in result.admissions}]
+    admitted_ids = {admission.workload_id for admission in result.admissions}
+    left = [workload for workload in first.pending if workload.id not in admitted_ids]
     extra = synthetic_snapshot(nodes=1, pending=pending - len(left), sizes=sizes, seed=seed + 1).pending
     renamed = [dataclasses.replace(workload, id=f"r{workload.id}") for workload in extra]
     return dataclasses.replace(first, running=first.running + tuple(admitted), pending=tuple(left + renamed))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from itertools import islice
 
 from broker.scheduler.capacity import ROOT, View
 from broker.scheduler.placement import place_gang, place_within_scope
@@ -64,6 +65,13 @@ def unknown_ends(cycle) -> int:
     return sum(1 for workload_id in _timeline(cycle).without_end if workload_id not in victims)
 
 
+def admitted_without_end(cycle) -> int:
+    """The cycle's admissions so far with no expected duration."""
+    timeline = _timeline(cycle)
+    timeline._admitted(cycle)
+    return timeline.admitted_without_end
+
+
 def _timeline(cycle) -> ReleaseTimeline:
     timeline = cycle.__dict__.get("_release_timeline")
     if timeline is None:
@@ -95,6 +103,7 @@ class ReleaseTimeline:
         self.earliest: list[tuple[float, str]] = []  # the smallest of `ends`, in order
         self.admitted: list[tuple[float, str]] = []
         self.admitted_seen = 0
+        self.admitted_without_end = 0
 
     def events(self, cycle, horizon: int) -> list[tuple[float, str]]:
         # A shrunk victim runs on to its end; the pods it gives up leave now (`cycle.leaving`).
@@ -129,14 +138,25 @@ class ReleaseTimeline:
         self.earliest = heapq.nsmallest(count, self.ends) if count < len(self.ends) else sorted(self.ends)
 
     def _admitted(self, cycle) -> list[tuple[float, str]]:
-        admitted_ids = list(cycle.log.admitted)
-        for workload_id in admitted_ids[self.admitted_seen :]:
-            duration = cycle.requests[workload_id].workload.expected_duration
-            if duration is not None:
-                self.admitted.append((self.now + duration, workload_id))
-        self.admitted_seen = len(admitted_ids)
-        self.admitted.sort()
-        return self.admitted
+        """(expected end, id) of the cycle's admissions so far, earliest first; those without an expected
+        duration are counted in `admitted_without_end`. Admissions only grow: each is read once."""
+        admitted = cycle.log.admitted
+        if len(admitted) == self.admitted_seen:
+            return self.admitted
+        requests = cycle.requests
+        now = self.now
+        ends = self.admitted
+        unknown = 0
+        for workload_id in islice(admitted, self.admitted_seen, None):
+            duration = requests[workload_id].workload.expected_duration
+            if duration is None:
+                unknown += 1
+            else:
+                ends.append((now + duration, workload_id))
+        self.admitted_seen = len(admitted)
+        self.admitted_without_end += unknown
+        ends.sort()
+        return ends
 
 
 def held_slots(cycle, workload_id: str, access) -> list:

@@ -13,7 +13,7 @@ import re
 from bisect import bisect_left, insort
 from collections import Counter
 from copy import copy
-from itertools import compress, groupby
+from itertools import compress, groupby, islice
 from operator import attrgetter, is_not
 
 from broker.scheduler.selectors import ClassMatcher
@@ -151,7 +151,6 @@ class InventoryIndex:
         self._index_nodes(snapshot)
         self._index_devices(snapshot, matcher)
         self.class_alias = self._class_aliases()
-        self.node_keys = list(zip(*self.node_domains, strict=True))  # per node: its domain key at each level
         self.class_devices = self._class_devices()
         self._as_built: CapacityState | None = None
         # The device records of the last cycle that finished on this index, to be rebased onto the next
@@ -363,7 +362,7 @@ class CapacityState:
     """
 
     SHARED = ("levels", "class_names", "class_index", "node_names", "node_index", "node_schedulable", "node_domains",
-              "domain_nodes", "class_alias", "node_keys", "class_devices")  # fmt: skip
+              "domain_nodes", "class_alias", "class_devices")  # fmt: skip
 
     @classmethod
     def as_built(cls, other: CapacityState) -> CapacityState:
@@ -565,27 +564,21 @@ class CapacityState:
             for slot in free:
                 for class_index in self._distinct(slot.classes):
                     node_free[class_index][node] += 1
-        domain_free: list = [None] * class_count
-        for class_index in own:
-            per_level = []
-            counts = node_free[class_index]
-            for level_index in range(len(self.levels)):
-                totals = dict.fromkeys(self.domain_nodes[level_index], 0)
-                for key, count in zip(self.node_domains[level_index], counts, strict=True):
-                    if count:
-                        totals[key] += count
-                per_level.append(totals)
-            domain_free[class_index] = per_level
         buckets: list = [
             NodeBuckets(node_free[class_index]) if class_index in own else None for class_index in range(class_count)
         ]
         for class_index in range(class_count):
             node_free[class_index] = node_free[alias[class_index]]
-            domain_free[class_index] = domain_free[alias[class_index]]
             buckets[class_index] = buckets[alias[class_index]]
         self.node_free: list[list[int]] = node_free
-        self.domain_free: list[list[dict[tuple, int]]] = domain_free
         self.buckets: list[NodeBuckets] = buckets
+        # Free counts per domain are summed from node_free when first asked for, per class and level: most
+        # admissions never ask (one pod goes by the buckets). From then on node changes are logged per
+        # class, and a level's totals take in the entries logged since it last answered.
+        level_count = len(self.levels)
+        self._domain_totals: list = [[None] * level_count if alias[c] == c else None for c in range(class_count)]
+        self._domain_read: list = [[0] * level_count if alias[c] == c else None for c in range(class_count)]
+        self._domain_log: list = [None] * class_count
         self.total_free = [sum(counts) for counts in node_free]
         self.has_tainted = any(slot.taints for slot in self.extras)
 
@@ -669,15 +662,47 @@ class CapacityState:
         total_free = self.total_free
         for class_index in classes:
             total_free[class_index] += delta
-        keys = self.node_keys[node]
         distinct = self._distinct_cache.get(classes) or self._distinct(classes)
         for class_index in distinct:
             counts = self.node_free[class_index]
             old = counts[node]
             new = counts[node] = old + delta
-            for totals, key in zip(self.domain_free[class_index], keys, strict=False):  # equal lengths
-                totals[key] += delta
+            log = self._domain_log[class_index]
+            if log is not None:
+                log.append((node, delta))
             self.buckets[class_index].move(node, old, new)
+
+    def domain_totals(self, class_index: int, level_index: int) -> dict[tuple, int]:
+        """Free devices of the class per domain of the level, up to date; the state's own dict: read it,
+        never change it."""
+        own = self.class_alias[class_index]
+        totals = self._domain_totals[own][level_index]
+        log = self._domain_log[own]
+        if totals is None:
+            totals = dict.fromkeys(self.domain_nodes[level_index], 0)
+            for key, count in zip(self.node_domains[level_index], self.node_free[own], strict=True):
+                if count:
+                    totals[key] += count
+            self._domain_totals[own][level_index] = totals
+            if log is None:
+                log = self._domain_log[own] = []
+        else:
+            read = self._domain_read[own][level_index]
+            if read == len(log):
+                return totals
+            keys = self.node_domains[level_index]
+            for node, delta in islice(log, read, None):
+                totals[keys[node]] += delta
+        self._domain_read[own][level_index] = len(log)
+        return totals
+
+    @property
+    def domain_free(self) -> list[list[dict[tuple, int]]]:
+        """Every class's `domain_totals` on every level (for comparing whole states)."""
+        return [
+            [self.domain_totals(class_index, level_index) for level_index in range(len(self.levels))]
+            for class_index in range(len(self.class_names))
+        ]
 
     # --- questions ---
 
@@ -766,8 +791,7 @@ class View:
         self.extra_by_node: dict[int, list[tuple[int, Slot]]] = {}
         self.extra_count = 0
         self.plain = not excluded
-        self._domain_cache: dict[int, dict[tuple, int]] = {}
-        self._own_counts: set[int] = set()  # levels whose cached counts are this view's copy, not the state's
+        self._domain_cache: dict[int, dict[tuple, int]] = {}  # a non-plain view's own counts, per level
         self.extend(extra)
 
     def extend(self, extra) -> None:
@@ -783,10 +807,7 @@ class View:
             return
         self.plain = False
         self.extra_count += len(added)
-        for level_index, counts in list(self._domain_cache.items()):
-            if level_index not in self._own_counts:
-                counts = self._domain_cache[level_index] = dict(counts)
-                self._own_counts.add(level_index)
+        for level_index, counts in self._domain_cache.items():
             keys = self.state.node_domains[level_index]
             for node in added:
                 counts[keys[node]] += 1
@@ -804,17 +825,16 @@ class View:
         return total
 
     def domain_counts(self, level_index: int) -> dict[tuple, int]:
+        if self.plain:  # the state's own totals, as they are now: read them, never change them
+            return self.state.domain_totals(self.class_index, level_index)
         counts = self._domain_cache.get(level_index)
         if counts is None:
-            counts = self.state.domain_free[self.class_index][level_index]
-            if not self.plain:
-                counts = dict(counts)
-                keys = self.state.node_domains[level_index]
-                for node in self.excluded:
-                    counts[keys[node]] -= self.state.node_free[self.class_index][node]
-                for node, slots in self.extra_by_node.items():
-                    counts[keys[node]] += len(slots)
-                self._own_counts.add(level_index)
+            counts = dict(self.state.domain_totals(self.class_index, level_index))
+            keys = self.state.node_domains[level_index]
+            for node in self.excluded:
+                counts[keys[node]] -= self.state.node_free[self.class_index][node]
+            for node, slots in self.extra_by_node.items():
+                counts[keys[node]] += len(slots)
             self._domain_cache[level_index] = counts
         return counts
 

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import gc
 from bisect import bisect_left
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter
+from types import MappingProxyType
 
 from broker.scheduler import backfill, explanation, preemption
 from broker.scheduler.capacity import NODE_LEVEL, ROOT, Access, CapacityState, View
@@ -89,7 +91,7 @@ class Cycle:
         self._extras_cache: dict = {}
         self._access_keys: dict = {}
         self._empty_state: CapacityState | None = None
-        self._node_domains: dict[int, dict] = {}
+        self._node_domains: dict[int, Mapping[str, str]] = {}
         self._hopeless: set = set()  # see _hopeless_key
         self._hopeless_demands: set = set()  # ids of the demands tuples of those keys (held by requests)
         self.chosen_victims: set[str] = set()
@@ -286,7 +288,7 @@ class Cycle:
                 device_ids=tuple([slot.id for slot in slots]),
             )
             pods = (placement,)
-            domain = dict(self._node_domain(pod.node))
+            domain = self._node_domain(pod.node)
         else:
             slots = [slot for pod in planned for slot in pod.slots]
             state.hold(slots, request_id)
@@ -309,12 +311,12 @@ class Cycle:
         self.log.admitted[request_id] = admission
         self.log.admitted_plans[request_id] = plan
 
-    def common_domain(self, plan: GangPlan) -> dict:
+    def common_domain(self, plan: GangPlan) -> Mapping[str, str]:
         """Levels (coarse to fine, node excluded) on which all pods share one domain."""
         pods = plan.pods
         node = pods[0].node
         if len(pods) == 1 or all(pod.node == node for pod in pods):
-            return dict(self._node_domain(node))
+            return self._node_domain(node)
         domain = {}
         for level_index, level in enumerate(self.state.levels):
             if level == NODE_LEVEL:
@@ -325,16 +327,17 @@ class Cycle:
             domain[level] = next(iter(keys))[-1]
         return domain
 
-    def _node_domain(self, node: int) -> dict:
-        """Every level's domain of one node (it shares them all with itself); made once per node."""
+    def _node_domain(self, node: int) -> Mapping[str, str]:
+        """Every level's domain of one node (it shares them all with itself); made once per node and
+        shared, read-only, by every admission placed on that node alone."""
         shared = self._node_domains.get(node)
         if shared is None:
-            shared = {}
+            levels = {}
             for level, keys in zip(self.state.levels, self.state.node_domains, strict=True):
                 if level == NODE_LEVEL:
                     break
-                shared[level] = keys[node][-1]
-            self._node_domains[node] = shared
+                levels[level] = keys[node][-1]
+            shared = self._node_domains[node] = MappingProxyType(levels)
         return shared
 
     # --- step 6 ---
@@ -508,9 +511,10 @@ class Cycle:
                 slots = [slot for slot in free_plain[node] if class_index in slot.classes]
                 start = 0
                 while start + per_pod <= len(slots):
-                    pods.append(PlannedPod(name, len(pods), node, tuple(slots[start : start + per_pod])))
+                    # tuple.__new__ is what the NamedTuples' generated __new__ calls, less a Python frame.
+                    pods.append(new_tuple(PlannedPod, (name, len(pods), node, tuple(slots[start : start + per_pod]))))
                     if len(pods) == wanted:
-                        return GangPlan(class_index, ROOT, tuple(pods))
+                        return new_tuple(GangPlan, (class_index, ROOT, tuple(pods)))
                     start += per_pod
         return None  # no node outside `excluded` has room for the one pod (more: the counts said they fit)
 
@@ -540,6 +544,7 @@ class Cycle:
 
 
 _by_id = attrgetter("id")
+new_tuple = tuple.__new__
 _by_workload_id = attrgetter("workload_id")
 
 

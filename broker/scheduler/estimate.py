@@ -19,7 +19,7 @@ import bisect
 import heapq
 from collections import deque
 
-from broker.scheduler.backfill import release_timeline, unknown_ends
+from broker.scheduler.backfill import admitted_without_end, release_timeline, unknown_ends
 
 NO_ESTIMATE_REASONS = ("InvalidRequest", "NotEntitled", "AwaitingApproval")
 FROM_EXPECTED_ENDS = "from the expected ends of running work and the work ahead of it"
@@ -40,10 +40,7 @@ def estimated_starts(cycle, waiting: list[str], reasons: dict[str, str]) -> dict
     for workload_id in remaining[depth:]:
         estimates[workload_id] = beyond
     del remaining[depth:]
-    unknown = unknown_ends(cycle)
-    unknown += sum(
-        1 for workload_id in cycle.log.admitted if cycle.requests[workload_id].workload.expected_duration is None
-    )
+    unknown = unknown_ends(cycle) + admitted_without_end(cycle)
     requests = cycle.requests
     started = _simulate(cycle, [requests[workload_id] for workload_id in remaining])
     if unknown:

@@ -8,6 +8,7 @@ never reads a clock, `Snapshot.now` is the only "now" it knows.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
@@ -436,12 +437,13 @@ class PodPlacement:
 
 @dataclass(frozen=True)
 class Admission:
-    """A workload admitted this cycle. domain: level -> domain shared by all its pods."""
+    """A workload admitted this cycle. domain: level -> domain shared by all its pods (read-only: the
+    mapping of a one-node admission is shared by every admission on that node)."""
 
     workload_id: str
     device_class: str
     pods: tuple[PodPlacement, ...]
-    domain: dict = field(default_factory=dict)
+    domain: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

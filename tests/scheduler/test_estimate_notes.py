@@ -58,6 +58,7 @@ def test_it_notes_what_deciding_one_workload_at_a_time_notes(monkeypatch, seed):
     )
     monkeypatch.setattr(estimate, "_simulate", lambda cycle, remaining: dict(started))
     monkeypatch.setattr(estimate, "unknown_ends", lambda cycle: unknown)
+    monkeypatch.setattr(estimate, "admitted_without_end", lambda cycle: 0)
     assert estimate.estimated_starts(cycle, waiting, reasons) == one_by_one(cycle, waiting, reasons, started, unknown)
 
 
@@ -79,6 +80,7 @@ def test_it_simulates_only_the_first_estimable_workloads_in_line(monkeypatch):
 
     monkeypatch.setattr(estimate, "_simulate", simulate)
     monkeypatch.setattr(estimate, "unknown_ends", lambda cycle: 0)
+    monkeypatch.setattr(estimate, "admitted_without_end", lambda cycle: 0)
     estimates = estimate.estimated_starts(cycle, waiting, reasons)
     assert simulated == ["w00", "w02", "w03", "w05", "w06"]
     assert {workload_id: when for workload_id, (when, _) in estimates.items() if when is not None} == dict.fromkeys(

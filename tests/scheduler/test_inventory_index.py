@@ -121,7 +121,6 @@ def index_fields(index):
         index.node_schedulable,
         index.node_domains,
         index.domain_nodes,
-        index.node_keys,
         index.device_ids,
         index.device_rows,
         index.class_alias,

@@ -100,6 +100,8 @@ def test_it_gives_the_sorted_ends_as_far_as_the_horizon_reaches(seed):
             if w.expected_end is None and not w.evicting and w.id not in cycle.chosen_victims - cycle.shrunk_victims
         ]
         assert backfill.unknown_ends(cycle) == len(unknown)
+        admitted_unknown = [w for w in cycle.log.admitted if cycle.requests[w].workload.expected_duration is None]
+        assert backfill.admitted_without_end(cycle) == len(admitted_unknown)
 
 
 @pytest.mark.parametrize("horizon", [3, 40])
