@@ -13,7 +13,7 @@ import re
 from bisect import bisect_left, insort
 from collections import Counter
 from copy import copy
-from itertools import compress, groupby, islice
+from itertools import compress, groupby, islice, repeat
 from operator import attrgetter, is_not
 
 from broker.scheduler.selectors import ClassMatcher
@@ -577,8 +577,8 @@ class CapacityState:
         # class, and a level's totals take in the entries logged since it last answered.
         level_count = len(self.levels)
         self._domain_totals: list = [[None] * level_count if alias[c] == c else None for c in range(class_count)]
-        self._domain_read: list = [[0] * level_count if alias[c] == c else None for c in range(class_count)]
-        self._domain_log: list = [None] * class_count
+        self._domain_read: list = [[(0, 0)] * level_count if alias[c] == c else None for c in range(class_count)]
+        self._domain_log: list = [None] * class_count  # per class: (nodes of devices taken, of devices freed)
         self.total_free = [sum(counts) for counts in node_free]
         self.has_tainted = any(slot.taints for slot in self.extras)
 
@@ -669,7 +669,12 @@ class CapacityState:
             new = counts[node] = old + delta
             log = self._domain_log[class_index]
             if log is not None:
-                log.append((node, delta))
+                if delta == -1:
+                    log[0].append(node)
+                elif delta < 0:
+                    log[0].extend(repeat(node, -delta))
+                else:
+                    log[1].extend(repeat(node, delta))
             self.buckets[class_index].move(node, old, new)
 
     def domain_totals(self, class_index: int, level_index: int) -> dict[tuple, int]:
@@ -685,15 +690,19 @@ class CapacityState:
                     totals[key] += count
             self._domain_totals[own][level_index] = totals
             if log is None:
-                log = self._domain_log[own] = []
+                log = self._domain_log[own] = ([], [])
         else:
-            read = self._domain_read[own][level_index]
-            if read == len(log):
+            taken, freed = log
+            read_taken, read_freed = self._domain_read[own][level_index]
+            if read_taken == len(taken) and read_freed == len(freed):
                 return totals
+            # The log holds a node once per device taken (or freed): counted per domain in C.
             keys = self.node_domains[level_index]
-            for node, delta in islice(log, read, None):
-                totals[keys[node]] += delta
-        self._domain_read[own][level_index] = len(log)
+            for key, count in Counter(map(keys.__getitem__, islice(taken, read_taken, None))).items():
+                totals[key] -= count
+            for key, count in Counter(map(keys.__getitem__, islice(freed, read_freed, None))).items():
+                totals[key] += count
+        self._domain_read[own][level_index] = (len(log[0]), len(log[1]))
         return totals
 
     @property

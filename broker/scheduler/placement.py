@@ -15,6 +15,7 @@ Placement only plans: nothing in the capacity state changes until the cycle comm
 
 from __future__ import annotations
 
+from itertools import compress
 from typing import NamedTuple
 
 from broker.scheduler.capacity import ROOT, Slot, View
@@ -80,12 +81,14 @@ def domains_with_room(view: View, level_index: int, needed: int, within: tuple) 
     counts = view.domain_counts(level_index)
     if not counts or max(counts.values()) < needed:
         return []  # the common failure, answered at C speed
+    # Domains with count >= needed, by (count, key): filtered and sorted in C (a level can have thousands
+    # of domains, asked once per placement tried), keys first, then stably by count.
+    fitting = list(compress(counts, map(needed.__le__, counts.values())))
     if depth:
-        fitting = [(count, key) for key, count in counts.items() if count >= needed and key[:depth] == within]
-    else:  # the usual question (a required level, anywhere): the cheaper test on every domain of the level
-        fitting = [(count, key) for key, count in counts.items() if count >= needed]
+        fitting = [key for key in fitting if key[:depth] == within]
     fitting.sort()
-    return [key for _, key in fitting]
+    fitting.sort(key=counts.__getitem__)
+    return fitting
 
 
 def place_within_scope(view: View, scope: tuple, demands, preferred: int | None) -> GangPlan | None:

@@ -60,5 +60,5 @@ def test_it_logs_nothing_until_a_class_is_asked_for():
     state.domain_totals(class_index, 0)
     state.hold(free[1:2], "second")
     own = state.class_alias[class_index]
-    assert state._domain_log[own] == [(free[1].node, -1)]
+    assert [log is not None for log in state._domain_log] == [index == own for index in range(len(state.class_names))]
     assert state.domain_totals(class_index, 0) == summed(state, own, 0)
