@@ -12,9 +12,11 @@ from __future__ import annotations
 import re
 from bisect import bisect_left, insort
 from collections import Counter
+from collections.abc import Mapping
 from copy import copy
 from itertools import compress, groupby, islice, repeat
 from operator import attrgetter, is_not
+from types import MappingProxyType
 
 from broker.scheduler.selectors import ClassMatcher
 from broker.scheduler.snapshot import NO_SCHEDULE_EFFECTS, Snapshot, Toleration
@@ -153,6 +155,7 @@ class InventoryIndex:
         self.class_alias = self._class_aliases()
         self.class_devices = self._class_devices()
         self._as_built: CapacityState | None = None
+        self.node_domain_maps: list[Mapping[str, str] | None] = [None] * len(self.node_names)  # see node_domain
         # The device records of the last cycle that finished on this index, to be rebased onto the next
         # snapshot instead of built anew. A list, because pop() and append() are atomic under the GIL:
         # a decide() running meanwhile (nested or in another thread) finds it empty and builds its own.
@@ -209,6 +212,19 @@ class InventoryIndex:
             index._as_built = None  # made of the devices' classes and attributes
         index._adopt_spare(self, [order_of[device.id] for device in changed])
         return index
+
+    def node_domain(self, node: int) -> Mapping[str, str]:
+        """The node's domain on every level but its own, read-only: made once per node and inventory, and
+        shared by every admission placed on that node alone."""
+        shared = self.node_domain_maps[node]
+        if shared is None:
+            levels = {}
+            for level, keys in zip(self.levels, self.node_domains, strict=True):
+                if level == NODE_LEVEL:
+                    break
+                levels[level] = keys[node][-1]
+            shared = self.node_domain_maps[node] = MappingProxyType(levels)
+        return shared
 
     def _order_of(self) -> dict[str, int]:
         """Device id -> its position in placement order; made once and shared by the patched indexes of

@@ -10,7 +10,6 @@ from bisect import bisect_left
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter
-from types import MappingProxyType
 
 from broker.scheduler import backfill, explanation, preemption
 from broker.scheduler.capacity import NODE_LEVEL, ROOT, Access, CapacityState, View
@@ -91,7 +90,6 @@ class Cycle:
         self._extras_cache: dict = {}
         self._access_keys: dict = {}
         self._empty_state: CapacityState | None = None
-        self._node_domains: dict[int, Mapping[str, str]] = {}
         self._hopeless: set = set()  # see _hopeless_key
         self._hopeless_demands: set = set()  # ids of the demands tuples of those keys (held by requests)
         self.chosen_victims: set[str] = set()
@@ -328,17 +326,8 @@ class Cycle:
         return domain
 
     def _node_domain(self, node: int) -> Mapping[str, str]:
-        """Every level's domain of one node (it shares them all with itself); made once per node and
-        shared, read-only, by every admission placed on that node alone."""
-        shared = self._node_domains.get(node)
-        if shared is None:
-            levels = {}
-            for level, keys in zip(self.state.levels, self.state.node_domains, strict=True):
-                if level == NODE_LEVEL:
-                    break
-                levels[level] = keys[node][-1]
-            shared = self._node_domains[node] = MappingProxyType(levels)
-        return shared
+        """Every level's domain of one node (it shares them all with itself)."""
+        return self.state.index.node_domain_maps[node] or self.state.index.node_domain(node)
 
     # --- step 6 ---
 

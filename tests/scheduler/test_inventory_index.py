@@ -27,6 +27,23 @@ def test_it_decides_the_same_with_a_reused_index():
     assert warm == cold
 
 
+def test_it_gives_one_pod_admissions_their_nodes_shared_read_only_domain():
+    snapshot = synthetic_snapshot(nodes=40, pending=300, seed=11)
+    first, second = cold_decide(snapshot), decide(snapshot)
+    index = InventoryIndex._last
+    one_node = [admission for admission in first.admissions if len({pod.node for pod in admission.pods}) == 1]
+    assert one_node
+    for admission, again in zip(first.admissions, second.admissions, strict=True):
+        if admission not in one_node:
+            continue
+        node = index.node_index[admission.pods[0].node]
+        assert admission.domain == {level: index.node_domains[position][node][-1] for position, level in
+                                    enumerate(snapshot.levels)}  # fmt: skip
+        assert again.domain is admission.domain, "made once per node and inventory, not per cycle"
+        with pytest.raises(TypeError):
+            admission.domain["rack"] = "elsewhere"
+
+
 def test_it_reuses_the_index_for_new_work_on_the_same_inventory():
     snapshot = synthetic_snapshot(nodes=40, pending=300, seed=11)
     cold_decide(snapshot)
