@@ -595,6 +595,7 @@ class CapacityState:
         self._domain_totals: list = [[None] * level_count if alias[c] == c else None for c in range(class_count)]
         self._domain_read: list = [[(0, 0)] * level_count if alias[c] == c else None for c in range(class_count)]
         self._domain_log: list = [None] * class_count  # per class: (nodes of devices taken, of devices freed)
+        self._domain_most: list = [[None] * level_count if alias[c] == c else None for c in range(class_count)]
         self.total_free = [sum(counts) for counts in node_free]
         self.has_tainted = any(slot.taints for slot in self.extras)
 
@@ -712,14 +713,38 @@ class CapacityState:
             read_taken, read_freed = self._domain_read[own][level_index]
             if read_taken == len(taken) and read_freed == len(freed):
                 return totals
-            # The log holds a node once per device taken (or freed): counted per domain in C.
+            # The log holds a node once per device taken (or freed).
             keys = self.node_domains[level_index]
-            for key, count in Counter(map(keys.__getitem__, islice(taken, read_taken, None))).items():
-                totals[key] -= count
-            for key, count in Counter(map(keys.__getitem__, islice(freed, read_freed, None))).items():
-                totals[key] += count
+            for node in islice(taken, read_taken, None):
+                totals[keys[node]] -= 1
+            for node in islice(freed, read_freed, None):
+                totals[keys[node]] += 1
         self._domain_read[own][level_index] = (len(log[0]), len(log[1]))
         return totals
+
+    def most_free_in_a_domain(self, class_index: int, level_index: int) -> int:
+        """The largest of `domain_totals(class_index, level_index)`. Between frees it can only fall, so the
+        last maximum found stands as a bound: a request larger than it fails without a pass over the level
+        (on a long queue most placements tried on a required level fail)."""
+        own = self.class_alias[class_index]
+        known = self._domain_most[own][level_index]
+        log = self._domain_log[own]
+        if known is not None and log is not None and known[1] == len(log[1]):
+            return known[0]
+        totals = self.domain_totals(class_index, level_index)
+        most = max(totals.values(), default=0)
+        self._domain_most[own][level_index] = (most, len(self._domain_log[own][1]))
+        return most
+
+    def has_room_for(self, class_index: int, level_index: int, needed: int) -> bool:
+        """Whether some domain of the level has `needed` free devices of the class."""
+        if self.most_free_in_a_domain(class_index, level_index) < needed:
+            return False
+        totals = self.domain_totals(class_index, level_index)
+        most = max(totals.values(), default=0)
+        own = self.class_alias[class_index]
+        self._domain_most[own][level_index] = (most, len(self._domain_log[own][1]))  # the bound, made exact
+        return most >= needed
 
     @property
     def domain_free(self) -> list[list[dict[tuple, int]]]:

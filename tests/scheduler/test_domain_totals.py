@@ -46,6 +46,12 @@ def test_it_gives_what_summing_the_nodes_gives_at_every_moment(seed):
         if chance.random() < 0.4:  # levels are asked at different times, some never
             class_index, level_index = chance.choice(classes), chance.choice(levels)
             assert state.domain_totals(class_index, level_index) == summed(state, class_index, level_index)
+        if chance.random() < 0.4:  # and whether a domain has room, answered from the last maximum found
+            class_index, level_index = chance.choice(classes), chance.choice(levels)
+            most = max(summed(state, class_index, level_index).values())
+            needed = chance.choice((1, most, most + 1, chance.randrange(1, 80)))
+            assert state.has_room_for(class_index, level_index, needed) == (most >= needed)
+            assert state.most_free_in_a_domain(class_index, level_index) >= most
     for class_index in classes:
         for level_index in levels:
             assert state.domain_totals(class_index, level_index) == summed(state, class_index, level_index)
