@@ -490,9 +490,25 @@ class Cycle:
                 return None
         free_plain = state.free_plain
         name = demand.name
-        pods = []
         values, members = buckets.values, buckets.members
-        # buckets.nodes_with_at_least(per_pod), without a generator: most plans take the first node.
+        if wanted == 1 and not excluded:
+            # Most plans: one pod, on the first node of the fullest bucket with room. Its count is of its
+            # free plain devices of this class, so it has `per_pod` of them.
+            first = bisect_left(values, per_pod)
+            if first == len(values):
+                return None
+            node = members[values[first]][0]
+            if per_pod == 1:
+                for slot in free_plain[node]:
+                    if class_index in slot.classes:
+                        chosen = (slot,)
+                        break
+            else:
+                chosen = tuple([slot for slot in free_plain[node] if class_index in slot.classes][:per_pod])
+            # tuple.__new__ is what the NamedTuples' generated __new__ calls, less a Python frame.
+            return new_tuple(GangPlan, (class_index, ROOT, (new_tuple(PlannedPod, (name, 0, node, chosen)),)))
+        pods = []
+        # buckets.nodes_with_at_least(per_pod), without a generator.
         for value in values[bisect_left(values, per_pod) :]:
             for node in members[value]:
                 if node in excluded:
@@ -500,7 +516,6 @@ class Cycle:
                 slots = [slot for slot in free_plain[node] if class_index in slot.classes]
                 start = 0
                 while start + per_pod <= len(slots):
-                    # tuple.__new__ is what the NamedTuples' generated __new__ calls, less a Python frame.
                     pods.append(new_tuple(PlannedPod, (name, len(pods), node, tuple(slots[start : start + per_pod]))))
                     if len(pods) == wanted:
                         return new_tuple(GangPlan, (class_index, ROOT, tuple(pods)))

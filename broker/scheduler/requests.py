@@ -106,6 +106,37 @@ def resolve(workload: PendingWorkload, snapshot: Snapshot, lookups: dict, memo: 
     Request with its own workload, sharing what was already computed from the shape (needed, access)."""
     if memo is None:
         return _resolve(workload, snapshot, lookups)
+    # First by the pod sets' identities: the loader hands gangs of one shape the same PodSet records, and
+    # the snapshot keeps them alive for the whole cycle, so an identity stands for its values. (A tuple of
+    # ints here, of field tuples in the key below: the two kinds of key never meet in `memo`.)
+    identity = (
+        workload.queue,
+        workload.resource_class,
+        tuple(map(id, workload.pod_sets)),
+        workload.topology_required,
+        workload.topology_preferred,
+        workload.preemptible,
+        workload.team,
+    )
+    shape = memo.get(identity)
+    if shape is None:
+        shape = _shape(workload, snapshot, lookups, memo)
+        memo[identity] = shape
+    if isinstance(shape, str):
+        return shape
+    if shape.workload is workload:
+        return shape
+    # A frozen dataclass copy without re-running its __init__: same fields, another workload.
+    request = object.__new__(Request)
+    values = request.__dict__
+    values.update(shape.__dict__)
+    values["workload"] = workload
+    values["id"] = workload.id  # its own, whether or not the shape's was computed yet (asked at once anyway)
+    return request
+
+
+def _shape(workload: PendingWorkload, snapshot: Snapshot, lookups: dict, memo: dict) -> Request | str:
+    """The resolved shape of `workload` by the values of everything resolution reads."""
     key = (
         workload.queue,
         workload.resource_class,
@@ -123,20 +154,9 @@ def resolve(workload: PendingWorkload, snapshot: Snapshot, lookups: dict, memo: 
         return _resolve(workload, snapshot, lookups)
     if shape is None:
         shape = memo[key] = _resolve(workload, snapshot, lookups)
-        if isinstance(shape, str):
-            return shape
-        _ = (shape.needed, shape.simple, shape.default_access)  # computed once, shared by the copies
-    if isinstance(shape, str):
-        return shape
-    if shape.workload is workload:
-        return shape
-    # A frozen dataclass copy without re-running its __init__: same fields, another workload.
-    request = object.__new__(Request)
-    values = request.__dict__
-    values.update(shape.__dict__)
-    values["workload"] = workload
-    values["id"] = workload.id  # its own, whether or not the shape's was computed yet (asked at once anyway)
-    return request
+        if not isinstance(shape, str):
+            _ = (shape.needed, shape.simple, shape.default_access)  # computed once, shared by the copies
+    return shape
 
 
 def _resolve(workload: PendingWorkload, snapshot: Snapshot, lookups: dict) -> Request | str:

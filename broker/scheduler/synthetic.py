@@ -50,7 +50,8 @@ def synthetic_snapshot(
     queues, cohorts = _queues(nodes * devices_per_node)
     running = _running(chance, node_list, devices_per_node, busy)
     draw = _size_drawer(chance, sizes)
-    pending_list = tuple(_pending(chance, index, draw()) for index in range(pending))
+    pod_sets: dict[int, PodSet] = {}  # one record per gang size, shared as the loader shares them
+    pending_list = tuple(_pending(chance, index, draw(), pod_sets) for index in range(pending))
     return Snapshot(
         levels=("zone", "block", "rack"),
         nodes=tuple(node_list),
@@ -153,7 +154,7 @@ def _size_drawer(chance: random.Random, sizes):
     return lambda: chance.choices(values, weights)[0]
 
 
-def _pending(chance: random.Random, index: int, size: int) -> PendingWorkload:
+def _pending(chance: random.Random, index: int, size: int, pod_sets: dict[int, PodSet]) -> PendingWorkload:
     team = TEAMS[chance.randrange(len(TEAMS))]
     if size <= 8:
         pod_set = PodSet("main", 1, None, size)
@@ -161,6 +162,7 @@ def _pending(chance: random.Random, index: int, size: int) -> PendingWorkload:
     else:
         pod_set = PodSet("workers", size // 8, None, 8)
         resource_class, required = "training", ("rack" if size <= 64 else "block")
+    pod_set = pod_sets.setdefault(size, pod_set)
     return PendingWorkload(
         id=f"job-{index:06d}",
         queue=team,

@@ -54,5 +54,23 @@ def test_it_shares_a_shape_only_between_equal_pod_sets(change):
     assert resolve(same, snapshot, lookups, memo).demands is shape.demands
     resolved = resolve(other, snapshot, lookups, memo)
 
-    assert len(memo) == 2, "a pod set differing in any field is a shape of its own"
+    assert len({id(shape) for shape in memo.values()}) == 2, "a pod set differing in any field is a shape of its own"
     assert isinstance(resolved, str) or resolved.demands is not shape.demands
+
+
+def test_it_resolves_gangs_that_share_pod_set_records_as_one_shape():
+    snapshot = synthetic_snapshot(nodes=8, pending=1, seed=2)
+    first = snapshot.pending[0]
+    shared = first.pod_sets  # the loader hands gangs of one shape the very same records
+    gangs = [replace(first, id=f"gang-{index}", pod_sets=tuple(shared)) for index in range(5)]
+    other_queue = next(queue.name for queue in snapshot.queues if queue.name != first.queue)
+    elsewhere = replace(first, id="elsewhere", queue=other_queue, pod_sets=tuple(shared))
+    lookups = Cycle(snapshot).lookups
+    memo = {}
+
+    resolved = [resolve(gang, snapshot, lookups, memo) for gang in gangs]
+    other = resolve(elsewhere, snapshot, lookups, memo)
+
+    assert len({id(request.demands) for request in resolved}) == 1
+    assert [request.id for request in resolved] == [gang.id for gang in gangs]
+    assert other.queue.name == other_queue and all(request.queue.name == first.queue for request in resolved)

@@ -32,6 +32,24 @@ def test_it_plans_as_place_gang_with_nodes_excluded():
     assert compared > 50, "most of the cases should have a plan to compare"
 
 
+def test_it_plans_as_place_gang_with_nothing_excluded_while_the_cluster_fills():
+    cycle = busy_cycle()
+    state = cycle.state
+    chance = random.Random(4)
+    compared = 0
+    for step in range(300):
+        class_index = chance.randrange(len(state.class_names))
+        count = chance.choice((1, 1, 1, 2, 3))
+        demand = PodDemand("main", count, count, chance.choice((1, 1, 2, 3, 4, 8)))
+        expected = place_gang(View(state, class_index), (demand,), None, None)
+        plan = cycle._simple_plan(class_index, demand)
+        assert plan == expected
+        if plan is not None:
+            compared += 1
+            state.hold(list(plan.slots()), f"w{step}")
+    assert compared > 40, "the cluster should take many plans before it is full"
+
+
 def test_it_never_places_a_pod_on_an_excluded_node():
     cycle = busy_cycle()
     state = cycle.state
