@@ -16,7 +16,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 from itertools import compress, islice, repeat
-from operator import add, attrgetter, is_not
+from operator import add, is_not
 
 from broker.scheduler.capacity import ROOT, View
 from broker.scheduler.placement import place_gang, place_within_scope
@@ -144,9 +144,9 @@ class ReleaseTimeline:
         admitted = cycle.log.admitted
         if len(admitted) == self.admitted_seen:
             return self.admitted
-        # Tens of thousands in a large first cycle: read, filtered and paired in C.
+        # Tens of thousands in a large first cycle: filtered and paired in C.
         ids = list(islice(admitted, self.admitted_seen, None))
-        durations = list(map(_expected_duration, map(cycle.requests.__getitem__, ids)))
+        durations = cycle.log.admitted_durations[self.admitted_seen :]
         known = list(map(is_not, durations, repeat(None)))
         self.admitted_seen = len(admitted)
         self.admitted_without_end += len(ids) - sum(known)
@@ -239,6 +239,3 @@ def _soonest_nodes(cycle, request, now_view: View, built_view: View) -> set[int]
         if pods >= pods_needed:
             return chosen
     return set()
-
-
-_expected_duration = attrgetter("workload.expected_duration")

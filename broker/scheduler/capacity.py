@@ -291,6 +291,16 @@ class InventoryIndex:
             for node, key in enumerate(keys):
                 members.setdefault(key, []).append(node)
             self.domain_nodes.append(members)
+        # Domains by position too, per level: free counts are kept in lists (no tuple key to hash on each
+        # device taken) and read by key through these.
+        self.domain_keys: list[list[tuple]] = [list(members) for members in self.domain_nodes]
+        self.domain_position: list[dict[tuple, int]] = [
+            {key: position for position, key in enumerate(keys)} for keys in self.domain_keys
+        ]
+        self.node_domain_positions: list[list[int]] = [
+            list(map(position.__getitem__, keys))
+            for position, keys in zip(self.domain_position, self.node_domains, strict=True)
+        ]
 
     def _index_devices(self, snapshot: Snapshot, matcher: ClassMatcher) -> None:
         """`device_rows`: per device in placement order, the arguments of its Slot."""
@@ -378,7 +388,8 @@ class CapacityState:
     """
 
     SHARED = ("levels", "class_names", "class_index", "node_names", "node_index", "node_schedulable", "node_domains",
-              "domain_nodes", "class_alias", "class_devices")  # fmt: skip
+              "domain_nodes", "domain_keys", "domain_position", "node_domain_positions", "class_alias",
+              "class_devices")  # fmt: skip
 
     @classmethod
     def as_built(cls, other: CapacityState) -> CapacityState:
@@ -596,6 +607,7 @@ class CapacityState:
         self._domain_read: list = [[(0, 0)] * level_count if alias[c] == c else None for c in range(class_count)]
         self._domain_log: list = [None] * class_count  # per class: (nodes of devices taken, of devices freed)
         self._domain_most: list = [[None] * level_count if alias[c] == c else None for c in range(class_count)]
+        self._domain_dicts: list = [[None] * level_count if alias[c] == c else None for c in range(class_count)]
         self.total_free = [sum(counts) for counts in node_free]
         self.has_tainted = any(slot.taints for slot in self.extras)
 
@@ -694,57 +706,75 @@ class CapacityState:
                     log[1].extend(repeat(node, delta))
             self.buckets[class_index].move(node, old, new)
 
-    def domain_totals(self, class_index: int, level_index: int) -> dict[tuple, int]:
-        """Free devices of the class per domain of the level, up to date; the state's own dict: read it,
-        never change it."""
+    def domain_free_counts(self, class_index: int, level_index: int) -> list[int]:
+        """Free devices of the class per domain of the level, up to date, in the order of
+        `domain_keys[level_index]`; the state's own list: read it, never change it."""
         own = self.class_alias[class_index]
-        totals = self._domain_totals[own][level_index]
+        counts = self._domain_totals[own][level_index]
         log = self._domain_log[own]
-        if totals is None:
-            totals = dict.fromkeys(self.domain_nodes[level_index], 0)
-            for key, count in zip(self.node_domains[level_index], self.node_free[own], strict=True):
+        if counts is None:
+            counts = [0] * len(self.domain_keys[level_index])
+            for position, count in zip(self.node_domain_positions[level_index], self.node_free[own], strict=True):
                 if count:
-                    totals[key] += count
-            self._domain_totals[own][level_index] = totals
+                    counts[position] += count
+            self._domain_totals[own][level_index] = counts
             if log is None:
                 log = self._domain_log[own] = ([], [])
         else:
             taken, freed = log
             read_taken, read_freed = self._domain_read[own][level_index]
             if read_taken == len(taken) and read_freed == len(freed):
-                return totals
-            # The log holds a node once per device taken (or freed).
-            keys = self.node_domains[level_index]
+                return counts
+            # The log holds a node once per device taken (or freed); positions, not keys: no tuple to hash.
+            positions = self.node_domain_positions[level_index]
             for node in islice(taken, read_taken, None):
-                totals[keys[node]] -= 1
+                counts[positions[node]] -= 1
             for node in islice(freed, read_freed, None):
-                totals[keys[node]] += 1
+                counts[positions[node]] += 1
         self._domain_read[own][level_index] = (len(log[0]), len(log[1]))
+        return counts
+
+    def domain_totals(self, class_index: int, level_index: int) -> dict[tuple, int]:
+        """`domain_free_counts` by domain key, made again only after a change; the state's own dict: read
+        it, never change it."""
+        counts = self.domain_free_counts(class_index, level_index)
+        own = self.class_alias[class_index]
+        taken, freed = self._domain_log[own]
+        stamp = (len(taken), len(freed))
+        known = self._domain_dicts[own][level_index]
+        if known is not None and known[0] == stamp:
+            return known[1]
+        totals = dict(zip(self.domain_keys[level_index], counts, strict=True))
+        self._domain_dicts[own][level_index] = (stamp, totals)
         return totals
 
+    def domain_total(self, class_index: int, scope: tuple) -> int:
+        """Free devices of the class in one domain (not ROOT)."""
+        level_index = len(scope) - 1
+        return self.domain_free_counts(class_index, level_index)[self.domain_position[level_index][scope]]
+
     def most_free_in_a_domain(self, class_index: int, level_index: int) -> int:
-        """The largest of `domain_totals(class_index, level_index)`. Between frees it can only fall, so the
-        last maximum found stands as a bound: a request larger than it fails without a pass over the level
-        (on a long queue most placements tried on a required level fail)."""
+        """The largest of `domain_free_counts(class_index, level_index)`. Between frees it can only fall, so
+        the last maximum found stands as a bound: a request larger than it fails without a pass over the
+        level (on a long queue most placements tried on a required level fail)."""
         own = self.class_alias[class_index]
         known = self._domain_most[own][level_index]
         log = self._domain_log[own]
         if known is not None and log is not None and known[1] == len(log[1]):
             return known[0]
-        totals = self.domain_totals(class_index, level_index)
-        most = max(totals.values(), default=0)
-        self._domain_most[own][level_index] = (most, len(self._domain_log[own][1]))
-        return most
+        return self._most_now(class_index, level_index)
 
     def has_room_for(self, class_index: int, level_index: int, needed: int) -> bool:
         """Whether some domain of the level has `needed` free devices of the class."""
         if self.most_free_in_a_domain(class_index, level_index) < needed:
             return False
-        totals = self.domain_totals(class_index, level_index)
-        most = max(totals.values(), default=0)
+        return self._most_now(class_index, level_index) >= needed  # the bound, made exact
+
+    def _most_now(self, class_index: int, level_index: int) -> int:
+        most = max(self.domain_free_counts(class_index, level_index), default=0)
         own = self.class_alias[class_index]
-        self._domain_most[own][level_index] = (most, len(self._domain_log[own][1]))  # the bound, made exact
-        return most >= needed
+        self._domain_most[own][level_index] = (most, len(self._domain_log[own][1]))
+        return most
 
     @property
     def domain_free(self) -> list[list[dict[tuple, int]]]:
@@ -891,6 +921,8 @@ class View:
     def domain_count(self, scope: tuple) -> int:
         if scope == ROOT:
             return self.total()
+        if self.plain:
+            return self.state.domain_total(self.class_index, scope)
         return self.domain_counts(len(scope) - 1)[scope]
 
     def node_rank(self, node: int) -> int:

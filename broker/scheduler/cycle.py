@@ -64,6 +64,9 @@ class CycleLog:
     cluster_order: list = field(default_factory=list)
     admitted: dict = field(default_factory=dict)
     admitted_plans: dict = field(default_factory=dict)
+    # Each admission's expected duration, in the order of `admitted`: read while its request is at hand
+    # (the release timeline wants them all, and finding them again later costs a cache miss or three each).
+    admitted_durations: list = field(default_factory=list)
     outcomes: dict = field(default_factory=dict)
     invalid: dict = field(default_factory=dict)
     preemptions: list = field(default_factory=list)
@@ -269,7 +272,8 @@ class Cycle:
 
     def _commit(self, request: Request, class_name: str, plan: GangPlan) -> None:
         planned = plan.pods
-        request_id = request.workload.id
+        workload = request.workload
+        request_id = workload.id
         state = self.state
         node_names = state.node_names
         if len(planned) == 1:
@@ -306,8 +310,10 @@ class Cycle:
         self._charge(request.queue.name, class_name, len(slots))
         admission = object.__new__(Admission)
         admission.__dict__.update(workload_id=request_id, device_class=class_name, pods=pods, domain=domain)
-        self.log.admitted[request_id] = admission
-        self.log.admitted_plans[request_id] = plan
+        log = self.log
+        log.admitted[request_id] = admission
+        log.admitted_plans[request_id] = plan
+        log.admitted_durations.append(workload.expected_duration)
 
     def common_domain(self, plan: GangPlan) -> Mapping[str, str]:
         """Levels (coarse to fine, node excluded) on which all pods share one domain."""

@@ -41,7 +41,7 @@ def random_cycle(seed: int, horizon: int):
         chosen_victims=set(),
         shrunk_victims=set(),
         leaving={},
-        log=SimpleNamespace(admitted={}),
+        log=SimpleNamespace(admitted={}, admitted_durations=[]),
         requests=requests,
         config=SimpleNamespace(estimate_horizon_events=horizon),
     )
@@ -92,7 +92,9 @@ def test_it_gives_the_sorted_ends_as_far_as_the_horizon_reaches(seed):
                 cycle.leaving[leaving_id(workload.id)] = workload
         for workload_id in cycle.requests:
             if chance.random() < 0.1:
-                cycle.log.admitted[workload_id] = None
+                if workload_id not in cycle.log.admitted:
+                    cycle.log.admitted[workload_id] = None
+                    cycle.log.admitted_durations.append(cycle.requests[workload_id].workload.expected_duration)
         assert backfill.release_timeline(cycle) == reach(full_timeline(cycle), horizon)
         unknown = [
             w
