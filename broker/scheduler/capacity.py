@@ -871,7 +871,8 @@ class View:
         self.extra_by_node: dict[int, list[tuple[int, Slot]]] = {}
         self.extra_count = 0
         self.plain = not excluded
-        self._domain_cache: dict[int, dict[tuple, int]] = {}  # a non-plain view's own counts, per level
+        self._domain_cache: dict[int, list[int]] = {}  # a non-plain view's own counts per level, by position
+        self._domain_dicts: dict[int, dict[tuple, int]] = {}  # the same by key, made when asked
         self.extend(extra)
 
     def extend(self, extra) -> None:
@@ -887,10 +888,11 @@ class View:
             return
         self.plain = False
         self.extra_count += len(added)
+        self._domain_dicts.clear()
         for level_index, counts in self._domain_cache.items():
-            keys = self.state.node_domains[level_index]
+            positions = self.state.node_domain_positions[level_index]
             for node in added:
-                counts[keys[node]] += 1
+                counts[positions[node]] += 1
 
     def node_count(self, node: int) -> int:
         if node in self.excluded:
@@ -904,18 +906,32 @@ class View:
             total -= self.state.node_free[self.class_index][node]
         return total
 
-    def domain_counts(self, level_index: int) -> dict[tuple, int]:
-        if self.plain:  # the state's own totals, as they are now: read them, never change them
-            return self.state.domain_totals(self.class_index, level_index)
+    def level_counts(self, level_index: int) -> list[int]:
+        """Free devices per domain of the level as this view sees them, in the order of the state's
+        `domain_keys[level_index]`: read them, never change them."""
+        if self.plain:  # the state's own, as they are now
+            return self.state.domain_free_counts(self.class_index, level_index)
         counts = self._domain_cache.get(level_index)
         if counts is None:
-            counts = dict(self.state.domain_totals(self.class_index, level_index))
-            keys = self.state.node_domains[level_index]
+            state = self.state
+            counts = list(state.domain_free_counts(self.class_index, level_index))
+            positions = state.node_domain_positions[level_index]
+            node_free = state.node_free[self.class_index]
             for node in self.excluded:
-                counts[keys[node]] -= self.state.node_free[self.class_index][node]
+                counts[positions[node]] -= node_free[node]
             for node, slots in self.extra_by_node.items():
-                counts[keys[node]] += len(slots)
+                counts[positions[node]] += len(slots)
             self._domain_cache[level_index] = counts
+        return counts
+
+    def domain_counts(self, level_index: int) -> dict[tuple, int]:
+        """`level_counts` by domain key: read them, never change them."""
+        if self.plain:
+            return self.state.domain_totals(self.class_index, level_index)
+        counts = self._domain_dicts.get(level_index)
+        if counts is None:
+            keys = self.state.domain_keys[level_index]
+            counts = self._domain_dicts[level_index] = dict(zip(keys, self.level_counts(level_index), strict=True))
         return counts
 
     def domain_count(self, scope: tuple) -> int:
@@ -923,7 +939,8 @@ class View:
             return self.total()
         if self.plain:
             return self.state.domain_total(self.class_index, scope)
-        return self.domain_counts(len(scope) - 1)[scope]
+        level_index = len(scope) - 1
+        return self.level_counts(level_index)[self.state.domain_position[level_index][scope]]
 
     def node_rank(self, node: int) -> int:
         """The best rank among the node's devices: nodes with own-reserved devices come first, nodes

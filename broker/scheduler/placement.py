@@ -78,14 +78,13 @@ def candidate_scopes(view: View, required: int | None, needed: int) -> list[tupl
 
 def domains_with_room(view: View, level_index: int, needed: int, within: tuple) -> list[tuple]:
     depth = len(within)
-    if view.plain:
-        if not view.state.has_room_for(view.class_index, level_index, needed):
-            return []  # the common failure, mostly answered from the last maximum found
-        counts = view.domain_counts(level_index)
-    else:
-        counts = view.domain_counts(level_index)
-        if not counts or max(counts.values()) < needed:
-            return []
+    # The common failure, mostly answered from the last maximum found: a view without extra devices
+    # sees at most what the state has free (excluded nodes only take away).
+    if not view.extra_count and not view.state.has_room_for(view.class_index, level_index, needed):
+        return []
+    if not view.plain and max(view.level_counts(level_index), default=0) < needed:
+        return []
+    counts = view.domain_counts(level_index)
     # Domains with count >= needed, by (count, key): filtered and sorted in C (a level can have thousands
     # of domains, asked once per placement tried), keys first, then stably by count.
     fitting = list(compress(counts, map(needed.__le__, counts.values())))
