@@ -301,6 +301,13 @@ class InventoryIndex:
             list(map(position.__getitem__, keys))
             for position, keys in zip(self.domain_position, self.node_domains, strict=True)
         ]
+        # Per level and position: the domain key's place in sorted order, to sort positions as their keys.
+        self.domain_key_rank: list[list[int]] = []
+        for keys in self.domain_keys:
+            rank = [0] * len(keys)
+            for place, position in enumerate(sorted(range(len(keys)), key=keys.__getitem__)):
+                rank[position] = place
+            self.domain_key_rank.append(rank)
 
     def _index_devices(self, snapshot: Snapshot, matcher: ClassMatcher) -> None:
         """`device_rows`: per device in placement order, the arguments of its Slot."""
@@ -388,8 +395,8 @@ class CapacityState:
     """
 
     SHARED = ("levels", "class_names", "class_index", "node_names", "node_index", "node_schedulable", "node_domains",
-              "domain_nodes", "domain_keys", "domain_position", "node_domain_positions", "class_alias",
-              "class_devices")  # fmt: skip
+              "domain_nodes", "domain_keys", "domain_position", "node_domain_positions", "domain_key_rank",
+              "class_alias", "class_devices")  # fmt: skip
 
     @classmethod
     def as_built(cls, other: CapacityState) -> CapacityState:

@@ -82,17 +82,20 @@ def domains_with_room(view: View, level_index: int, needed: int, within: tuple) 
     # sees at most what the state has free (excluded nodes only take away).
     if not view.extra_count and not view.state.has_room_for(view.class_index, level_index, needed):
         return []
-    if not view.plain and max(view.level_counts(level_index), default=0) < needed:
+    counts = view.level_counts(level_index)
+    if not view.plain and max(counts, default=0) < needed:
         return []
-    counts = view.domain_counts(level_index)
-    # Domains with count >= needed, by (count, key): filtered and sorted in C (a level can have thousands
-    # of domains, asked once per placement tried), keys first, then stably by count.
-    fitting = list(compress(counts, map(needed.__le__, counts.values())))
+    # Domains with count >= needed, by (count, key): filtered and sorted in C by position (a level can have
+    # thousands of domains, and a tuple key costs a hash each time it is looked up), in key order first,
+    # then stably by count.
+    state = view.state
+    keys = state.domain_keys[level_index]
+    fitting = list(compress(range(len(counts)), map(needed.__le__, counts)))
     if depth:
-        fitting = [key for key in fitting if key[:depth] == within]
-    fitting.sort()
+        fitting = [position for position in fitting if keys[position][:depth] == within]
+    fitting.sort(key=state.domain_key_rank[level_index].__getitem__)
     fitting.sort(key=counts.__getitem__)
-    return fitting
+    return list(map(keys.__getitem__, fitting))
 
 
 def place_within_scope(view: View, scope: tuple, demands, preferred: int | None) -> GangPlan | None:

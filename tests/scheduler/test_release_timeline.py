@@ -91,10 +91,9 @@ def test_it_gives_the_sorted_ends_as_far_as_the_horizon_reaches(seed):
                 cycle.shrunk_victims.add(workload.id)
                 cycle.leaving[leaving_id(workload.id)] = workload
         for workload_id in cycle.requests:
-            if chance.random() < 0.1:
-                if workload_id not in cycle.log.admitted:
-                    cycle.log.admitted[workload_id] = None
-                    cycle.log.admitted_durations.append(cycle.requests[workload_id].workload.expected_duration)
+            if chance.random() < 0.1 and workload_id not in cycle.log.admitted:
+                cycle.log.admitted[workload_id] = None
+                cycle.log.admitted_durations.append(cycle.requests[workload_id].workload.expected_duration)
         assert backfill.release_timeline(cycle) == reach(full_timeline(cycle), horizon)
         unknown = [
             w
