@@ -16,7 +16,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 from itertools import compress, islice, repeat
-from operator import add, is_not
+from operator import add, attrgetter, is_not, not_
 
 from broker.scheduler.capacity import ROOT, View
 from broker.scheduler.placement import place_gang, place_within_scope
@@ -91,16 +91,18 @@ class ReleaseTimeline:
         now = cycle.snapshot.now
         self.now = now
         self.evicting: list[str] = []
-        self.without_end: list[str] = []
-        self.ends: list[tuple[float, str]] = []  # not evicting, end known; chosen victims still in
-        for workload in cycle.snapshot.running:
-            if workload.evicting:
-                self.evicting.append(workload.id)
-            elif workload.expected_end is None:
-                self.without_end.append(workload.id)
-            else:
-                end = workload.expected_end
-                self.ends.append((end if end > now else now, workload.id))
+        running = cycle.snapshot.running
+        if any(map(_evicting, running)):  # few or none: split off in Python, the rest read in C
+            self.evicting = [workload.id for workload in running if workload.evicting]
+            running = [workload for workload in running if not workload.evicting]
+        ids = list(map(_id, running))
+        ends = list(map(_expected_end, running))
+        known = list(map(is_not, ends, repeat(None)))
+        self.without_end: list[str] = list(compress(ids, map(not_, known)))
+        # Not evicting, end known (an end already past counts as now); chosen victims still in.
+        self.ends: list[tuple[float, str]] = list(
+            zip(map(max, repeat(now), compress(ends, known)), compress(ids, known), strict=True)
+        )
         self.earliest: list[tuple[float, str]] = []  # the smallest of `ends`, in order
         self.admitted: list[tuple[float, str]] = []
         self.admitted_seen = 0
@@ -239,3 +241,8 @@ def _soonest_nodes(cycle, request, now_view: View, built_view: View) -> set[int]
         if pods >= pods_needed:
             return chosen
     return set()
+
+
+_id = attrgetter("id")
+_evicting = attrgetter("evicting")
+_expected_end = attrgetter("expected_end")
