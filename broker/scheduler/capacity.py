@@ -455,10 +455,12 @@ class CapacityState:
             slot.category = rows[slot.order][5]
         before = self._running
         self._running = None
-        running = snapshot.running
-        ids = list(map(_id, running))
-        now = dict(zip(ids, running, strict=True))
-        arrived = list(compress(running, map(is_not, map(before.get, ids), running)))  # new records, of known ids too
+        now = {}
+        arrived = []  # new records, or new records of known ids
+        for workload in snapshot.running:  # one pass, each record read once (the reads are cache misses)
+            now[workload.id] = workload
+            if before.get(workload.id) is not workload:
+                arrived.append(workload)
         if len(now) != len(snapshot.running):
             return False
         slot_by_id = self.slot_by_id
@@ -969,6 +971,3 @@ class View:
             ranked.extend((rank, slot.order, slot) for rank, slot in extra)
             ranked.sort(key=lambda entry: (entry[0], entry[1]))
         return [entry[2] for entry in ranked]
-
-
-_id = attrgetter("id")

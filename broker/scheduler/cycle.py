@@ -86,7 +86,7 @@ class Cycle:
             "device_classes": {dc.name: dc for dc in snapshot.device_classes},
             "levels": all_levels(snapshot),
         }
-        self.running = dict(zip(map(_by_id, snapshot.running), snapshot.running, strict=True))
+        self.running = {workload.id: workload for workload in snapshot.running}
         self.log = CycleLog()
         self.protection: backfill.Protection | None = None
         self._failed: set = set()
@@ -137,10 +137,7 @@ class Cycle:
             by_queue.setdefault(workload.queue, []).append(workload)
         # 3b. Devices a preemptor's victims freed are held for it until its turn (its nomination).
         self._hold_nominated()
-        running = self.snapshot.running
-        self._own_answers = (
-            {w.evicted_for for w in running if w.evicting and w.evicted_for} if any(map(_evicting, running)) else set()
-        )
+        self._own_answers = {w.evicted_for for w in self.snapshot.running if w.evicting and w.evicted_for}
         self._own_answers.update(w.id for w in self.snapshot.pending if w.nominated_devices)
         # 4. Order: fair share between queues (recomputed after each admission), then priority, then age.
         requests = self.requests
@@ -557,7 +554,6 @@ class Cycle:
 
 
 _by_id = attrgetter("id")
-_evicting = attrgetter("evicting")
 new_tuple = tuple.__new__
 _by_workload_id = attrgetter("workload_id")
 

@@ -15,7 +15,6 @@ Placement only plans: nothing in the capacity state changes until the cycle comm
 
 from __future__ import annotations
 
-from itertools import compress
 from typing import NamedTuple
 
 from broker.scheduler.capacity import ROOT, Slot, View
@@ -85,12 +84,12 @@ def domains_with_room(view: View, level_index: int, needed: int, within: tuple) 
     counts = view.level_counts(level_index)
     if not view.plain and max(counts, default=0) < needed:
         return []
-    # Domains with count >= needed, by (count, key): filtered and sorted in C by position (a level can have
+    # Domains with count >= needed, by (count, key): filtered and sorted by position (a level can have
     # thousands of domains, and a tuple key costs a hash each time it is looked up), in key order first,
     # then stably by count.
     state = view.state
     keys = state.domain_keys[level_index]
-    fitting = list(compress(range(len(counts)), map(needed.__le__, counts)))
+    fitting = [position for position, count in enumerate(counts) if count >= needed]
     if depth:
         fitting = [position for position in fitting if keys[position][:depth] == within]
     fitting.sort(key=state.domain_key_rank[level_index].__getitem__)
