@@ -109,15 +109,7 @@ def resolve(workload: PendingWorkload, snapshot: Snapshot, lookups: dict, memo: 
     # First by the pod sets' identities: the loader hands gangs of one shape the same PodSet records, and
     # the snapshot keeps them alive for the whole cycle, so an identity stands for its values. (A tuple of
     # ints here, of field tuples in the key below: the two kinds of key never meet in `memo`.)
-    identity = (
-        workload.queue,
-        workload.resource_class,
-        tuple(map(id, workload.pod_sets)),
-        workload.topology_required,
-        workload.topology_preferred,
-        workload.preemptible,
-        workload.team,
-    )
+    identity = _shape_key(workload, tuple(map(id, workload.pod_sets)))
     shape = memo.get(identity)
     if shape is None:
         shape = _shape(workload, snapshot, lookups, memo)
@@ -135,19 +127,24 @@ def resolve(workload: PendingWorkload, snapshot: Snapshot, lookups: dict, memo: 
     return request
 
 
-def _shape(workload: PendingWorkload, snapshot: Snapshot, lookups: dict, memo: dict) -> Request | str:
-    """The resolved shape of `workload` by the values of everything resolution reads."""
-    key = (
+def _shape_key(workload: PendingWorkload, pod_sets: tuple) -> tuple:
+    """Everything resolution reads of a workload, its pod sets as the caller tells them apart."""
+    return (
         workload.queue,
         workload.resource_class,
-        # Each pod set by its field values: what PodSet's generated __eq__ compares, hashed and compared
-        # in C rather than through its Python __hash__ and __eq__ for each of the tens of thousands.
-        tuple(map(_pod_set_fields, workload.pod_sets)),
+        pod_sets,
         workload.topology_required,
         workload.topology_preferred,
         workload.preemptible,
         workload.team,
     )
+
+
+def _shape(workload: PendingWorkload, snapshot: Snapshot, lookups: dict, memo: dict) -> Request | str:
+    """The resolved shape of `workload` by the values of everything resolution reads."""
+    # Each pod set by its field values: what PodSet's generated __eq__ compares, hashed and compared in C
+    # rather than through its Python __hash__ and __eq__ for each of the tens of thousands.
+    key = _shape_key(workload, tuple(map(_pod_set_fields, workload.pod_sets)))
     try:
         shape = memo.get(key)
     except TypeError:  # something unhashable in the pod sets: resolve this one on its own
