@@ -764,18 +764,22 @@ class CapacityState:
         """The largest of `domain_free_counts(class_index, level_index)`. Between frees it can only fall, so
         the last maximum found stands as a bound: a request larger than it fails without a pass over the
         level (on a long queue most placements tried on a required level fail)."""
-        own = self.class_alias[class_index]
-        known = self._domain_most[own][level_index]
-        log = self._domain_log[own]
-        if known is not None and log is not None and known[1] == len(log[1]):
-            return known[0]
-        return self._most_now(class_index, level_index)
+        bound = self._most_bound(class_index, level_index)
+        return bound if bound is not None else self._most_now(class_index, level_index)
 
     def has_room_for(self, class_index: int, level_index: int, needed: int) -> bool:
         """Whether some domain of the level has `needed` free devices of the class."""
-        if self.most_free_in_a_domain(class_index, level_index) < needed:
+        bound = self._most_bound(class_index, level_index)
+        if bound is not None and bound < needed:
             return False
-        return self._most_now(class_index, level_index) >= needed  # the bound, made exact
+        return self._most_now(class_index, level_index) >= needed  # the maximum, made exact once
+
+    def _most_bound(self, class_index: int, level_index: int) -> int | None:
+        """The last maximum found, while nothing was freed since (None when something was, or none yet)."""
+        own = self.class_alias[class_index]
+        known = self._domain_most[own][level_index]
+        log = self._domain_log[own]
+        return known[0] if known is not None and log is not None and known[1] == len(log[1]) else None
 
     def _most_now(self, class_index: int, level_index: int) -> int:
         most = max(self.domain_free_counts(class_index, level_index), default=0)
