@@ -56,9 +56,11 @@ def insert_rows(model, fields, rows, batch_size=2000):
     sql = f"COPY {connection.ops.quote_name(meta.db_table)} ({columns}) FROM STDIN{binary}"
     connection.ensure_connection()
     with connection.wrap_database_errors, connection.connection.cursor() as cursor:
-        json_columns = [index for index, name in enumerate(types or ()) if name == "jsonb"]
+        json_columns = [index for index, name in enumerate(types or ()) if name in JSON_TYPES]
         if json_columns:
+            # COPY's set_types picks each column's dumper by its type's oid: both stand ready.
             cursor.adapters.register_dumper(JsonText, JsonTextBinaryDumper)
+            cursor.adapters.register_dumper(JsonText, JsonbTextBinaryDumper)
         with cursor.copy(sql) as copy:
             if types:
                 copy.set_types(types)
@@ -69,7 +71,7 @@ def insert_rows(model, fields, rows, batch_size=2000):
     return len(rows)
 
 
-class JsonTextBinaryDumper(Dumper):
+class JsonbTextBinaryDumper(Dumper):
     """JsonText into a binary jsonb field: the format's version byte, then the text as it is. Registered
     on the COPY's cursor only, where it stands in for psycopg's jsonb dumper (which would encode the
     string again as a JSON string)."""
@@ -79,6 +81,17 @@ class JsonTextBinaryDumper(Dumper):
 
     def dump(self, obj):
         return b"\x01" + obj.encode()
+
+
+class JsonTextBinaryDumper(Dumper):
+    """JsonText into a binary json field (broker.workloads.fields.StoredJSONField): json's binary form is
+    its text."""
+
+    format = Format.BINARY
+    oid = 114  # json
+
+    def dump(self, obj):
+        return obj.encode()
 
 
 def _json_as_text(row, json_columns):
@@ -103,8 +116,10 @@ BINARY_TYPES = {
     "timestamp with time zone": "timestamptz",
     "boolean": "bool",
     "double precision": "float8",
-    "jsonb": "jsonb",  # JsonText (or a value encoded here), see JsonTextBinaryDumper
+    "jsonb": "jsonb",  # JsonText (or a value encoded here), see JsonbTextBinaryDumper
+    "json": "json",  # the same, see JsonTextBinaryDumper
 }
+JSON_TYPES = {"json", "jsonb"}
 
 
 def binary_types(fields):

@@ -4,6 +4,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from broker.workloads.fields import StoredJSONField
 from broker.workloads.states import HOLDING_STATES, InvalidTransition, State, can_transition
 
 
@@ -313,13 +314,14 @@ class Explanation(models.Model):
     )
     # Indexed by Meta.indexes: a reason code is filtered by equality, never by LIKE, so no pattern copy.
     reason = models.CharField(max_length=32)
-    secondary = models.JSONField(default=list, blank=True)
+    # StoredJSONField: written in bulk by every cycle, never queried by key.
+    secondary = StoredJSONField(default=list, blank=True)
     message = models.TextField()
-    details = models.JSONField(default=dict, blank=True)
+    details = StoredJSONField(default=dict, blank=True)
     position_in_queue = models.PositiveIntegerField(null=True, blank=True)
     position_in_cluster = models.PositiveIntegerField(null=True, blank=True)
     estimated_start = models.DateTimeField(null=True, blank=True)
-    suggestions = models.JSONField(default=list, blank=True)
+    suggestions = StoredJSONField(default=list, blank=True)
     updated_at = models.DateTimeField(default=timezone.now)
     # db_default: rows written without it (a COPY naming other columns, before the migration) are empty.
     fingerprint = models.CharField(

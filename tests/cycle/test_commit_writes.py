@@ -78,7 +78,7 @@ def test_it_copies_rows_of_plain_columns_in_binary_and_reads_them_back(cluster):
     explanation_fields = [Explanation._meta.get_field(name) for name in ("workload", "details")]
     if connection.vendor == "postgresql":
         assert binary_types(allocation_fields) == ["int8", "int8", "text", "timestamptz"]
-        assert binary_types(explanation_fields) == ["int8", "jsonb"]
+        assert binary_types(explanation_fields) == ["int8", "json"]
     workload = pending(cluster.queue_a, "moved", replicas=1, devices_per_pod=1)
     at = timezone.now()
 

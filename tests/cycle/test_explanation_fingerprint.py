@@ -161,7 +161,9 @@ def test_it_stores_encoded_json_as_the_orm_stores_the_value(cluster):
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute(
-                "SELECT details::text FROM workloads_explanation WHERE workload_id IN (%s, %s) ORDER BY workload_id",
+                # As jsonb: the column keeps each writer's text (key order, escapes) as it came.
+                "SELECT details::jsonb::text FROM workloads_explanation WHERE workload_id IN (%s, %s) "
+                "ORDER BY workload_id",
                 [w.pk for w in workloads],
             )
             first, second = cursor.fetchall()
