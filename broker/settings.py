@@ -190,6 +190,10 @@ ESTIMATE_QUEUE_DEPTH = int(os.getenv("ESTIMATE_QUEUE_DEPTH", "1000"))
 # everything then alive out of the cyclic collector's reach (gc.freeze): at 100k devices its full
 # passes over the kept inventory paused the process for 300 ms at a time. 0 = never.
 GC_FREEZE_MIN_DEVICES = int(os.getenv("GC_FREEZE_MIN_DEVICES", "10000"))
+# The same after a cycle whose load kept new sets of at least this many running and pending workload
+# records (any change in that work renews its set: a new dict and result holding every record), walked by
+# every full pass too (50-150 ms at 100k devices). 0 = never.
+GC_FREEZE_MIN_RECORDS = int(os.getenv("GC_FREEZE_MIN_RECORDS", "10000"))
 APPROVAL_ESCALATION_SECONDS = envfloat("APPROVAL_ESCALATION_SECONDS", "86400")
 # GET /metrics wants `Authorization: Bearer <this>` when set; unset, the page is open.
 METRICS_TOKEN = os.getenv("METRICS_TOKEN", "")

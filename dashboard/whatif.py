@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from broker.cycle.executor import get_executor
 from broker.cycle.loader import load_snapshot
-from broker.cycle.runner import keep_inventory_out_of_collections
+from broker.cycle.runner import keep_out_of_collections
 from broker.scheduler import snapshot as s
 from broker.scheduler.cycle import decide
 
@@ -71,9 +71,9 @@ def would_start(submission, user, now=None):
     snapshot = read_snapshot(now)
     snapshot = dataclasses.replace(snapshot, pending=(*snapshot.pending, candidate(submission, now)))
     result = decide(snapshot)
-    # What a cycle keeps, a what-if keeps too (the read inventory, the core's index and device records):
+    # What a cycle keeps, a what-if keeps too (the read inventory, the core's index, the work's records):
     # in a web process that runs no cycle, this is where a large one is frozen out of the collector.
-    keep_inventory_out_of_collections()
+    keep_out_of_collections()
     for admission in result.admissions:
         if admission.workload_id == CANDIDATE_ID:
             nodes = sorted({pod.node for pod in admission.pods})

@@ -845,6 +845,7 @@ class BuiltFromRows:
         self._scope = None
         self._records = {}
         self._whole = None
+        self._renewed = 0  # records in the sets kept since the last take_renewed()
 
     def previous(self, scope):
         return self._records if scope == self._scope else {}
@@ -853,6 +854,17 @@ class BuiltFromRows:
         """`whole`: (the complete input, what was built from it), when every record was kept: the next
         load whose input equals it, in this scope, takes the result as it is (`unchanged_since`)."""
         self._scope, self._records, self._whole = scope, records, whole
+        self._renewed += len(records)
+
+    def forget(self):
+        self.keep(None, {})
+        self._renewed = 0
+
+    def take_renewed(self):
+        """How many records the sets kept since the last call hold: each kept set is a new dict, and a new
+        result, of all of them, even when one record in it changed (see runner.keep_out_of_collections)."""
+        renewed, self._renewed = self._renewed, 0
+        return renewed
 
     def unchanged_since(self, scope, read):
         """What was built last time, if `read` (the complete input of a load) equals last time's and
@@ -878,8 +890,9 @@ def forget_everything_loaded():
     from broker.scheduler.capacity import InventoryIndex
 
     INVENTORY_CACHE.clear()
-    RUNNING_RECORDS.keep(None, {})
-    PENDING_RECORDS.keep(None, {})
+    INVENTORY_CACHE.take_rebuilt()
+    RUNNING_RECORDS.forget()
+    PENDING_RECORDS.forget()
     InventoryIndex._last = None
 
 

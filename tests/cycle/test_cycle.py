@@ -403,3 +403,56 @@ def test_it_leaves_the_collector_alone_for_a_small_inventory(cluster, settings, 
     run_once()
 
     assert calls == []
+
+
+STARTED = timezone.now() - timezone.timedelta(minutes=5)
+
+
+def test_it_freezes_again_after_a_cycle_that_renewed_large_record_sets(cluster, settings, monkeypatch):
+    from broker.cycle.loader import forget_everything_loaded
+
+    settings.GC_FREEZE_MIN_DEVICES = 0  # the inventory alone never triggers it
+    settings.GC_FREEZE_MIN_RECORDS = 4
+    forget_everything_loaded()
+    for index in range(2):
+        pending(cluster.queue_a, f"w{index}", replicas=3, devices_per_pod=8)  # too big to be admitted
+    # Started at a known time: a record of one that started "now" is built anew each load, not kept.
+    running(cluster.queue_b, "holder", list(Device.objects.order_by("pk")[:1]), cluster.h100, started_at=STARTED)
+    calls = frozen_calls(monkeypatch)
+
+    run_once()  # two pending records and one running kept: three
+    after_first = list(calls)
+    pending(cluster.queue_a, "w2", replicas=3, devices_per_pod=8)
+    run_once()  # the pending set renewed (three), the running one taken as it was
+    after_second = list(calls)
+    pending(cluster.queue_a, "w3", replicas=3, devices_per_pod=8)
+    run_once()  # the pending set renewed: four
+    after_third = list(calls)
+    run_once()  # nothing changed: both sets taken as they were
+
+    assert after_first == after_second == []
+    assert after_third == ["collect", "freeze"]
+    assert calls == after_third
+
+
+def test_it_counts_the_records_of_the_sets_a_load_kept_anew(cluster):
+    from broker.cycle.loader import PENDING_RECORDS, RUNNING_RECORDS, forget_everything_loaded
+
+    forget_everything_loaded()
+    pending(cluster.queue_a, "waiting", replicas=3, devices_per_pod=8)
+    running(cluster.queue_b, "holder", list(Device.objects.order_by("pk")[:1]), cluster.h100, started_at=STARTED)
+
+    load_snapshot(timezone.now())
+    kept_first = (PENDING_RECORDS.take_renewed(), RUNNING_RECORDS.take_renewed())
+    load_snapshot(timezone.now())
+    kept_again = (PENDING_RECORDS.take_renewed(), RUNNING_RECORDS.take_renewed())
+    pending(cluster.queue_a, "another", replicas=3, devices_per_pod=8)
+    load_snapshot(timezone.now())
+    kept_after_a_submission = (PENDING_RECORDS.take_renewed(), RUNNING_RECORDS.take_renewed())
+    load_snapshot(timezone.now())
+    forget_everything_loaded()
+
+    assert kept_first == (1, 1)
+    assert kept_again == (0, 0)
+    assert kept_after_a_submission == (2, 0)
+    assert (PENDING_RECORDS.take_renewed(), RUNNING_RECORDS.take_renewed()) == (0, 0)
