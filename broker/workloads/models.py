@@ -5,7 +5,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from broker.workloads.fields import StoredJSONField
-from broker.workloads.states import HOLDING_STATES, InvalidTransition, State, can_transition
+from broker.workloads.states import HOLDING_STATES, WAITING_STATES, InvalidTransition, State, can_transition
 
 
 class DisruptionMode(models.TextChoices):
@@ -105,6 +105,15 @@ class Workload(models.Model):
             models.Index(fields=["queue", "state"], name="workload_queue_state"),
             # The API's lists by state in submission order read a page off this index, no sort.
             models.Index(fields=["state", "submitted_at", "id"], name="workload_state_submitted"),
+            # The waiting ones in submission order (the queue's list): PostgreSQL took the page of the
+            # 20,000 pending off submitted_at's index instead, filtering by state, as if they were spread
+            # evenly through the 70,000 rows it walks in that order; they are the newest, at its far end
+            # (45 ms against 1 ms). Partial: an admission's rewritten row adds no entry.
+            models.Index(
+                fields=["submitted_at", "id"],
+                condition=Q(state__in=sorted(WAITING_STATES)),
+                name="workload_waiting_submitted",
+            ),
             # Partial: only the few workloads being evicted have an entry, so the 20,000 rows an admission
             # or a start rewrites add none.
             models.Index(

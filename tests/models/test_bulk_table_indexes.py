@@ -5,6 +5,7 @@ import pytest
 from django.db import connection
 
 from broker.workloads.models import Allocation, Explanation, ExplanationChange, Workload, WorkloadTransition
+from broker.workloads.states import WAITING_STATES, State
 
 pytestmark = pytest.mark.django_db
 
@@ -48,8 +49,17 @@ def test_it_does_not_index_a_workloads_state_changes_beyond_the_queue_lists():
             ("state", "submitted_at", "id"),
             ("eviction_requested_at",),
             ("submitted_at",),
+            ("submitted_at", "id"),
         ]
     )
+    if connection.vendor == "postgresql":  # CI: PostgreSQL (tests/conftest.py)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT indexdef FROM pg_indexes WHERE tablename = %s", [Workload._meta.db_table])
+            definitions = [row[0] for row in cursor.fetchall()]
+        # The waiting ones' list in submission order: an admitted (or running, or ended) row has no entry.
+        (waiting,) = [d for d in definitions if "(submitted_at, id)" in d]
+        assert "WHERE" in waiting and all(f"'{state}'" in waiting for state in WAITING_STATES)
+        assert not [state for state in State if state not in WAITING_STATES and f"'{state}'" in waiting]
 
 
 def test_it_indexes_allocations_by_what_reads_them_only():
