@@ -1,3 +1,5 @@
+from functools import cached_property
+
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -81,7 +83,13 @@ class WorkloadSerializer(serializers.ModelSerializer):
             explanation = workload.explanation
         except Explanation.DoesNotExist:
             return None
-        return WorkloadExplanationSerializer(explanation).data
+        return self.explanation_serializer.to_representation(explanation)
+
+    @cached_property
+    def explanation_serializer(self):
+        # One for the whole list (a list's rows share this serializer): a ModelSerializer made per row
+        # introspected the model again for each, and left its fields, bound to it, as cyclic garbage.
+        return WorkloadExplanationSerializer(context=self.context)
 
 
 class GuidanceSerializer(serializers.Serializer):
