@@ -750,24 +750,21 @@ def pending_workload(row, pod_set_rows, approved, loaded, executor, parse):
     """One PendingWorkload from its workload row and its pod set rows."""
     pk, _, queue, team, rc, required, preferred, priority, disruption, submitted, _, duration = row[:12]
     preemptible, nominated = row[12], row[13]
-    return s.built(
-        s.PendingWorkload,
-        {
-            "id": str(pk),
-            "queue": queue,
-            "pod_sets": tuple(parse.pod_set(pod_set) for pod_set in pod_set_rows),
-            "resource_class": rc,
-            "team": team,
-            "topology_required": required or None,
-            "topology_preferred": preferred or None,
-            "priority": priority,
-            "disruption": disruption,
-            "submitted": seconds(submitted),
-            "approved": approved,
-            "expected_duration": executor.wall_seconds(duration),
-            "preemptible": preemptible,
-            "nominated_devices": nominated_ids(parse(nominated, ()), loaded),
-        },
+    return s.PendingWorkload(
+        id=str(pk),
+        queue=queue,
+        pod_sets=tuple(parse.pod_set(pod_set) for pod_set in pod_set_rows),
+        resource_class=rc,
+        team=team,
+        topology_required=required or None,
+        topology_preferred=preferred or None,
+        priority=priority,
+        disruption=disruption,
+        submitted=seconds(submitted),
+        approved=approved,
+        expected_duration=executor.wall_seconds(duration),
+        preemptible=preemptible,
+        nominated_devices=nominated_ids(parse(nominated, ()), loaded),
     )
 
 
@@ -1019,40 +1016,33 @@ def running_workload(workload_id, rows, info, loaded, class_names, executor):
     if len(rows) == 1:  # most running work is one device: one pod, nothing to group or sort
         row = rows[0]
         device_id, node = devices_by_pk[row[3]]
-        placed = (
-            s.built(s.RunningPod, {"pod_set": row[1], "index": row[2], "node": node, "device_ids": (device_id,)}),
-        )
+        placed = (s.RunningPod(pod_set=row[1], index=row[2], node=node, device_ids=(device_id,)),)
     else:
         pods = defaultdict(list)
         for row in rows:
             device_id, node = devices_by_pk[row[3]]
             pods[(row[1], row[2], node)].append(device_id)
         placed = tuple(
-            s.built(s.RunningPod, {"pod_set": pod_set, "index": index, "node": node, "device_ids": tuple(ids)})
+            s.RunningPod(pod_set=pod_set, index=index, node=node, device_ids=tuple(ids))
             for (pod_set, index, node), ids in sorted(pods.items())
         )
     started = seconds(started_at if started_at is not None else admitted_at)
     started = loaded.now.timestamp() if started is None else started
     expected = executor.wall_seconds(duration)
-    return s.built(
-        s.RunningWorkload,
-        {
-            "id": str(workload_id),
-            "queue": queue,
-            "pods": placed,
-            "device_class": class_names[rows[0][4]],  # one class per admission
-            "priority": priority,
-            "disruption": disruption,
-            # A workload in a final state still holding devices (a bug elsewhere) must not be a victim.
-            "preemptible": preemptible and state in (State.ADMITTED, State.RUNNING),
-            "started": started,
-            "expected_end": None if expected is None else started + expected,
-            # A victim shutting down keeps its devices; the core neither preempts it again nor
-            # counts its devices as free, and holds them for `evicted_for`.
-            "evicting": eviction_requested_at is not None,
-            "evicted_for": None if evicted_for is None else str(evicted_for),
-            "min_counts": min_counts,
-            "part_of": None,
-            "partial": False,
-        },
+    return s.RunningWorkload(
+        id=str(workload_id),
+        queue=queue,
+        pods=placed,
+        device_class=class_names[rows[0][4]],  # one class per admission
+        priority=priority,
+        disruption=disruption,
+        # A workload in a final state still holding devices (a bug elsewhere) must not be a victim.
+        preemptible=preemptible and state in (State.ADMITTED, State.RUNNING),
+        started=started,
+        expected_end=None if expected is None else started + expected,
+        # A victim shutting down keeps its devices; the core neither preempts it again nor
+        # counts its devices as free, and holds them for `evicted_for`.
+        evicting=eviction_requested_at is not None,
+        evicted_for=None if evicted_for is None else str(evicted_for),
+        min_counts=min_counts,
     )

@@ -352,16 +352,6 @@ def leaving_id(workload_id: str) -> str:
     return workload_id + LEAVING_SUFFIX
 
 
-def built(record_type, fields: dict):
-    """`record_type(**fields)` for one of the frozen records above, `fields` naming every field (defaults
-    included): the same record, without the frozen dataclass's `object.__setattr__` per field, which is
-    three quarters of making one. For the loader, which makes tens of thousands in a cycle after a burst
-    of submissions or starts; tests check it gives what the constructor gives."""
-    record = object.__new__(record_type)
-    record.__dict__.update(fields)
-    return record
-
-
 def split_leaving(workload: RunningWorkload, leaving: set, evicted_for: str | None) -> tuple[RunningWorkload, ...]:
     """`workload` while some of its pods are being evicted (Pod disruption mode): the pods that stay,
     under its id, and the `leaving` ones ((pod set, index) pairs) as an evicting record of their own,

@@ -1,6 +1,3 @@
-import dataclasses
-from functools import cached_property
-
 from django.utils import timezone
 
 from broker.cycle.loader import approved_flag, load_snapshot, numeric_capacity
@@ -92,25 +89,6 @@ def test_it_maps_pending_and_running_work(cluster):
     assert [(pod.node, len(pod.device_ids)) for pod in held.pods] == [("n3", 4), ("n4", 4)]
     assert held.expected_end is not None
     assert loaded.running_ids == {busy.pk}
-
-
-def test_it_builds_every_record_as_its_constructor_would(cluster):
-    pending(cluster.queue_a, "gang", replicas=2, devices_per_pod=4, resource_class=cluster.training, priority=7)
-    pending(cluster.queue_b, "single")
-    devices = list(Device.objects.filter(node__name__in=["n3", "n4"]).order_by("node__name", "name"))
-    running(cluster.queue_b, "busy", devices, cluster.h100, priority=3, expected_duration_seconds=600)
-    running(cluster.queue_a, "one", list(Device.objects.filter(node__name="n1")[:1]), cluster.h100)
-
-    snapshot, _ = load_snapshot(timezone.now())
-
-    records = [*snapshot.pending, *snapshot.running, *(pod for held in snapshot.running for pod in held.pods)]
-    assert len(records) == 2 + 2 + 3
-    for record in records:
-        values = {field.name: getattr(record, field.name) for field in dataclasses.fields(record)}
-        cached = {name for name, value in vars(type(record)).items() if isinstance(value, cached_property)}
-        assert set(vars(record)) - cached == set(values), type(record).__name__
-        made = type(record)(**values)
-        assert made == record and hash(made) == hash(record)
 
 
 def test_it_only_calls_a_workload_approved_when_it_may_run():
