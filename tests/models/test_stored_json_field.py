@@ -14,6 +14,11 @@ def explain(workload, **fields):
 
 
 def column_types():
+    if connection.vendor != "postgresql":  # SQLite's columns are as declared
+        return {
+            name: Explanation._meta.get_field(name).db_type(connection)
+            for name in ("details", "secondary", "suggestions")
+        }
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = %s",
