@@ -7,8 +7,8 @@ class StoredJSONField(models.JSONField):
     """A JSON value kept as written: PostgreSQL's `json` (the text, validated) rather than `jsonb` (parsed
     into its binary form on every write). For documents written by the thousand and only ever read back
     whole: a refill cycle writes 17,000 explanations, and parsing their details as jsonb was a third of
-    the server's time for that COPY. No key lookups (`details__quota__queue`) and no equality in SQL:
-    `json` has neither operator. Elsewhere (SQLite) it is the ordinary JSONField."""
+    the server's time for that COPY. Not for filtering (`details__quota__queue=...`, `__contains`): `json`
+    has no equality or containment operators. Elsewhere (SQLite) it is the ordinary JSONField."""
 
     description = "A JSON value stored as its text"
 
