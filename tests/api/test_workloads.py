@@ -282,6 +282,25 @@ class TestVisibility:
         )
         assert by_reason.data["count"] == 3
 
+    def test_it_pages_the_pending_view_in_its_order(self, cluster, api_client, olivia):
+        for position, name in ((3, "third"), (1, "first"), (4, "fourth"), (2, "second")):
+            Explanation.objects.create(
+                workload=pending(cluster, name=name),
+                reason="InsufficientCapacity",
+                message="full",
+                position_in_queue=position,
+                position_in_cluster=position,
+            )
+        client = signed_in(api_client, olivia)
+
+        page = client.get("/api/explanations/", {"limit": 2, "offset": 1}).data
+        reversed_page = client.get("/api/explanations/", {"limit": 3, "ordering": "-position_in_queue"}).data
+
+        assert [row["workload_name"] for row in page["results"]] == ["second", "third"]
+        assert page["count"] == 4 and page["next"] and page["previous"]
+        assert [row["workload_name"] for row in reversed_page["results"]] == ["fourth", "third", "second"]
+        assert reversed_page["results"][0]["reason"] == "InsufficientCapacity"
+
     def test_it_embeds_the_explanation_in_the_workload(self, cluster, api_client, alice):
         workload = pending(cluster)
         Explanation.objects.create(workload=workload, reason="TopologyFragmented", message="largest free rack: 3")

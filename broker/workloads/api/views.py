@@ -136,6 +136,15 @@ class ExplanationViewSet(viewsets.ReadOnlyModelViewSet):
             "workload_id",
         )
 
+    def paginate_queryset(self, queryset):
+        # The page is sorted and cut on ids, then read whole: sorting the rows themselves made PostgreSQL
+        # carry every pending workload's explanation, JSON and all, through the sort to keep fifty.
+        page = super().paginate_queryset(queryset.values_list("pk", flat=True))
+        if page is None:
+            return None
+        rows = queryset.in_bulk(page)
+        return [rows[pk] for pk in page if pk in rows]
+
 
 class SchedulingCycleViewSet(viewsets.ReadOnlyModelViewSet):
     queryset = SchedulingCycle.objects.all()
