@@ -307,6 +307,34 @@ class TestVisibility:
         data = signed_in(api_client, alice).get(f"{URL}{workload.pk}/").data
         assert data["explanation"]["reason"] == "TopologyFragmented"
 
+    def test_it_embeds_the_rows_explanations_through_one_serializer(self, cluster, api_client, alice, monkeypatch):
+        from broker.workloads.api import serializers
+
+        made = []
+        original = serializers.WorkloadExplanationSerializer.__init__
+
+        def counted(self, *args, **kwargs):
+            made.append(self)
+            original(self, *args, **kwargs)
+
+        monkeypatch.setattr(serializers.WorkloadExplanationSerializer, "__init__", counted)
+        client = signed_in(api_client, alice)
+        client.get(URL)  # what a process makes once, at its first request
+
+        def made_for_a_list_of(reasons):
+            for reason in reasons:
+                Explanation.objects.create(workload=pending(cluster, name=reason.lower()), reason=reason, message="m")
+            made.clear()
+            rows = client.get(URL, {"state": "Pending"}).data["results"]
+            return len(made), sorted(row["explanation"]["reason"] for row in rows)
+
+        one = made_for_a_list_of(["Priority"])
+        four = made_for_a_list_of(["QuotaExceeded", "TopologyFragmented", "InsufficientCapacity"])
+
+        # As many for four rows as for one: made per row, each introspected the model again.
+        assert four[0] == one[0]
+        assert four[1] == ["InsufficientCapacity", "Priority", "QuotaExceeded", "TopologyFragmented"]
+
     def test_it_offers_no_update_or_delete_of_workloads(self, cluster, api_client, adam):
         workload = pending(cluster)
         client = signed_in(api_client, adam)
