@@ -16,7 +16,9 @@ allocation of one device), so callers handle them as they would for the ORM.
 """
 
 import json
+import threading
 from functools import partial
+from itertools import chain
 
 from django.db import connection, connections, transaction
 from django.db.models import DateTimeField, Field, ForeignObject, JSONField, Lookup
@@ -41,11 +43,16 @@ def _instances(model, fields, rows):
 
 
 def insert_rows(model, fields, rows, batch_size=2000):
-    """Insert `rows` (tuples of values in `fields` order; foreign keys by their `_id` attname)."""
-    rows = list(rows)
-    if not rows:
+    """Insert `rows` (tuples of values in `fields` order; foreign keys by their `_id` attname); returns
+    how many. `rows` may be a generator: on PostgreSQL it is consumed as the COPY goes, so the server
+    inserts the rows already sent while the generator makes the next ones."""
+    rows = iter(rows)
+    first = next(rows, None)
+    if first is None:
         return 0
+    rows = chain((first,), rows)
     if not is_postgresql():
+        rows = list(rows)
         model.objects.bulk_create(_instances(model, fields, rows), batch_size=batch_size)
         return len(rows)
     meta = model._meta
@@ -61,6 +68,7 @@ def insert_rows(model, fields, rows, batch_size=2000):
             # COPY's set_types picks each column's dumper by its type's oid: both stand ready.
             cursor.adapters.register_dumper(JsonText, JsonTextBinaryDumper)
             cursor.adapters.register_dumper(JsonText, JsonbTextBinaryDumper)
+        count = 0
         with cursor.copy(sql) as copy:
             if types:
                 copy.set_types(types)
@@ -68,7 +76,8 @@ def insert_rows(model, fields, rows, batch_size=2000):
                 if json_columns:
                     row = _json_as_text(row, json_columns)
                 copy.write_row(row)
-    return len(rows)
+                count += 1
+    return count
 
 
 class JsonbTextBinaryDumper(Dumper):
@@ -249,3 +258,56 @@ def column_in(field_name, ids):
     if not is_postgresql():
         return {f"{field_name}__in": list(ids)}
     return {f"{field_name}__any_of": IdArray(ids)}
+
+
+class Background:
+    """Database work that runs while this thread goes on with Python work. The cycle's commit spends
+    most of its time waiting for PostgreSQL (a 20,000-row UPDATE rewrites every index entry of every
+    row) while one core sits idle, then most of the rest building the next rows while PostgreSQL waits:
+    with two cores, both can happen at once. On PostgreSQL `work(cursor)` runs on a raw cursor of this
+    thread's connection in a helper thread; this thread must not use the connection until `result()`
+    (psycopg's connection lock would make it wait for the work anyway, never interleave). Django's query
+    wrappers do not see the work's statements. Elsewhere (SQLite) the work runs at once, here, on a
+    Django cursor.
+
+    Always call `result()` (or `wait()` on the way out of an error): the work belongs to the caller's
+    transaction, and that transaction must not end, nor the connection be used, while it runs."""
+
+    def __init__(self, work):
+        self._error = None
+        self._value = None
+        self._thread = None
+        if not is_postgresql():
+            with connection.cursor() as cursor:
+                self._value = work(cursor)
+            return
+        connection.ensure_connection()
+        raw = connection.connection
+        self._thread = threading.Thread(target=self._run, args=(work, raw), name="cycle-background", daemon=True)
+        self._thread.start()
+
+    def _run(self, work, raw):
+        try:
+            with raw.cursor() as cursor:
+                self._value = work(cursor)
+        except BaseException as error:  # handed to result(), in the thread that owns the transaction
+            self._error = error
+
+    @property
+    def done(self):
+        """Whether the work has ended."""
+        return self._thread is None or not self._thread.is_alive()
+
+    def wait(self):
+        """Wait until the work has ended, whatever its outcome."""
+        if self._thread is not None:
+            self._thread.join()
+
+    def result(self):
+        """The work's return value, once it has ended; its error, as Django's, if it failed."""
+        self.wait()
+        if self._error is not None:
+            error, self._error = self._error, None
+            with connection.wrap_database_errors:
+                raise error
+        return self._value

@@ -30,7 +30,7 @@ from django.utils import timezone
 from broker.audit.models import record
 from broker.costs.sampling import capacity_rows, record_capacity_sample, sample_capacity
 from broker.cycle.bulk import JsonText, column_in, insert_rows, pk_in, upsert_rows
-from broker.cycle.executor import move
+from broker.cycle.executor import Moves
 from broker.cycle.loader import as_text
 from broker.inventory.models import ClusterState, Device, Health, InventoryRevision
 from broker.scheduler.accounting import capacity_by_class
@@ -116,8 +116,8 @@ def write_result(result, loaded, cycle, snapshot):
     try:
         with transaction.atomic():
             try:
-                check_fresh(result, loaded)
-                delta = apply(result, loaded, cycle)
+                devices_held = check_fresh(result, loaded)
+                delta = apply(result, loaded, cycle, devices_held)
                 check_constraints_now()
             except IntegrityError as error:
                 raise StaleSnapshot(
@@ -202,29 +202,27 @@ def pks(ids):
 
 
 def check_fresh(result, loaded):
+    """Refuse a stale snapshot (StaleSnapshot); returns whether the admitted devices are known to be as
+    the snapshot saw them and held so until the commit (no inventory write since: inventory_unchanged)."""
     generation = (
         ClusterState.objects.select_for_update().filter(name=settings.CLUSTER_NAME).values_list("generation", flat=True)
     )
     current = generation.first()
     if current is not None and current != loaded.generation:
         raise StaleSnapshot(f"the inventory changed (generation {loaded.generation} -> {current})")
-    # Admitted workloads are checked by the admission's own UPDATE (see admit): no lock pass first.
+    # Admitted workloads are checked by the admission's own UPDATE (see admit), their devices once their
+    # rows are built (check_allocated_devices): no lock pass first.
     check_workloads(pks({p.victim_id for p in result.preemptions}), HOLDING_STATES, "preempted")
-    wanted = admitted_device_pks(result, loaded)
+    return bool(result.admissions) and inventory_unchanged(loaded)
+
+
+def check_allocated_devices(wanted, loaded, devices_held):
+    """Refuse admissions that place one device twice, or on a device that changed since the snapshot
+    (looked at only when some inventory write landed since: see inventory_unchanged)."""
     if len(set(wanted)) != len(wanted):
         raise StaleSnapshot("the result places one device twice")
-    if wanted and not inventory_unchanged(loaded):
+    if wanted and not devices_held:
         check_devices(wanted, loaded)
-
-
-def admitted_device_pks(result, loaded):
-    device_pks = loaded.device_pks
-    return [
-        device_pks[device_id]
-        for admission in result.admissions
-        for pod in admission.pods
-        for device_id in pod.device_ids
-    ]
 
 
 def inventory_unchanged(loaded):
@@ -289,11 +287,11 @@ def held_meanwhile(error, loaded):
 # --- 2. apply -----------------------------------------------------------------------------------------
 
 
-def apply(result, loaded, cycle):
+def apply(result, loaded, cycle, devices_held):
     now = loaded.now
     delta = CommitDelta(cycle=cycle.pk)
     delta.preempted = evict(result.preemptions, cycle, now)
-    delta.admitted = admit(result.admissions, loaded, cycle, now)
+    delta.admitted = admit(result.admissions, loaded, cycle, now, devices_held)
     renominate(result, loaded, delta.admitted)
     delta.explanations = explain(result.pending, delta.admitted, cycle, now)
     return delta
@@ -410,38 +408,50 @@ def renominate(result, loaded, admitted):
         Workload.objects.filter(**pk_in(stale)).update(nominated_devices=[])
 
 
-def admit(admissions, loaded, cycle, now):
+def admit(admissions, loaded, cycle, now, devices_held=False):
     if not admissions:
         return []
-    allocations = []
     by_class = defaultdict(list)
-    device_pks = loaded.device_pks
+    class_pks = loaded.device_class_pks
     for admission in admissions:
-        workload_id = int(admission.workload_id)
-        class_pk = loaded.device_class_pks[admission.device_class]
-        by_class[class_pk].append(workload_id)
-        for pod in admission.pods:
-            for device_id in pod.device_ids:
-                allocations.append(
-                    (workload_id, device_pks[device_id], class_pk, pod.pod_set, pod.index, cycle.pk, now, None)
-                )
-    insert_rows(Allocation, ALLOCATION_COLUMNS, allocations)
+        by_class[class_pks[admission.device_class]].append(int(admission.workload_id))
+    reason = f"admitted in cycle {cycle.pk}"
+    batches = [(ids, {"admitted_at": now, "chosen_device_class_id": class_pk, **DONE_WITH_EVICTION})
+               for class_pk, ids in by_class.items()]  # fmt: skip
+    # The UPDATE rewrites 20,000 rows and every index entry of each (a third of a large commit): the
+    # rows below are built meanwhile, not after it.
+    moves = Moves(batches, State.PENDING, State.ADMITTED, now, reason)
+    try:
+        allocations = allocation_rows(admissions, loaded, cycle, now)
+        history = [(int(a.workload_id), cycle.pk, "Admitted", admitted_message(a), now) for a in admissions]
+    except BaseException:
+        moves.abandon()
+        raise
+    moved = moves.finish()
     admitted = []
-    for class_pk, ids in by_class.items():
-        moved = move(
-            ids, State.PENDING, State.ADMITTED, now, f"admitted in cycle {cycle.pk}",
-            admitted_at=now, chosen_device_class_id=class_pk, **DONE_WITH_EVICTION,
-        )  # fmt: skip
-        if moved != len(ids):
+    for (ids, _), ids_moved in zip(batches, moved, strict=True):
+        if len(ids_moved) != len(ids):
             refuse_left_pending(ids)
         admitted.extend(ids)
-    insert_rows(
-        ExplanationChange,
-        HISTORY_COLUMNS,
-        ((int(a.workload_id), cycle.pk, "Admitted", admitted_message(a), now) for a in admissions),
-    )
+    check_allocated_devices([row[1] for row in allocations], loaded, devices_held)
+    insert_rows(Allocation, ALLOCATION_COLUMNS, allocations)
+    insert_rows(ExplanationChange, HISTORY_COLUMNS, history)
     Explanation.objects.filter(**column_in("workload", admitted)).delete()
     return sorted(admitted)
+
+
+def allocation_rows(admissions, loaded, cycle, now):
+    """The ALLOCATION_COLUMNS rows of the admissions' devices."""
+    rows = []
+    device_pks = loaded.device_pks
+    class_pks = loaded.device_class_pks
+    for admission in admissions:
+        workload_id = int(admission.workload_id)
+        class_pk = class_pks[admission.device_class]
+        for pod in admission.pods:
+            for device_id in pod.device_ids:
+                rows.append((workload_id, device_pks[device_id], class_pk, pod.pod_set, pod.index, cycle.pk, now, None))
+    return rows
 
 
 def refuse_left_pending(ids):
@@ -700,25 +710,33 @@ def explain(decisions, admitted, cycle, now):
     existing = {row[0]: Stored(*row[1:]) for row in rows.values_list("workload_id", *Stored._fields)}
     tolerance = settings.EXPLANATION_ESTIMATE_TOLERANCE_SECONDS
     shared = SharedTexts()
-    inserts = []
+    inserted = []
     updates = []
     history = []
-    for decision in decisions:
-        pk = int(decision.workload_id)
-        content = explanation_content(decision, shared)
-        encoded = encode_explanation(content, shared)
-        digest = encoded[1]
-        before = existing.get(pk)
-        if still_says(before, digest, content["estimated_start"], tolerance):
-            continue
-        row = shared.stored_row(pk, cycle.pk, now, content, encoded)
-        (inserts if before is None else updates).append(row)
-        if before is None or (before.reason, before.message) != (content["reason"], content["message"]):
-            history.append((pk, cycle.pk, content["reason"], content["message"], now))
+
+    def new_rows():
+        """The rows to insert, made as the COPY takes them: PostgreSQL stores the rows already sent while
+        the next ones are encoded. The rewritten rows and the history are kept for after it."""
+        for decision in decisions:
+            pk = int(decision.workload_id)
+            content = explanation_content(decision, shared)
+            encoded = encode_explanation(content, shared)
+            before = existing.get(pk)
+            if still_says(before, encoded[1], content["estimated_start"], tolerance):
+                continue
+            row = shared.stored_row(pk, cycle.pk, now, content, encoded)
+            if before is None or (before.reason, before.message) != (content["reason"], content["message"]):
+                history.append((pk, cycle.pk, content["reason"], content["message"], now))
+            if before is None:
+                inserted.append(pk)
+                yield row
+            else:
+                updates.append(row)
+
     # New rows straight in; only the rewritten ones need the upsert's merge. A row another writer
     # inserted since the read makes the insert fail (the refusal's unique violation) or the upsert's
     # REPEATABLE READ fail, the same stale snapshot either way.
-    insert_rows(Explanation, STORED_EXPLANATION_COLUMNS, inserts)
+    insert_rows(Explanation, STORED_EXPLANATION_COLUMNS, new_rows())
     upsert_rows(
         Explanation,
         STORED_EXPLANATION_COLUMNS,
@@ -727,7 +745,7 @@ def explain(decisions, admitted, cycle, now):
         update_fields=STORED_EXPLANATION_COLUMNS[1:],
     )
     insert_rows(ExplanationChange, HISTORY_COLUMNS, history)
-    return sorted(row[0] for row in (*inserts, *updates))
+    return sorted([*inserted, *(row[0] for row in updates)])
 
 
 # --- 4. tell the dashboards ------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
 from django.db.models.sql import UpdateQuery
 
-from broker.cycle.bulk import column_in, insert_rows, pk_in
+from broker.cycle.bulk import Background, column_in, insert_rows, pk_in
 from broker.workloads.models import Allocation, Workload, WorkloadTransition
 from broker.workloads.states import HOLDING_STATES, State, can_transition
 
@@ -244,39 +244,72 @@ def complete_pod_evictions(rows, now):
 
 def move(ids, source, target, now, reason, **also):
     """Bulk state change with one transition row each; the state machine still has the last word.
-    `also`: more fields to set in the same UPDATE (one pass over the rows instead of two)."""
-    if not ids:
-        return 0
-    if not can_transition(source, target):
-        raise ValueError(f"{source} -> {target} is not a workload transition")
-    fields = {**also, "state": target, "state_changed_at": now}
-    if target == State.RUNNING:
-        fields["started_at"] = now
-    if target in (State.SUCCEEDED, State.FAILED):
-        fields["finished_at"] = now
-    moving = Workload.objects.filter(state=source, **pk_in(ids))
-    if connection.vendor == "postgresql":
-        moved = update_returning_ids(moving, fields)
-    else:
-        # SQLite (the embedded default): the cycle's write lock keeps the rows as read until the UPDATE.
-        moved = list(moving.values_list("pk", flat=True))
-        Workload.objects.filter(**pk_in(moved)).update(**fields)
-    # A row each for the workloads that moved, none for one that had left `source` meanwhile.
-    insert_rows(WorkloadTransition, TRANSITION_COLUMNS, ((pk, source, target, now, reason) for pk in moved))
-    return len(moved)
+    `also`: more fields to set in the same UPDATE (one pass over the rows instead of two). Returns how
+    many moved (a workload that had left `source` meanwhile stays where it is)."""
+    return len(Moves([(ids, also)], source, target, now, reason).finish()[0])
+
+
+class Moves:
+    """Bulk state changes of batches of workloads from `source` to `target`, each batch with more fields
+    of its own to set (`[(ids, {field: value})]`). On PostgreSQL the UPDATEs run in the background
+    (bulk.Background) from here on, so the caller can build its next rows while the database rewrites
+    these; it must not use the connection until `finish()`, which waits for them, writes a transition
+    row for each workload that moved and returns the moved ids of each batch. `abandon()` instead, on
+    the way out of an error: it waits and writes nothing more."""
+
+    def __init__(self, batches, source, target, now, reason):
+        if not can_transition(source, target):
+            raise ValueError(f"{source} -> {target} is not a workload transition")
+        self.source, self.target, self.now, self.reason = source, target, now, reason
+        common = {"state": target, "state_changed_at": now}
+        if target == State.RUNNING:
+            common["started_at"] = now
+        if target in (State.SUCCEEDED, State.FAILED):
+            common["finished_at"] = now
+        self.count = len(batches)
+        updates = [(index, Workload.objects.filter(state=source, **pk_in(ids)), {**also, **common})
+                   for index, (ids, also) in enumerate(batches) if ids]  # fmt: skip
+        if connection.vendor == "postgresql":
+            statements = [(index, update_returning_sql(moving, fields)) for index, moving, fields in updates]
+            self._sent = Background(lambda cursor: {index: ids_updated(cursor, *sql) for index, sql in statements})
+        else:
+            self._sent = None
+            # SQLite (the embedded default): the cycle's write lock keeps the rows as read until the UPDATE.
+            self._moved = {}
+            for index, moving, fields in updates:
+                self._moved[index] = list(moving.values_list("pk", flat=True))
+                Workload.objects.filter(**pk_in(self._moved[index])).update(**fields)
+
+    def finish(self):
+        moved = self._sent.result() if self._sent is not None else self._moved
+        moved = [moved.get(index, []) for index in range(self.count)]
+        # A row each for the workloads that moved, none for one that had left `source` meanwhile.
+        insert_rows(
+            WorkloadTransition,
+            TRANSITION_COLUMNS,
+            ((pk, self.source, self.target, self.now, self.reason) for ids in moved for pk in ids),
+        )
+        return moved
+
+    def abandon(self):
+        if self._sent is not None:
+            self._sent.wait()
 
 
 TRANSITION_COLUMNS = ("workload_id", "from_state", "to_state", "at", "reason")
 
 
-def update_returning_ids(moving, fields):
-    """`moving.update(**fields)`, returning the pks of the rows it updated (UPDATE ... RETURNING)."""
+def update_returning_sql(moving, fields):
+    """(sql, params) of `moving.update(**fields)` returning the pks of the rows it updates."""
     query = moving.query.chain(UpdateQuery)
     query.add_update_values(fields)
     update, params = query.get_compiler(moving.db).as_sql()
-    with connection.cursor() as cursor:
-        cursor.execute(f"{update} RETURNING {connection.ops.quote_name(Workload._meta.pk.column)}", params)
-        return [row[0] for row in cursor.fetchall()]
+    return f"{update} RETURNING {connection.ops.quote_name(Workload._meta.pk.column)}", params
+
+
+def ids_updated(cursor, sql, params):
+    cursor.execute(sql, params)
+    return [row[0] for row in cursor.fetchall()]
 
 
 EXECUTORS = {"simulated": SimulatedExecutor}

@@ -1,0 +1,134 @@
+"""Database work the commit runs while it builds its next rows (bulk.Background), and what uses it: the
+admission's state change (executor.Moves) and the rows a COPY takes as they are made (insert_rows)."""
+
+import psycopg
+import pytest
+from django.db import DatabaseError, connection, transaction
+from django.utils import timezone
+
+from broker.cycle import commit as commit_module
+from broker.cycle.bulk import Background, insert_rows
+from broker.cycle.executor import Moves
+from broker.cycle.runner import run_once
+from broker.workloads.models import Allocation, SchedulingCycle, Workload, WorkloadTransition
+from broker.workloads.states import State
+from tests.cycle.helpers import pending
+
+TRANSITION_COLUMNS = ("workload_id", "from_state", "to_state", "at", "reason")
+LOCK_KEY = 824_613
+
+
+def other_connection():
+    """A second session on the test database (the test's own is inside its transaction)."""
+    settings = connection.settings_dict
+    return psycopg.connect(
+        dbname=settings["NAME"], user=settings["USER"], password=settings["PASSWORD"] or None,
+        host=settings["HOST"] or None, port=settings["PORT"] or None, autocommit=True,
+    )  # fmt: skip
+
+
+def test_it_gives_back_what_the_work_returned(db):
+    work = Background(lambda cursor: cursor.execute("SELECT 40 + 2").fetchone()[0])
+
+    assert work.result() == 42
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="SQLite runs the work at once, by design")
+def test_it_runs_the_work_while_the_caller_goes_on(db):
+    def work(cursor):
+        # Run here instead, the work would fail after this wait instead of hanging the test.
+        cursor.execute("SET LOCAL lock_timeout = '10s'")
+        cursor.execute("SELECT pg_advisory_lock(%s)", [LOCK_KEY])
+        cursor.execute("SELECT pg_advisory_unlock(%s)", [LOCK_KEY])
+        return "done"
+
+    with other_connection() as holder:
+        holder.execute("SELECT pg_advisory_lock(%s)", [LOCK_KEY])
+        # The work waits for the lock the other session holds: had it run here, this line would never end.
+        sent = Background(work)
+        assert not sent.done
+        holder.execute("SELECT pg_advisory_unlock(%s)", [LOCK_KEY])
+
+    assert sent.result() == "done"
+    assert sent.done
+
+
+def test_it_raises_the_work_error_as_the_database_layer_does_and_the_transaction_goes_on(cluster):
+    with pytest.raises(DatabaseError, match="no_such_table"), transaction.atomic():  # Django's, not the driver's
+        Background(lambda cursor: cursor.execute("SELECT * FROM no_such_table")).result()
+
+    assert Workload.objects.count() == 0
+    assert Background(lambda cursor: cursor.execute("SELECT 2").fetchone()[0]).result() == 2
+
+
+def test_it_moves_each_batch_with_its_own_fields_and_reports_what_moved(cluster):
+    first = [pending(cluster.queue_a, f"a{i}") for i in range(2)]
+    second = [pending(cluster.queue_b, f"b{i}") for i in range(2)]
+    gone = pending(cluster.queue_b, "gone", state=State.CANCELLED)
+    now = timezone.now()
+
+    moves = Moves(
+        [([w.pk for w in first], {"chosen_device_class_id": cluster.h100.pk, "admitted_at": now}),
+         ([w.pk for w in (*second, gone)], {"chosen_device_class_id": None, "admitted_at": now}), ([], {})],
+        State.PENDING, State.ADMITTED, now, "admitted in cycle 3",
+    )  # fmt: skip
+    moved = moves.finish()
+
+    assert [sorted(ids) for ids in moved] == [sorted(w.pk for w in first), sorted(w.pk for w in second), []]
+    classes = dict(Workload.objects.filter(state=State.ADMITTED).values_list("pk", "chosen_device_class_id"))
+    assert classes == {**{w.pk: cluster.h100.pk for w in first}, **{w.pk: None for w in second}}
+    assert set(WorkloadTransition.objects.values_list("workload_id", flat=True)) == {w.pk for w in (*first, *second)}
+    assert Workload.objects.get(pk=gone.pk).state == State.CANCELLED
+
+
+def test_it_writes_no_transition_for_moves_it_abandons(cluster):
+    workload = pending(cluster.queue_a, "w")
+
+    moves = Moves([([workload.pk], {})], State.PENDING, State.ADMITTED, timezone.now(), "admitted")
+    moves.abandon()
+
+    assert not WorkloadTransition.objects.exists()
+
+
+def test_it_refuses_an_impossible_transition_before_sending_anything(cluster):
+    workload = pending(cluster.queue_a, "w")
+
+    with pytest.raises(ValueError, match="Pending -> Succeeded"):
+        Moves([([workload.pk], {})], State.PENDING, State.SUCCEEDED, timezone.now(), "no")
+
+    assert Workload.objects.get(pk=workload.pk).state == State.PENDING
+
+
+def test_it_inserts_the_rows_of_a_generator_and_counts_them(cluster):
+    workloads = [pending(cluster.queue_a, f"w{i}") for i in range(3)]
+    at = timezone.now()
+    made = []
+
+    def rows():
+        for workload in workloads:
+            made.append(workload.pk)
+            yield (workload.pk, State.PENDING, State.ADMITTED, at, "streamed")
+
+    assert insert_rows(WorkloadTransition, TRANSITION_COLUMNS, rows()) == 3
+    assert insert_rows(WorkloadTransition, TRANSITION_COLUMNS, iter(())) == 0
+
+    assert made == [w.pk for w in workloads]
+    stored = WorkloadTransition.objects.order_by("workload_id").values_list("workload_id", "reason")
+    assert list(stored) == [(w.pk, "streamed") for w in workloads]
+
+
+def test_it_leaves_nothing_applied_when_building_rows_fails_while_the_admission_is_sent(cluster, monkeypatch):
+    workload = pending(cluster.queue_a, "fits", replicas=2, devices_per_pod=4, resource_class=cluster.training)
+
+    def broken(admission):
+        raise RuntimeError("out of ink")
+
+    monkeypatch.setattr(commit_module, "admitted_message", broken)
+    run = run_once()
+
+    cycle = SchedulingCycle.objects.get(pk=run.cycle_id)
+    assert (cycle.outcome, cycle.detail) == (SchedulingCycle.Outcome.FAILED, "RuntimeError: out of ink")
+    workload.refresh_from_db()
+    assert workload.state == State.PENDING
+    assert not Allocation.objects.exists()
+    assert not WorkloadTransition.objects.filter(workload=workload).exists()
