@@ -286,6 +286,13 @@ class Background:
         self._thread = threading.Thread(target=self._run, args=(work, raw), name="cycle-background", daemon=True)
         self._thread.start()
 
+    @classmethod
+    def finished(cls, value):
+        """Work already done here, as a Background: `result()` gives `value`."""
+        work = cls.__new__(cls)
+        work._error, work._value, work._thread = None, value, None
+        return work
+
     def _run(self, work, raw):
         try:
             with raw.cursor() as cursor:

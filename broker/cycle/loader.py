@@ -25,7 +25,7 @@ from django.db.models import F, FloatField, TextField
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Cast
 
-from broker.cycle.bulk import column_in, pk_in
+from broker.cycle.bulk import Background, column_in, pk_in
 from broker.cycle.executor import get_executor
 from broker.governance.approvals import outside_window
 from broker.inventory.models import ClusterState, Device, Domain, Health, InventoryRevision, Node, TopologyLevel
@@ -130,8 +130,15 @@ def _load_snapshot(now, config):
     )
     device_classes = load_device_classes(loaded)
     resource_classes, approval_rules = load_resource_classes()
-    pending = load_pending(loaded, approval_rules)
-    running = load_running(loaded)
+    pending_rows = fetch_pending_rows(loaded)
+    # The running work's rows (150,000 at 100k devices) come in while the pending records are built.
+    running_rows = fetch_running_rows()
+    try:
+        pending = load_pending(loaded, approval_rules, pending_rows)
+    except BaseException:
+        running_rows.wait()
+        raise
+    running = load_running(loaded, running_rows)
     snapshot = s.Snapshot(
         levels=inventory.levels,
         nodes=inventory.nodes,
@@ -679,7 +686,8 @@ def approved_flag(state, approval, rule, devices):
     return True
 
 
-def load_pending(loaded, approval_rules):
+def fetch_pending_rows(loaded):
+    """(workload rows, {workload pk: pod set rows}) of the waiting workloads, as load_pending reads them."""
     rows = fetch_rows(
         Workload.objects.filter(state__in=WAITING)
         # An approval granted for a window keeps the workload out of the cycle while the window is shut.
@@ -703,7 +711,12 @@ def load_pending(loaded, approval_rules):
             as_text("nominated_devices"),
         )
     )
-    pod_set_rows = load_pod_set_rows(WAITING)
+    return rows, load_pod_set_rows(WAITING)
+
+
+def load_pending(loaded, approval_rules, fetched):
+    """The pending records of `fetched` (fetch_pending_rows)."""
+    rows, pod_set_rows = fetched
     executor = get_executor()
     # What a record takes from the inventory: the names of nominated devices (see RUNNING_RECORDS).
     scope = (loaded.devices_by_pk, executor.wall_seconds(HOUR))
@@ -820,14 +833,29 @@ def fetch_rows(queryset):
     text) Django's converters are needed."""
     if connection.vendor != "postgresql":
         return list(queryset)
-    sql, params = queryset.query.sql_with_params()
+    connection.ensure_connection()
+    with connection.wrap_database_errors:
+        return fetch_sql(connection.connection, *queryset.query.sql_with_params())
+
+
+def fetch_sql(raw_connection, sql, params):
     # Binary results (which want a server-side-binding cursor; Django's binds on the client): a float
     # (the epochs) or an integer is copied, not parsed from its text; the 50,000 running workloads' rows
     # came 30% sooner.
-    connection.ensure_connection()
-    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+    with psycopg.Cursor(raw_connection) as cursor:
         cursor.execute(sql, params, binary=True)
         return cursor.fetchall()
+
+
+def fetch_in_background(*querysets):
+    """A Background whose result is `[fetch_rows(queryset) for queryset in querysets]`: on PostgreSQL
+    the queries run, and their rows come in, while this thread builds records from rows it already has
+    (SQLite: read here and now)."""
+    if connection.vendor != "postgresql":
+        return Background.finished([list(queryset) for queryset in querysets])
+    # Compiled here: the helper thread has a Django connection of its own, outside this transaction.
+    statements = [queryset.query.sql_with_params() for queryset in querysets]
+    return Background(lambda cursor: [fetch_sql(cursor.connection, *statement) for statement in statements])
 
 
 class BuiltFromRows:
@@ -899,18 +927,26 @@ def forget_everything_loaded():
 HOUR = 3600.0
 
 
-def load_running(loaded):
-    """Every workload holding an active allocation, whatever its state: a held device is never free."""
-    allocations = fetch_rows(
+def fetch_running_rows():
+    """The rows of load_running, fetched in the background (fetch_in_background): the active allocations
+    and their holders, the Admitted and Running workloads (an index scan)."""
+    return fetch_in_background(
         Allocation.objects.filter(released_at__isnull=True)
         .order_by("workload_id", "pod_set", "pod_index", "device_id")
-        .values_list("workload_id", "pod_set", "pod_index", "device_id", "device_class_id")
+        .values_list("workload_id", "pod_set", "pod_index", "device_id", "device_class_id"),
+        holder_rows(Workload.objects.filter(state__in=HOLDING_STATES)),
     )
+
+
+def load_running(loaded, fetched):
+    """Every workload holding an active allocation, whatever its state: a held device is never free.
+    `fetched`: fetch_running_rows(), begun in this transaction."""
+    allocations, holders = fetched.result()
     if not allocations:
         return ()
-    # The holders are the Admitted and Running workloads (an index scan), plus, should a bug leave
-    # devices with a workload in another state, those few, fetched by id.
-    info = {row[0]: row[1:] for row in fetch_rows(holder_rows(Workload.objects.filter(state__in=HOLDING_STATES)))}
+    # Should a bug leave devices with a workload in another state than the holders', those few are
+    # fetched by id.
+    info = {row[0]: row[1:] for row in holders}
     strays = {row[0] for row in allocations} - info.keys()
     if strays:
         info.update((row[0], row[1:]) for row in fetch_rows(holder_rows(Workload.objects.filter(**pk_in(strays)))))

@@ -132,3 +132,17 @@ def test_it_leaves_nothing_applied_when_building_rows_fails_while_the_admission_
     assert workload.state == State.PENDING
     assert not Allocation.objects.exists()
     assert not WorkloadTransition.objects.filter(workload=workload).exists()
+
+
+def test_it_fetches_in_the_background_the_rows_a_fetch_here_gives(cluster):
+    from broker.cycle.loader import fetch_in_background, fetch_rows, holder_rows
+
+    pending(cluster.queue_a, "waiting")
+    pending(cluster.queue_b, "admitted", state=State.ADMITTED)
+    holders = holder_rows(Workload.objects.filter(state__in=(State.ADMITTED, State.RUNNING)))
+    names = Workload.objects.order_by("name").values_list("name", "state")
+
+    fetched = fetch_in_background(holders, names).result()
+
+    assert fetched == [fetch_rows(holders), fetch_rows(names)]
+    assert [list(rows) for rows in fetched[1:]] == [[("admitted", State.ADMITTED), ("waiting", State.PENDING)]]
