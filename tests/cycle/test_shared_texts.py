@@ -98,3 +98,13 @@ def test_it_keeps_details_by_the_identities_of_their_values_and_writes_mixed_key
     alone, with_shared = encode_explanation(content), encode_explanation(content, SharedTexts())
     assert alone == with_shared
     assert json.loads(alone[0]["details"]) == {"1": "one", "two": 2}
+
+
+def test_it_hashes_the_texts_of_one_shape_once():
+    shared = SharedTexts()
+    shape = (shared.encode(["Quota"]), shared.encode({"needs": 8}), "null", shared.encode([]))
+    other = ("[]", *shape[1:])
+
+    assert shared.hasher(shape) is shared.hasher(tuple(shape))
+    assert shared.hasher(other) is not shared.hasher(shape)
+    assert shared.hasher(shape).hexdigest() != shared.hasher(other).hexdigest()
