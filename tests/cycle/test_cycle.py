@@ -456,3 +456,65 @@ def test_it_counts_the_records_of_the_sets_a_load_kept_anew(cluster):
     assert kept_again == (0, 0)
     assert kept_after_a_submission == (2, 0)
     assert (PENDING_RECORDS.take_renewed(), RUNNING_RECORDS.take_renewed()) == (0, 0)
+
+
+@pytest.mark.django_db(transaction=True, serialized_rollback=True)
+@pytest.mark.parametrize("table", ["inventory_device", "workloads_workload"])
+def test_it_makes_a_deletion_that_starts_during_its_commit_wait_and_then_fail(cluster, monkeypatch, table):
+    """No foreign key share-locks the allocated rows (migration workloads 0016): the commit's own locks
+    (the admitted workload's row, the inventory revision row) make the deletion wait, and the deletion
+    check then sees the committed allocations."""
+    import psycopg
+
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite has one writer at a time")
+    workload = pending(cluster.queue_a, "fits", replicas=1, devices_per_pod=4, resource_class=cluster.training)
+    params = connection.get_connection_params()
+    outcome = {}
+    real_check = commit_module.check_constraints_now
+
+    def delete(pk):
+        try:
+            with psycopg.connect(**params) as deleter:
+                deleter.execute("SET lock_timeout = '20s'")
+                deleter.execute(f"DELETE FROM {table} WHERE id = %s", [pk])
+            outcome["deleted"] = True
+        except psycopg.Error as error:
+            outcome["refused"] = error
+
+    def delete_while_committing():
+        device_pk = Allocation.objects.filter(workload=workload).values_list("device_id", flat=True).first()
+        deleter = threading.Thread(target=delete, args=[device_pk if table == "inventory_device" else workload.pk])
+        deleter.start()
+        outcome["thread"] = deleter
+        assert waits_for_a_lock(params, f"DELETE FROM {table}"), "the deletion did not wait for the commit"
+        real_check()
+
+    monkeypatch.setattr(commit_module, "check_constraints_now", delete_while_committing)
+    run = run_once()
+    outcome["thread"].join(30)
+
+    assert run.outcome == SchedulingCycle.Outcome.COMMITTED
+    assert "deleted" not in outcome
+    assert isinstance(outcome["refused"], psycopg.errors.ForeignKeyViolation)
+    assert "is named by allocations" in str(outcome["refused"])
+    assert Allocation.objects.filter(workload=workload, released_at__isnull=True).count() == 4
+    assert Device.objects.filter(pk__in=Allocation.objects.values("device_id")).count() == 4
+
+
+def waits_for_a_lock(params, statement, seconds=10):
+    import time
+
+    import psycopg
+
+    with psycopg.connect(**params, autocommit=True) as watcher:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            waiting = watcher.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
+                [statement + "%"],
+            ).fetchone()[0]
+            if waiting:
+                return True
+            time.sleep(0.02)
+    return False

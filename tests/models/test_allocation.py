@@ -1,10 +1,13 @@
 import pytest
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
+from broker.cycle.bulk import insert_rows
 from broker.inventory.models import Device
 from broker.workloads.models import Allocation
 from tests.builders import make_workload
+
+COLUMNS = ("workload_id", "device_id", "device_class_id", "pod_set", "pod_index", "allocated_at")
 
 
 def allocate(workload, device, device_class):
@@ -43,3 +46,73 @@ def test_it_refuses_a_release_before_the_allocation(cluster):
     held.released_at = held.allocated_at - timezone.timedelta(seconds=1)
     with pytest.raises(IntegrityError), transaction.atomic():
         held.save()
+
+
+def raw(sql, params=()):
+    """A statement as any writer might send it, past the ORM's PROTECT."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+
+
+def insert_allocation(workload_id, device_id, device_class):
+    raw(
+        "INSERT INTO workloads_allocation (workload_id, device_id, device_class_id, pod_set, pod_index, allocated_at) "
+        "VALUES (%s, %s, %s, 'main', 0, %s)",
+        [workload_id, device_id, device_class.pk, timezone.now()],
+    )
+
+
+@pytest.mark.parametrize("missing", ["workload", "device"])
+def test_it_refuses_an_allocation_of_a_missing_workload_or_device_in_the_database(cluster, missing):
+    workload = make_workload(cluster.queue_a)
+    device = Device.objects.first()
+    ids = {"workload": workload.pk, "device": device.pk, missing: 10**9}
+
+    with pytest.raises(IntegrityError, match="does not exist"), transaction.atomic():
+        insert_allocation(ids["workload"], ids["device"], cluster.h100)
+
+    assert not Allocation.objects.exists()
+
+
+def test_it_checks_every_row_of_a_bulk_insert_in_the_database(cluster):
+    workload = make_workload(cluster.queue_a)
+    first, second = Device.objects.order_by("pk")[:2]
+    rows = [(workload.pk, first.pk), (workload.pk, 10**9), (workload.pk, second.pk)]
+
+    expected = f"device {10**9}, which does not exist" if connection.vendor == "postgresql" else "does not exist"
+    with pytest.raises(IntegrityError, match=expected), transaction.atomic():
+        insert_rows(Allocation, COLUMNS, [(*row, cluster.h100.pk, "main", 0, timezone.now()) for row in rows])
+
+    assert not Allocation.objects.exists()
+
+
+def test_it_refuses_moving_an_allocation_to_a_missing_device_in_the_database(cluster):
+    held = allocate(make_workload(cluster.queue_a), Device.objects.first(), cluster.h100)
+
+    with pytest.raises(IntegrityError, match="does not exist"), transaction.atomic():
+        raw("UPDATE workloads_allocation SET device_id = %s WHERE id = %s", [10**9, held.pk])
+    raw("UPDATE workloads_allocation SET released_at = %s WHERE id = %s", [timezone.now(), held.pk])
+
+    held.refresh_from_db()
+    assert held.device_id == Device.objects.first().pk and held.released_at is not None
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="SQLite leaves deletions to Django's PROTECT")
+@pytest.mark.parametrize("table", ["inventory_device", "workloads_workload"])
+def test_it_refuses_deleting_an_allocated_workload_or_device_in_the_database(cluster, table):
+    workload = make_workload(cluster.queue_a)
+    device = Device.objects.first()
+    held = allocate(workload, device, cluster.h100)
+    held.released_at = timezone.now()
+    held.save()  # released, still named: as with the foreign key, history keeps its rows
+    doomed = device.pk if table == "inventory_device" else workload.pk
+
+    with pytest.raises(IntegrityError, match=f"{table} {doomed} is named by allocations"), transaction.atomic():
+        raw(f"DELETE FROM {table} WHERE id = %s", [doomed])
+    with pytest.raises(IntegrityError, match="is named by allocations"), transaction.atomic():
+        raw(f"UPDATE {table} SET id = %s WHERE id = %s", [10**9, doomed])
+
+    other = Device.objects.exclude(pk=device.pk).first()
+    raw("DELETE FROM inventory_device WHERE id = %s", [other.pk])  # one nothing names goes
+    assert Allocation.objects.get().device == device
+    assert not Device.objects.filter(pk=other.pk).exists()
