@@ -289,6 +289,31 @@ def test_it_refuses_on_postgresql_when_a_row_changed_after_the_snapshot(cluster)
 
 
 @pytest.mark.django_db(transaction=True, serialized_rollback=True)
+def test_it_refuses_when_a_workload_it_admits_changed_after_the_snapshot(cluster):
+    """The admission's UPDATE runs in a helper thread (bulk.Background); its serialization failure is
+    still the cycle's stale-snapshot refusal, and nothing it wrote stays."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the REPEATABLE READ path is PostgreSQL's")
+    workload = pending(cluster.queue_a, "fits", replicas=2, devices_per_pod=4, resource_class=cluster.training)
+
+    def decide_then_reprioritise(snapshot):
+        result = decide(snapshot)
+        in_another_connection(lambda: Workload.objects.filter(pk=workload.pk).update(priority=7))
+        return result
+
+    run = run_once(decider=decide_then_reprioritise)
+
+    cycle = SchedulingCycle.objects.get(pk=run.cycle_id)
+    assert (cycle.outcome, cycle.admitted_count) == (SchedulingCycle.Outcome.REFUSED, 0)
+    assert "changed after the snapshot" in cycle.detail
+    workload.refresh_from_db()
+    assert (workload.state, workload.priority) == (State.PENDING, 7)
+    assert not Allocation.objects.exists()
+    assert not workload.transitions.exists()
+    assert run_once().admitted == (workload.pk,)
+
+
+@pytest.mark.django_db(transaction=True, serialized_rollback=True)
 def test_it_refuses_when_a_workload_it_explains_was_deleted_after_the_snapshot(cluster):
     """The foreign-key checks PostgreSQL defers to COMMIT run inside the commit: the cycle row survives
     and says Refused, instead of a failed COMMIT taking it along."""
