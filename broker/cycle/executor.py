@@ -269,7 +269,7 @@ class Moves:
         self.count = len(batches)
         updates = [(index, Workload.objects.filter(state=source, **pk_in(ids)), {**also, **common})
                    for index, (ids, also) in enumerate(batches) if ids]  # fmt: skip
-        if connection.vendor == "postgresql":
+        if updates and connection.vendor == "postgresql":  # nothing to move: no thread for it
             statements = [(index, update_returning_sql(moving, fields)) for index, moving, fields in updates]
             self._sent = Background(lambda cursor: {index: ids_updated(cursor, *sql) for index, sql in statements})
         else:

@@ -146,3 +146,17 @@ def test_it_fetches_in_the_background_the_rows_a_fetch_here_gives(cluster):
 
     assert fetched == [fetch_rows(holders), fetch_rows(names)]
     assert [list(rows) for rows in fetched[1:]] == [[("admitted", State.ADMITTED), ("waiting", State.PENDING)]]
+
+
+def test_it_moves_nothing_without_a_statement_or_a_thread_when_given_no_ids(cluster, monkeypatch):
+    from broker.cycle import executor
+
+    def no_background(work):
+        raise AssertionError("no background work for nothing to move")
+
+    monkeypatch.setattr(executor, "Background", no_background)
+
+    moves = Moves([([], {})], State.ADMITTED, State.RUNNING, timezone.now(), "started")
+
+    assert moves.finish() == [[]]
+    assert not WorkloadTransition.objects.exists()
