@@ -52,7 +52,11 @@ def synthetic(nodes: int, pending: int, seed: int = 1):
     return synthetic_snapshot(nodes=nodes, devices_per_node=DEVICES_PER_NODE, pending=pending, seed=seed, sizes=sizes)
 
 
-def one_cycle() -> dict:
+def one_cycle(sample_speed: bool = False) -> dict:
+    """One timed run_once. `sample_speed`: first measure the machine's speed as it is right then
+    (`reference_seconds_before`, bench.machine_speed): these two cores' speed moves by a factor of two
+    within a run, and a cycle's figures read right only beside it."""
+    from bench import machine_speed
     from broker.cycle import commit, runner
     from broker.cycle.executor import SimulatedExecutor
     from broker.cycle.runner import run_once
@@ -95,6 +99,7 @@ def one_cycle() -> dict:
 
         return call
 
+    speed = machine_speed.reference_seconds(repeat=2) if sample_speed else None
     for name in hooks:
         setattr(commit, name, timed(name))
     SimulatedExecutor.start = timed_start
@@ -137,6 +142,7 @@ def one_cycle() -> dict:
         "gc_ms": round(collections["ms"], 1),
         "gc_collections": collections["count"],
         "detail": row.detail,
+        **({"reference_seconds_before": speed} if sample_speed else {}),
     }
 
 
@@ -205,24 +211,24 @@ def restarted_worker_cycle() -> dict:
     from broker.cycle import loader
 
     loader.forget_everything_loaded()
-    return one_cycle()
+    return one_cycle(sample_speed=True)
 
 
 def warmed_up_restarted_worker_cycle() -> dict:
     warm_up_ms = worker_warm_up()
-    return {**one_cycle(), "warm_up_ms": round(warm_up_ms, 1)}
+    return {**one_cycle(sample_speed=True), "warm_up_ms": round(warm_up_ms, 1)}
 
 
 def run_size(nodes: int, pending: int) -> dict:
     out = {"nodes": nodes, "devices": nodes * 8, "pending": pending}
     out["populate"] = prepare(nodes, pending)
     warm_up()
-    out["first"] = one_cycle()
+    out["first"] = one_cycle(sample_speed=True)
     out["refill_added"] = refill(pending)
-    out["refill"] = one_cycle()
-    out["steady"] = one_cycle()
+    out["refill"] = one_cycle(sample_speed=True)
+    out["steady"] = one_cycle(sample_speed=True)
     health_flap()
-    out["health_flap"] = one_cycle()
+    out["health_flap"] = one_cycle(sample_speed=True)
     out["steady_cold"] = restarted_worker_cycle()
     out["restarted_worker"] = warmed_up_restarted_worker_cycle()
     measured = [out[k]["committed_ms"] for k in WARM_CYCLES if out[k].get("committed_ms") is not None]

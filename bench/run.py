@@ -142,7 +142,15 @@ def summary_line(name: str, result: dict) -> str:
             + " ms"
             for c in result["cases"]
         )
+        speeds = [
+            c[name]["reference_seconds_before"]
+            for c in result["cases"][-1:]
+            for name in CYCLE_NAMES
+            if c[name].get("reference_seconds_before")
+        ]
         text = f"cycle until committed (target 2 s): {cells}"
+        if speeds:
+            text += f"; machine reference_seconds before those cycles {min(speeds)}-{max(speeds)}"
     elif name == "pages":
         worst = result["target"]["worst"]
         text = f"pages p95 (target 300 ms): worst {worst['name']} {worst['p95_ms']} ms at {result['size']}"
