@@ -408,7 +408,7 @@ def renominate(result, loaded, admitted):
         Workload.objects.filter(**pk_in(stale)).update(nominated_devices=[])
 
 
-def admit(admissions, loaded, cycle, now, devices_held=False):
+def admit(admissions, loaded, cycle, now, devices_held):
     if not admissions:
         return []
     by_class = defaultdict(list)

@@ -18,15 +18,6 @@ TRANSITION_COLUMNS = ("workload_id", "from_state", "to_state", "at", "reason")
 LOCK_KEY = 824_613
 
 
-def other_connection():
-    """A second session on the test database (the test's own is inside its transaction)."""
-    settings = connection.settings_dict
-    return psycopg.connect(
-        dbname=settings["NAME"], user=settings["USER"], password=settings["PASSWORD"] or None,
-        host=settings["HOST"] or None, port=settings["PORT"] or None, autocommit=True,
-    )  # fmt: skip
-
-
 def test_it_gives_back_what_the_work_returned(db):
     work = Background(lambda cursor: cursor.execute("SELECT 40 + 2").fetchone()[0])
 
@@ -42,7 +33,8 @@ def test_it_runs_the_work_while_the_caller_goes_on(db):
         cursor.execute("SELECT pg_advisory_unlock(%s)", [LOCK_KEY])
         return "done"
 
-    with other_connection() as holder:
+    # A second session on the test database (the test's own is inside its transaction).
+    with psycopg.connect(**connection.get_connection_params(), autocommit=True) as holder:
         holder.execute("SELECT pg_advisory_lock(%s)", [LOCK_KEY])
         # The work waits for the lock the other session holds: had it run here, this line would never end.
         sent = Background(work)
