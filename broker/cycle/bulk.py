@@ -271,12 +271,18 @@ class Background:
     Django cursor.
 
     Always call `result()` (or `wait()` on the way out of an error): the work belongs to the caller's
-    transaction, and that transaction must not end, nor the connection be used, while it runs."""
+    transaction, and that transaction must not end, nor the connection be used, while it runs.
 
-    def __init__(self, work):
+    `after`: an earlier Background this work waits for (works sent one after another run in the order
+    sent). If that one failed, this one does not run: the transaction is aborted, and the earlier
+    error is the one to report."""
+
+    def __init__(self, work, after=None):
         self._error = None
+        self._failed = False
         self._value = None
         self._thread = None
+        self._after = after
         if not is_postgresql():
             with connection.cursor() as cursor:
                 self._value = work(cursor)
@@ -290,15 +296,28 @@ class Background:
     def finished(cls, value):
         """Work already done here, as a Background: `result()` gives `value`."""
         work = cls.__new__(cls)
-        work._error, work._value, work._thread = None, value, None
+        work._error, work._failed, work._value, work._thread, work._after = None, False, value, None, None
         return work
 
     def _run(self, work, raw):
+        after = self._after
+        self._after = None  # a chain of them must not keep every earlier one alive
+        if after is not None:
+            after.wait()
+            if after.failed:
+                self._failed = True
+                return
         try:
             with raw.cursor() as cursor:
                 self._value = work(cursor)
         except BaseException as error:  # handed to result(), in the thread that owns the transaction
             self._error = error
+            self._failed = True
+
+    @property
+    def failed(self):
+        """Whether the work has ended in an error (or did not run, after an earlier one's error)."""
+        return self.done and self._failed
 
     @property
     def done(self):

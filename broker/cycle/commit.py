@@ -1,8 +1,9 @@
 """Apply one CycleResult to the database, all of it or none of it.
 
-`commit_result` runs inside the cycle's transaction (broker.cycle.locks.cycle_transaction) and opens
-its own savepoint, so a refusal or a failure undoes every write it made while the cycle row survives
-to say what happened. It refuses a result decided on a stale snapshot: the inventory generation
+`decide_and_commit` runs inside the cycle's transaction (broker.cycle.locks.cycle_transaction) and
+opens its own savepoint before the decision (the admissions are written as they are made:
+broker.cycle.admissions), so a refusal or a failure undoes every write it made while the cycle row
+survives to say what happened. It refuses a result decided on a stale snapshot: the inventory generation
 moved, an admitted device went unhealthy, got a new taint, sits on a cordoned node or is held by
 someone else, or a workload left the state the decision assumed. On PostgreSQL the cycle reads at
 REPEATABLE READ, so a row changed after the snapshot makes the locking reads below fail with a
@@ -29,13 +30,14 @@ from django.utils import timezone
 
 from broker.audit.models import record
 from broker.costs.sampling import capacity_rows, record_capacity_sample, sample_capacity
+from broker.cycle.admissions import HISTORY_COLUMNS, AdmissionWriter
 from broker.cycle.bulk import JsonText, column_in, insert_rows, pk_in, upsert_rows
-from broker.cycle.executor import Moves
 from broker.cycle.loader import as_text
+from broker.cycle.refusals import StaleSnapshot
 from broker.inventory.models import ClusterState, Device, Health, InventoryRevision
 from broker.scheduler.accounting import capacity_by_class
 from broker.workloads.models import Allocation, Explanation, ExplanationChange, SchedulingCycle, Workload
-from broker.workloads.states import HOLDING_STATES, State
+from broker.workloads.states import HOLDING_STATES
 
 log = logging.getLogger(__name__)
 
@@ -54,27 +56,15 @@ EXPLANATION_FIELDS = (
     "suggestions",
 )
 
-ALLOCATION_COLUMNS = ("workload_id", "device_id", "device_class_id", "pod_set", "pod_index", "cycle_id", "allocated_at",
-                      "released_at")  # fmt: skip
 EXPLANATION_COLUMNS = ("workload_id", "cycle_id", "updated_at", *EXPLANATION_FIELDS)
 STORED_EXPLANATION_COLUMNS = (*EXPLANATION_COLUMNS, "fingerprint")
 FINGERPRINT_BYTES = 16  # 32 hex digits: Explanation.fingerprint
 # One encoder for every fingerprint (json.dumps builds one per call); decisions are trees, no cycle check.
 CANONICAL_JSON = json.JSONEncoder(sort_keys=True, default=str, check_circular=False)
-HISTORY_COLUMNS = ("workload_id", "cycle_id", "reason", "message", "at")
-# An admitted workload's nomination and eviction record are done with. Set in the admission's own state
-# UPDATE: a second pass over 20,000 just-rewritten rows (and their 17 indexes) cost as much as the first.
-DONE_WITH_EVICTION = {
-    "nominated_devices": [],
-    "eviction_requested_at": None,
-    "evicted_for": None,
-    "eviction_rule": "",
-    "eviction_message": "",
-}
 
 
-class StaleSnapshot(Exception):
-    """The decisions were made on a snapshot that no longer holds; nothing was written."""
+class DecisionFailed(Exception):
+    """The decision core raised (the error is this one's cause); nothing was written."""
 
 
 @dataclass
@@ -96,28 +86,52 @@ class CommitDelta:
         }
 
 
-def commit_result(result, loaded, cycle, snapshot=None):
-    """Write `result` (decided on `loaded`, from `snapshot`) and finish `cycle`; returns the CommitDelta.
-    Raises StaleSnapshot (cycle marked Refused, nothing else written) when the snapshot went stale."""
+def decide_and_commit(decider, snapshot, loaded, cycle):
+    """Decide on `snapshot` (loaded as `loaded`) with `decider`, write its result and finish `cycle`;
+    returns (the CycleResult, the CommitDelta). The admissions are written as the decider makes them
+    (broker.cycle.admissions), so the commit's savepoint opens before the decision. Raises
+    DecisionFailed (nothing written; the cycle row is the caller's to finish) when the decider raises,
+    StaleSnapshot (cycle marked Refused, nothing else written) when the snapshot went stale."""
     # As while loading and deciding (broker.cycle.loader.load_snapshot): the heap holds the snapshot and
     # the decisions, nothing in it is garbage yet, and the collector's passes over it (each full one
     # 300 ms at 100k devices) cost a fifth to a half of a large commit.
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return write_result(result, loaded, cycle, snapshot)
+        return write_result(decider, snapshot, loaded, cycle)
     finally:
         if collecting:
             gc.enable()
 
 
-def write_result(result, loaded, cycle, snapshot):
+def commit_result(result, loaded, cycle, snapshot=None):
+    """Write `result`, decided already on `loaded` (from `snapshot`), and finish `cycle`; returns the
+    CommitDelta. Raises StaleSnapshot as decide_and_commit does."""
+    return decide_and_commit(lambda _snapshot, **_options: result, snapshot, loaded, cycle)[1]
+
+
+def write_result(decider, snapshot, loaded, cycle):
     started = time.perf_counter()
     try:
         with transaction.atomic():
+            writer = AdmissionWriter(loaded, cycle)
+            deciding = time.perf_counter()
             try:
+                result = decider(snapshot, on_admission=writer.add)
+            except BaseException as error:
+                writer.abandon()
+                if isinstance(error, Exception):
+                    raise DecisionFailed(f"{type(error).__name__}: {error}") from error
+                raise
+            # What `add` spent writing while the core decided is the commit's time, not the decision's.
+            cycle.decide_ms = (time.perf_counter() - deciding - writer.seconds) * 1000
+            started = time.perf_counter() - writer.seconds
+            try:
+                admitted = writer.finish(result.admissions)
                 devices_held = check_fresh(result, loaded)
-                delta = apply(result, loaded, cycle, devices_held)
+                if writer.devices and not devices_held:
+                    check_devices(writer.devices, loaded)
+                delta = apply(result, loaded, cycle, admitted)
                 check_constraints_now()
             except IntegrityError as error:
                 raise StaleSnapshot(
@@ -127,6 +141,8 @@ def write_result(result, loaded, cycle, snapshot):
                 if sqlstate(error) in STALE_SQLSTATES:
                     raise StaleSnapshot(f"rows changed after the snapshot: {first_line(error)}") from error
                 raise
+    except DecisionFailed:
+        raise
     except StaleSnapshot as error:
         finish(cycle, SchedulingCycle.Outcome.REFUSED, started, loaded, detail=str(error))
         raise
@@ -148,7 +164,7 @@ def write_result(result, loaded, cycle, snapshot):
     transaction.on_commit(lambda: broadcast(delta.message()))
     # After commit, and only if it commits; a failed sample must not undo a cycle.
     transaction.on_commit(lambda: record_capacity(snapshot, result, loaded), robust=True)
-    return delta
+    return result, delta
 
 
 def check_constraints_now():
@@ -210,19 +226,11 @@ def check_fresh(result, loaded):
     current = generation.first()
     if current is not None and current != loaded.generation:
         raise StaleSnapshot(f"the inventory changed (generation {loaded.generation} -> {current})")
-    # Admitted workloads are checked by the admission's own UPDATE (see admit), their devices once their
-    # rows are built (check_allocated_devices): no lock pass first.
+    # Admitted workloads are checked by the admission's own UPDATE (broker.cycle.admissions), their
+    # devices by the unique index on active allocations, and looked at (check_devices) only when an
+    # inventory write landed since the snapshot: no lock pass first.
     check_workloads(pks({p.victim_id for p in result.preemptions}), HOLDING_STATES, "preempted")
     return bool(result.admissions) and inventory_unchanged(loaded)
-
-
-def check_allocated_devices(wanted, loaded, devices_held):
-    """Refuse admissions that place one device twice, or on a device that changed since the snapshot
-    (looked at only when some inventory write landed since: see inventory_unchanged)."""
-    if len(set(wanted)) != len(wanted):
-        raise StaleSnapshot("the result places one device twice")
-    if wanted and not devices_held:
-        check_devices(wanted, loaded)
 
 
 def inventory_unchanged(loaded):
@@ -287,11 +295,12 @@ def held_meanwhile(error, loaded):
 # --- 2. apply -----------------------------------------------------------------------------------------
 
 
-def apply(result, loaded, cycle, devices_held):
+def apply(result, loaded, cycle, admitted):
+    """Everything but the admissions (written already: `admitted`, their workloads' pks)."""
     now = loaded.now
     delta = CommitDelta(cycle=cycle.pk)
     delta.preempted = evict(result.preemptions, cycle, now)
-    delta.admitted = admit(result.admissions, loaded, cycle, now, devices_held)
+    delta.admitted = admitted
     renominate(result, loaded, delta.admitted)
     delta.explanations = explain(result.pending, delta.admitted, cycle, now)
     return delta
@@ -406,76 +415,6 @@ def renominate(result, loaded, admitted):
     stale = sorted(loaded.nominated_pending - waiting - set(admitted))
     if stale:
         Workload.objects.filter(**pk_in(stale)).update(nominated_devices=[])
-
-
-def admit(admissions, loaded, cycle, now, devices_held):
-    if not admissions:
-        return []
-    by_class = defaultdict(list)
-    class_pks = loaded.device_class_pks
-    for admission in admissions:
-        by_class[class_pks[admission.device_class]].append(int(admission.workload_id))
-    reason = f"admitted in cycle {cycle.pk}"
-    batches = [(ids, {"admitted_at": now, "chosen_device_class_id": class_pk, **DONE_WITH_EVICTION})
-               for class_pk, ids in by_class.items()]  # fmt: skip
-    # The UPDATE rewrites 20,000 rows and every index entry of each (a third of a large commit): the
-    # rows below are built meanwhile, not after it.
-    moves = Moves(batches, State.PENDING, State.ADMITTED, now, reason)
-    try:
-        allocations = allocation_rows(admissions, loaded, cycle, now)
-        history = [(int(a.workload_id), cycle.pk, "Admitted", admitted_message(a), now) for a in admissions]
-    except BaseException:
-        moves.abandon()
-        raise
-    moved = moves.finish()
-    admitted = []
-    for (ids, _), ids_moved in zip(batches, moved, strict=True):
-        if len(ids_moved) != len(ids):
-            refuse_left_pending(ids)
-        admitted.extend(ids)
-    check_allocated_devices([row[1] for row in allocations], loaded, devices_held)
-    insert_rows(Allocation, ALLOCATION_COLUMNS, allocations)
-    insert_rows(ExplanationChange, HISTORY_COLUMNS, history)
-    Explanation.objects.filter(**column_in("workload", admitted)).delete()
-    return sorted(admitted)
-
-
-def allocation_rows(admissions, loaded, cycle, now):
-    """The ALLOCATION_COLUMNS rows of the admissions' devices."""
-    rows = []
-    device_pks = loaded.device_pks
-    class_pks = loaded.device_class_pks
-    for admission in admissions:
-        workload_id = int(admission.workload_id)
-        class_pk = class_pks[admission.device_class]
-        for pod in admission.pods:
-            for device_id in pod.device_ids:
-                rows.append((workload_id, device_pks[device_id], class_pk, pod.pod_set, pod.index, cycle.pk, now, None))
-    return rows
-
-
-def refuse_left_pending(ids):
-    """The UPDATE moves only workloads still Pending (and locks them, so none leaves Pending before this
-    commit): one that moved on since the snapshot makes the decisions stale. Cheaper than locking 20k
-    rows first just to look at them."""
-    states = dict(Workload.objects.filter(**pk_in(ids)).values_list("id", "state"))
-    for pk in ids:
-        if states.get(pk) != State.ADMITTED:
-            raise StaleSnapshot(f"workload {pk} was admitted but is now {states.get(pk, 'gone')}")
-    raise StaleSnapshot("an admitted workload left Pending meanwhile")
-
-
-def admitted_message(admission):
-    pods = admission.pods
-    devices = len(pods[0].device_ids) if len(pods) == 1 else sum(len(pod.device_ids) for pod in pods)
-    return admitted_text(len(pods), devices, admission.device_class, tuple(admission.domain.items()))
-
-
-@lru_cache(maxsize=8192)
-def admitted_text(pods, devices, device_class, domain):
-    """A few thousand distinct texts among a large cycle's 20,000 admissions (shape by rack)."""
-    where = ", ".join(f"{level} {name}" for level, name in domain) or "the cluster"
-    return f"admitted: {pods} pods, {devices} {device_class} devices in {where}"
 
 
 # --- 3. explanations ------------------------------------------------------------------------------------

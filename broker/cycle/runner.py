@@ -20,7 +20,7 @@ from django.db import close_old_connections, transaction
 from django.utils import timezone
 
 from broker.cycle import retention
-from broker.cycle.commit import StaleSnapshot, commit_result
+from broker.cycle.commit import DecisionFailed, StaleSnapshot, decide_and_commit
 from broker.cycle.executor import get_executor
 from broker.cycle.loader import INVENTORY_CACHE, PENDING_RECORDS, RUNNING_RECORDS, load_snapshot
 from broker.cycle.locks import cycle_transaction
@@ -100,10 +100,9 @@ def _run_once(now, decider):
         transaction.on_commit(lambda: follow_up_requests(seen), robust=True)
         cycle = SchedulingCycle.objects.create(cluster=settings.CLUSTER_NAME, started_at=timezone.now())
         snapshot, loaded = load_snapshot(now)
-        started = time.perf_counter()
         try:
-            result = decider(snapshot)
-        except Exception as error:
+            _, delta = decide_and_commit(decider, snapshot, loaded, cycle)
+        except DecisionFailed as failure:
             # A crash in the core is a bug worth a row on the cycle-health page, not a silent gap.
             log.exception("cycle %s: the decision core failed", cycle.pk)
             cycle.outcome = SchedulingCycle.Outcome.FAILED
@@ -113,12 +112,9 @@ def _run_once(now, decider):
                 loaded.generation,
                 loaded.pending_count,
             )
-            cycle.detail = f"decide: {type(error).__name__}: {error}"
+            cycle.detail = f"decide: {failure}"
             cycle.save()
             return CycleRun(cycle.pk, cycle.outcome)
-        cycle.decide_ms = (time.perf_counter() - started) * 1000
-        try:
-            delta = commit_result(result, loaded, cycle, snapshot)
         except StaleSnapshot as error:
             log.info("cycle %s refused: %s", cycle.pk, error)
             # Decide again soon on a fresh snapshot rather than wait for the next tick.

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import gc
 from bisect import bisect_left
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter
 
@@ -32,15 +32,19 @@ from broker.scheduler.snapshot import (
 NOMINATED = "nominated:"  # slot holder prefix for devices held for a nominated preemptor
 
 
-def decide(snapshot: Snapshot) -> CycleResult:
-    """Admissions, preemptions and an explanation for every pending workload not admitted."""
+def decide(snapshot: Snapshot, on_admission: Callable[[Admission], None] | None = None) -> CycleResult:
+    """Admissions, preemptions and an explanation for every pending workload not admitted.
+
+    `on_admission`, if given, is called with each admission as the cycle makes it, in the order made.
+    An admission is final once made (nothing later in the cycle takes it back, and the result holds it
+    as it was passed), so a caller may start writing it while the cycle goes on deciding."""
     # A cycle allocates hundreds of thousands of small objects that live until it ends, and none of
     # them needs the cycle collector meanwhile: its passes over the growing heap cost a third of a
     # large cycle. Reference counting still frees what it can; the collector resumes afterwards.
     collecting = gc.isenabled()
     gc.disable()
     try:
-        cycle = Cycle(snapshot)
+        cycle = Cycle(snapshot, on_admission)
         result = cycle.run()
         cycle.state.retire()
         return result
@@ -75,8 +79,9 @@ class CycleLog:
 class Cycle:
     """State shared by the steps of one cycle (and by explanation, preemption and backfill)."""
 
-    def __init__(self, snapshot: Snapshot):
+    def __init__(self, snapshot: Snapshot, on_admission: Callable[[Admission], None] | None = None):
         self.snapshot = snapshot
+        self.on_admission = on_admission
         self.config = snapshot.config
         self.matcher = ClassMatcher(snapshot.device_classes)
         self.class_names = tuple(sorted(device_class.name for device_class in snapshot.device_classes))
@@ -314,6 +319,8 @@ class Cycle:
         log.admitted[request_id] = admission
         log.admitted_plans[request_id] = plan
         log.admitted_durations.append(workload.expected_duration)
+        if self.on_admission is not None:
+            self.on_admission(admission)
 
     def common_domain(self, plan: GangPlan) -> Mapping[str, str]:
         """Levels (coarse to fine, node excluded) on which all pods share one domain."""

@@ -6,7 +6,7 @@ import pytest
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
-from broker.cycle import commit as commit_module
+from broker.cycle import admissions
 from broker.cycle.bulk import Background, insert_rows
 from broker.cycle.executor import Moves
 from broker.cycle.runner import run_once
@@ -115,7 +115,7 @@ def test_it_leaves_nothing_applied_when_building_rows_fails_while_the_admission_
     def broken(admission):
         raise RuntimeError("out of ink")
 
-    monkeypatch.setattr(commit_module, "admitted_message", broken)
+    monkeypatch.setattr(admissions, "admitted_message", broken)
     run = run_once()
 
     cycle = SchedulingCycle.objects.get(pk=run.cycle_id)
@@ -152,3 +152,28 @@ def test_it_moves_nothing_without_a_statement_or_a_thread_when_given_no_ids(clus
 
     assert moves.finish() == [[]]
     assert not WorkloadTransition.objects.exists()
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="SQLite runs the work at once, by design")
+def test_it_runs_works_sent_one_after_another_in_order_and_none_after_a_failure(cluster):
+    ran = []
+
+    def work(name, sql):
+        def run(cursor):
+            ran.append(name)
+            cursor.execute(sql)
+            return name
+
+        return run
+
+    with pytest.raises(DatabaseError, match="no_such_table"), transaction.atomic():
+        first = Background(work("first", "SELECT pg_sleep(0.2)"))
+        second = Background(work("second", "SELECT * FROM no_such_table"), after=first)
+        third = Background(work("third", "SELECT 1"), after=second)
+        third.wait()
+        assert ran == ["first", "second"]
+        assert (first.failed, second.failed, third.failed) == (False, True, True)
+        assert first.result() == "first"
+        second.result()
+
+    assert third.result() is None

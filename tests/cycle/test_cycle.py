@@ -8,7 +8,7 @@ from django.utils import timezone
 from broker.audit.models import AuditEvent
 from broker.cycle import commit as commit_module
 from broker.cycle import runner as runner_module
-from broker.cycle.commit import StaleSnapshot, commit_result
+from broker.cycle.commit import StaleSnapshot, commit_result, decide_and_commit
 from broker.cycle.loader import load_snapshot
 from broker.cycle.runner import run_once
 from broker.inventory.models import ClusterState, Device, Health
@@ -212,22 +212,22 @@ def test_it_runs_a_whole_cycle_without_the_cyclic_collector_and_turns_it_back_on
     pending(cluster.queue_a, "fits", replicas=1, devices_per_pod=4, resource_class=cluster.training)
     seen = []
 
-    def deciding(snapshot):
+    def deciding(snapshot, **options):
         seen.append(("decide", gc.isenabled()))
-        return decide(snapshot)
+        return decide(snapshot, **options)
 
     def committing(*args):
         seen.append(("commit", gc.isenabled()))
-        return commit_result(*args)
+        return decide_and_commit(*args)
 
-    monkeypatch.setattr(runner_module, "commit_result", committing)
+    monkeypatch.setattr(runner_module, "decide_and_commit", committing)
     monkeypatch.setattr(
         runner_module, "load_snapshot", lambda now: seen.append(("load", gc.isenabled())) or load_snapshot(now)
     )
 
     run_once(decider=deciding)
 
-    assert seen == [("load", False), ("decide", False), ("commit", False)]
+    assert seen == [("load", False), ("commit", False), ("decide", False)]
     assert gc.isenabled()
 
 
@@ -272,7 +272,7 @@ def test_it_refuses_on_postgresql_when_a_row_changed_after_the_snapshot(cluster)
         pytest.skip("the REPEATABLE READ path is PostgreSQL's")
     workload = pending(cluster.queue_a, "fits", replicas=2, devices_per_pod=4, resource_class=cluster.training)
 
-    def decide_then_break_a_device(snapshot):
+    def decide_then_break_a_device(snapshot, **options):
         result = decide(snapshot)
         node, name = result.admissions[0].pods[0].device_ids[0].split("/")
         in_another_connection(lambda: Device.objects.filter(node__name=node, name=name).update(health=Health.UNHEALTHY))
@@ -296,7 +296,7 @@ def test_it_refuses_when_a_workload_it_admits_changed_after_the_snapshot(cluster
         pytest.skip("the REPEATABLE READ path is PostgreSQL's")
     workload = pending(cluster.queue_a, "fits", replicas=2, devices_per_pod=4, resource_class=cluster.training)
 
-    def decide_then_reprioritise(snapshot):
+    def decide_then_reprioritise(snapshot, **options):
         result = decide(snapshot)
         in_another_connection(lambda: Workload.objects.filter(pk=workload.pk).update(priority=7))
         return result
@@ -321,7 +321,7 @@ def test_it_refuses_when_a_workload_it_explains_was_deleted_after_the_snapshot(c
         pytest.skip("the REPEATABLE READ path is PostgreSQL's")
     waiting = pending(cluster.queue_b, "too-big", replicas=3, devices_per_pod=4, resource_class=cluster.training)
 
-    def decide_then_delete_the_workload(snapshot):
+    def decide_then_delete_the_workload(snapshot, **options):
         result = decide(snapshot)
         assert [decision.workload_id for decision in result.pending] == [str(waiting.pk)]
         in_another_connection(lambda: Workload.objects.filter(pk=waiting.pk).delete())
@@ -344,7 +344,7 @@ def test_it_runs_one_cycle_at_a_time(cluster):
     release = threading.Event()
     outcome = {}
 
-    def slow_decide(snapshot):
+    def slow_decide(snapshot, **options):
         inside.set()
         release.wait(10)
         return decide(snapshot)

@@ -75,8 +75,8 @@ def test_it_tells_a_number_from_its_text():
 def rewriting(change):
     """A decider that decides, then applies `change` to every pending decision."""
 
-    def decider(snapshot):
-        result = decide(snapshot)
+    def decider(snapshot, **options):
+        result = decide(snapshot, **options)
         return dataclasses.replace(result, pending=tuple(change(d) for d in result.pending))
 
     return decider

@@ -44,6 +44,20 @@ def test_it_respects_required_topology(snapshot):
 
 
 @FAST
+@given(snapshots())
+def test_it_passes_on_each_admission_as_made_and_final(snapshot):
+    """What a caller writes while the core decides (decide's on_admission) is the result's admissions:
+    each one once, as the result holds it, and the decisions are the same as without a listener."""
+    passed = []
+
+    result = decide(snapshot, on_admission=passed.append)
+
+    assert sorted(passed, key=lambda admission: admission.workload_id) == list(result.admissions)
+    assert all(any(a is b for b in result.admissions) for a in passed)
+    assert result == decide(snapshot)
+
+
+@FAST
 @given(snapshots(config=SchedulerConfig()), st.randoms(use_true_random=False))
 def test_it_decides_the_same_whatever_the_input_order(snapshot, chance):
     first = decide(snapshot)

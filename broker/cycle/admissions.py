@@ -1,0 +1,319 @@
+"""Writing a cycle's admissions, as the core makes them.
+
+Each admitted workload moves Pending -> Admitted (with its transition row, its chosen device class and
+its nomination and eviction record cleared), its devices get allocation rows, its history an
+"Admitted" line, and its last explanation goes.
+
+On PostgreSQL those writes start while the core is still deciding. The core hands over each admission
+as it makes it (`decide(..., on_admission=writer.add)`; an admission is final once made), and every
+ADMISSION_BATCH of them go to the database in the background (bulk.Background, one batch after another
+on the cycle's own connection, inside the commit's savepoint). A first cycle admits 20,000 workloads:
+PostgreSQL then rewrites the first ones' rows, and their six index entries each, on the second core
+while the first decides the rest, instead of all of it after the last decision. `finish` writes what
+is left, waits for everything sent, and checks it: a workload that left Pending since the snapshot is
+a refusal (StaleSnapshot), as is any database error the background met, and the commit's savepoint
+rolls every batch back. What else makes the decisions stale (the inventory, the preempted workloads)
+the commit checks after `finish`, as before: every write here is undone by a refusal, whenever it ran.
+
+The writes take the rows' locks earlier than a commit after the decision did: an API call that
+changes an admitted workload meanwhile waits for the cycle (as it would for its commit), and a device
+deletion is still refused or waited for (broker.workloads migration 0016): one that committed after
+the snapshot makes the commit's locking read of the inventory revision fail, one that has not yet
+committed holds that row, so the commit waits and then fails the same way.
+
+Elsewhere (SQLite, the embedded default) nothing is written before the decision is done: `finish`
+writes it all, with the ORM.
+"""
+
+import time
+from collections import defaultdict
+from functools import lru_cache
+
+from django.db import connection
+
+from broker.cycle.bulk import Background, column_in, insert_rows, is_postgresql, pk_in
+from broker.cycle.executor import Moves, update_returning_sql
+from broker.cycle.refusals import StaleSnapshot
+from broker.workloads.models import Allocation, Explanation, ExplanationChange, Workload, WorkloadTransition
+from broker.workloads.states import State
+
+# Admissions per background batch: large enough that a batch's statements cost more than sending them,
+# small enough that the first batch starts early in a large cycle.
+ADMISSION_BATCH = 2000
+
+ALLOCATION_COLUMNS = ("workload_id", "device_id", "device_class_id", "pod_set", "pod_index", "cycle_id", "allocated_at",
+                      "released_at")  # fmt: skip
+HISTORY_COLUMNS = ("workload_id", "cycle_id", "reason", "message", "at")
+# An admitted workload's nomination and eviction record are done with. Set in the admission's own state
+# UPDATE: a second pass over 20,000 just-rewritten rows (and their 17 indexes) cost as much as the first.
+DONE_WITH_EVICTION = {
+    "nominated_devices": [],
+    "eviction_requested_at": None,
+    "evicted_for": None,
+    "eviction_rule": "",
+    "eviction_message": "",
+}
+
+
+class AdmissionWriter:
+    """Writes the admissions of one cycle, decided on `loaded`, for the cycle row `cycle`.
+
+    `add(admission)` as the core makes each; then `finish(result.admissions)` (which also writes any
+    admission of the result never added: a decider that does not stream still gets everything written),
+    or `abandon()` on the way out of an error. `seconds` is the time `add` spent sending batches: the
+    commit's work, though it ran while the core decided."""
+
+    def __init__(self, loaded, cycle):
+        self.loaded = loaded
+        self.cycle = cycle
+        self.now = loaded.now
+        self.reason = f"admitted in cycle {cycle.pk}"
+        self.streaming = is_postgresql()
+        self.seconds = 0.0
+        self.devices = []  # the allocated devices' pks, in the order written
+        self._unsent = []
+        self._added = set()
+        self._sent = []  # (ids by device class, the batch's Background)
+        self._failure = None
+
+    def add(self, admission):
+        self._unsent.append(admission)
+        self._added.add(admission.workload_id)
+        if self.streaming and self._failure is None and len(self._unsent) >= ADMISSION_BATCH:
+            started = time.perf_counter()
+            try:
+                self._send(self._unsent)
+            except Exception as error:
+                # The commit's failure, not the decision's: `finish` raises it, once every batch has ended.
+                self._failure = error
+            self._unsent = []
+            self.seconds += time.perf_counter() - started
+
+    def finish(self, admissions):
+        """Write what is not written yet of `admissions` (the result's), wait for every batch and check
+        it; returns the admitted workloads' pks, sorted. Raises StaleSnapshot, or the database error a
+        batch met (as Django's)."""
+        expected = {admission.workload_id for admission in admissions}
+        if not self._added <= expected:
+            self.abandon()
+            raise RuntimeError("the core passed on admissions that its result does not hold")
+        rest = self._unsent + [admission for admission in admissions if admission.workload_id not in self._added]
+        self._unsent = []
+        if not self.streaming:
+            return self._write_now(rest)
+        try:
+            if rest and self._failure is None:
+                self._send(rest)
+        finally:
+            self.abandon()  # every batch ended: the connection is this thread's again
+        if self._failure is not None:
+            raise self._failure
+        if len(set(self.devices)) != len(self.devices):
+            raise StaleSnapshot("the result places one device twice")
+        admitted = []
+        for by_class, batch in self._sent:
+            for ids, moved in zip(by_class, batch.result(), strict=True):
+                if len(moved) != len(ids):
+                    refuse_left_pending(ids)
+                admitted.extend(ids)
+        return sorted(admitted)
+
+    def abandon(self):
+        """Wait until every batch sent has ended, whatever its outcome."""
+        for _, batch in self._sent:
+            batch.wait()
+
+    def _by_class(self, admissions):
+        by_class = defaultdict(list)
+        class_pks = self.loaded.device_class_pks
+        for admission in admissions:
+            by_class[class_pks[admission.device_class]].append(int(admission.workload_id))
+        return by_class
+
+    def _fields(self, class_pk):
+        return {"admitted_at": self.now, "chosen_device_class_id": class_pk, **DONE_WITH_EVICTION}
+
+    def _send(self, admissions):
+        """One batch, sent to the background after the batches before it: one statement that moves the
+        workloads and writes every row of theirs. The rows go as a few arrays, made into their text here,
+        for PostgreSQL to unnest: the helper thread then holds Python's lock for a moment per batch,
+        where writing the rows one by one (110,000 of them for 20,000 admissions) held it as long as
+        the core, deciding meanwhile, let it, and made each batch wait for it between network writes."""
+        by_class = self._by_class(admissions)
+        moves = [
+            update_returning_sql(
+                Workload.objects.filter(state=State.PENDING, **pk_in(ids)),
+                {**self._fields(class_pk), "state": State.ADMITTED, "state_changed_at": self.now},
+            )
+            for class_pk, ids in by_class.items()
+        ]
+        columns = allocation_columns(admissions, self.loaded)
+        self.devices.extend(columns.devices)
+        sql, params = batch_statement(moves, columns, history_columns(admissions), self.cycle.pk, self.now, self.reason)
+
+        def write(cursor):
+            cursor.execute(sql, params)
+            moved = [[] for _ in moves]
+            for index, pk in cursor.fetchall():
+                moved[index].append(pk)
+            return moved
+
+        previous = self._sent[-1][1] if self._sent else None
+        self._sent.append((list(by_class.values()), Background(write, after=previous)))
+
+    def _write_now(self, admissions):
+        """Everything at once, with the ORM (SQLite): the cycle's write lock keeps the rows as read."""
+        if not admissions:
+            return []
+        by_class = self._by_class(admissions)
+        batches = [(ids, self._fields(class_pk)) for class_pk, ids in by_class.items()]
+        moves = Moves(batches, State.PENDING, State.ADMITTED, self.now, self.reason)
+        allocations = allocation_rows(admissions, self.loaded, self.cycle, self.now)
+        self.devices.extend(row[1] for row in allocations)
+        if len(set(self.devices)) != len(self.devices):
+            moves.abandon()
+            raise StaleSnapshot("the result places one device twice")
+        admitted = []
+        for (ids, _), moved in zip(batches, moves.finish(), strict=True):
+            if len(moved) != len(ids):
+                refuse_left_pending(ids)
+            admitted.extend(ids)
+        insert_rows(Allocation, ALLOCATION_COLUMNS, allocations)
+        insert_rows(ExplanationChange, HISTORY_COLUMNS, history_rows(admissions, self.cycle, self.now))
+        Explanation.objects.filter(**column_in("workload", admitted)).delete()
+        return sorted(admitted)
+
+
+def allocation_rows(admissions, loaded, cycle, now):
+    """The ALLOCATION_COLUMNS rows of the admissions' devices."""
+    rows = []
+    device_pks = loaded.device_pks
+    class_pks = loaded.device_class_pks
+    for admission in admissions:
+        workload_id = int(admission.workload_id)
+        class_pk = class_pks[admission.device_class]
+        for pod in admission.pods:
+            for device_id in pod.device_ids:
+                rows.append((workload_id, device_pks[device_id], class_pk, pod.pod_set, pod.index, cycle.pk, now, None))
+    return rows
+
+
+class AllocationColumns:
+    """The allocation rows of some admissions, column by column: each column's array text for
+    PostgreSQL ('{1,2,3}'), and the device pks in order. Pod sets go as indexes into `pod_sets` (a few
+    distinct names among tens of thousands of pods)."""
+
+    def __init__(self, workloads, devices, classes, pod_set_indexes, pod_indexes, pod_sets):
+        self.devices = devices
+        self.arrays = [array_text(column) for column in (workloads, devices, classes, pod_set_indexes, pod_indexes)]
+        self.pod_sets = pod_sets
+
+
+def array_text(values):
+    return "{" + ",".join(map(str, values)) + "}"
+
+
+def allocation_columns(admissions, loaded):
+    device_pks = loaded.device_pks
+    class_pks = loaded.device_class_pks
+    workloads, devices, classes, pod_set_indexes, pod_indexes = [], [], [], [], []
+    pod_sets = {}
+    for admission in admissions:
+        workload_id = int(admission.workload_id)
+        class_pk = class_pks[admission.device_class]
+        for pod in admission.pods:
+            pod_set = pod_sets.setdefault(pod.pod_set, len(pod_sets) + 1)  # PostgreSQL counts from 1
+            for device_id in pod.device_ids:
+                workloads.append(workload_id)
+                devices.append(device_pks[device_id])
+                classes.append(class_pk)
+                pod_set_indexes.append(pod_set)
+                pod_indexes.append(pod.index)
+    return AllocationColumns(workloads, devices, classes, pod_set_indexes, pod_indexes, list(pod_sets))
+
+
+def history_columns(admissions):
+    """(workload pks, 1-based indexes into the distinct messages, the messages) of their history rows."""
+    messages = {}
+    workloads, indexes = [], []
+    for admission in admissions:
+        workloads.append(int(admission.workload_id))
+        indexes.append(messages.setdefault(admitted_message(admission), len(messages) + 1))
+    return workloads, indexes, list(messages)
+
+
+def batch_statement(moves, allocations, history, cycle_pk, now, reason):
+    """(sql, params) of one statement that runs `moves` (UPDATE ... RETURNING id statements, one per
+    device class), writes a transition row for each workload they moved, the allocation and history rows,
+    and deletes the workloads' explanations; it returns (index of the move, id) for each moved workload.
+    (PostgreSQL runs every data-modifying part of a WITH once, to completion, on one snapshot.)"""
+    quote = connection.ops.quote_name
+
+    def table(model):
+        return quote(model._meta.db_table)
+
+    def column(model, name):
+        return quote(model._meta.get_field(name).column)
+
+    parts, params = [], []
+    for index, (update, update_params) in enumerate(moves):
+        parts.append(f"moved_{index} AS ({update})")
+        params.extend(update_params)
+    moved = " UNION ALL ".join(f"SELECT {index} AS move, id FROM moved_{index}" for index in range(len(moves)))
+    transition = WorkloadTransition
+    parts.append(
+        f"transitions AS (INSERT INTO {table(transition)} ({column(transition, 'workload')}, "
+        f"{column(transition, 'from_state')}, {column(transition, 'to_state')}, {column(transition, 'at')}, "
+        f"{column(transition, 'reason')}) SELECT id, %s, %s, %s, %s FROM moved)"
+    )
+    params.extend([State.PENDING, State.ADMITTED, now, reason])
+    by_attname = {field.attname: field.column for field in Allocation._meta.concrete_fields}
+    allocation_names = ", ".join(quote(by_attname[name]) for name in ALLOCATION_COLUMNS)
+    parts.append(
+        f"allocations AS (INSERT INTO {table(Allocation)} ({allocation_names}) "
+        "SELECT w, d, c, (%s::text[])[s], i, %s, %s, NULL "
+        "FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::int[], %s::int[]) AS a(w, d, c, s, i))"
+    )
+    params.extend([allocations.pod_sets, cycle_pk, now, *allocations.arrays])
+    workloads, indexes, messages = history
+    change = ExplanationChange
+    parts.append(
+        f"history AS (INSERT INTO {table(change)} ({column(change, 'workload')}, {column(change, 'cycle')}, "
+        f"{column(change, 'reason')}, {column(change, 'message')}, {column(change, 'at')}) "
+        "SELECT w, %s, 'Admitted', (%s::text[])[m], %s FROM unnest(%s::bigint[], %s::int[]) AS h(w, m))"
+    )
+    params.extend([cycle_pk, messages, now, array_text(workloads), array_text(indexes)])
+    parts.append(
+        f"forgotten AS (DELETE FROM {table(Explanation)} WHERE {column(Explanation, 'workload')} = ANY(%s::bigint[]))"
+    )
+    params.append(array_text(workloads))
+    sql = f"WITH {', '.join(parts[: len(moves)])}, moved AS ({moved}), {', '.join(parts[len(moves) :])} "
+    return sql + "SELECT move, id FROM moved", params
+
+
+def history_rows(admissions, cycle, now):
+    return [(int(a.workload_id), cycle.pk, "Admitted", admitted_message(a), now) for a in admissions]
+
+
+def refuse_left_pending(ids):
+    """The UPDATE moves only workloads still Pending (and locks them, so none leaves Pending before this
+    commit): one that moved on since the snapshot makes the decisions stale. Cheaper than locking 20k
+    rows first just to look at them."""
+    states = dict(Workload.objects.filter(**pk_in(ids)).values_list("id", "state"))
+    for pk in ids:
+        if states.get(pk) != State.ADMITTED:
+            raise StaleSnapshot(f"workload {pk} was admitted but is now {states.get(pk, 'gone')}")
+    raise StaleSnapshot("an admitted workload left Pending meanwhile")
+
+
+def admitted_message(admission):
+    pods = admission.pods
+    devices = len(pods[0].device_ids) if len(pods) == 1 else sum(len(pod.device_ids) for pod in pods)
+    return admitted_text(len(pods), devices, admission.device_class, tuple(admission.domain.items()))
+
+
+@lru_cache(maxsize=8192)
+def admitted_text(pods, devices, device_class, domain):
+    """A few thousand distinct texts among a large cycle's 20,000 admissions (shape by rack)."""
+    where = ", ".join(f"{level} {name}" for level, name in domain) or "the cluster"
+    return f"admitted: {pods} pods, {devices} {device_class} devices in {where}"
