@@ -167,7 +167,9 @@ def test_it_undoes_the_batches_sent_when_the_decision_then_fails(cluster, batche
     assert_nothing_admitted(workloads)
 
 
-def test_it_fails_the_commit_not_the_decision_when_a_batch_cannot_be_built(cluster, batches_of_one, monkeypatch):
+@pytest.mark.parametrize("batch", [1, admissions.ADMISSION_BATCH], ids=["while deciding", "after deciding"])
+def test_it_fails_the_commit_not_the_decision_when_a_batch_cannot_be_built(cluster, batch, monkeypatch):
+    monkeypatch.setattr(admissions, "ADMISSION_BATCH", batch)
     workloads = two_that_fit(cluster)
 
     def broken(admission):

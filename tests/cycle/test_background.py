@@ -6,11 +6,9 @@ import pytest
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
-from broker.cycle import admissions
 from broker.cycle.bulk import Background, insert_rows
 from broker.cycle.executor import Moves
-from broker.cycle.runner import run_once
-from broker.workloads.models import Allocation, SchedulingCycle, Workload, WorkloadTransition
+from broker.workloads.models import Workload, WorkloadTransition
 from broker.workloads.states import State
 from tests.cycle.helpers import pending
 
@@ -107,23 +105,6 @@ def test_it_inserts_the_rows_of_a_generator_and_counts_them(cluster):
     assert made == [w.pk for w in workloads]
     stored = WorkloadTransition.objects.order_by("workload_id").values_list("workload_id", "reason")
     assert list(stored) == [(w.pk, "streamed") for w in workloads]
-
-
-def test_it_leaves_nothing_applied_when_building_rows_fails_while_the_admission_is_sent(cluster, monkeypatch):
-    workload = pending(cluster.queue_a, "fits", replicas=2, devices_per_pod=4, resource_class=cluster.training)
-
-    def broken(admission):
-        raise RuntimeError("out of ink")
-
-    monkeypatch.setattr(admissions, "admitted_message", broken)
-    run = run_once()
-
-    cycle = SchedulingCycle.objects.get(pk=run.cycle_id)
-    assert (cycle.outcome, cycle.detail) == (SchedulingCycle.Outcome.FAILED, "RuntimeError: out of ink")
-    workload.refresh_from_db()
-    assert workload.state == State.PENDING
-    assert not Allocation.objects.exists()
-    assert not WorkloadTransition.objects.filter(workload=workload).exists()
 
 
 def test_it_fetches_in_the_background_the_rows_a_fetch_here_gives(cluster):
