@@ -315,8 +315,9 @@ def test_it_refuses_when_a_workload_it_admits_changed_after_the_snapshot(cluster
 
 @pytest.mark.django_db(transaction=True, serialized_rollback=True)
 def test_it_refuses_when_a_workload_it_explains_was_deleted_after_the_snapshot(cluster):
-    """The foreign-key checks PostgreSQL defers to COMMIT run inside the commit: the cycle row survives
-    and says Refused, instead of a failed COMMIT taking it along."""
+    """The explanation's insert trigger share-locks the workloads it names (migration workloads 0017):
+    the locking read of one deleted since the REPEATABLE READ snapshot fails inside the commit, so the
+    cycle row survives and says Refused, and no explanation of the deleted workload is left behind."""
     if connection.vendor != "postgresql":
         pytest.skip("the REPEATABLE READ path is PostgreSQL's")
     waiting = pending(cluster.queue_b, "too-big", replicas=3, devices_per_pod=4, resource_class=cluster.training)

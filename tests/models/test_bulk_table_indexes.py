@@ -98,13 +98,13 @@ def foreign_keys_of(model):
 
 
 def test_it_checks_in_the_database_only_the_references_nothing_else_guarantees():
-    """A cycle's bulk rows are checked row by row at commit. An explanation's workload (the refusal of a
-    cycle that explains a deleted workload) stays constrained; what an allocation is (its workload and
-    device) is checked per statement by triggers instead (tests/models/test_allocation.py); the logs,
-    written beside a change of the row they name, and the classes and cycles, read from the snapshot,
-    are not (see the models' comments)."""
+    """A foreign key checks a cycle's bulk rows one by one. What an allocation is (its workload and device)
+    and an explanation's workload are checked per statement by triggers instead
+    (tests/models/test_allocation.py, test_explanation_reference.py); the logs, written beside a change of
+    the row they name, and the classes and cycles, read from the snapshot, are not checked (see the
+    models' comments)."""
     assert foreign_keys_of(Allocation) == []
-    assert foreign_keys_of(Explanation) == [(("workload_id",), Workload._meta.db_table)]
+    assert foreign_keys_of(Explanation) == []
     assert foreign_keys_of(ExplanationChange) == []
     assert foreign_keys_of(WorkloadTransition) == [(("actor_id",), "auth_user")]
     assert ("chosen_device_class_id",) not in dict(foreign_keys_of(Workload))
