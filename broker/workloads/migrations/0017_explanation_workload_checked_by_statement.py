@@ -13,7 +13,8 @@ at a time:
   wait and then fail, and a deletion that starts later waits for the inserting transaction;
 - a DELETE of workloads deletes their explanations (Django's collector deletes them first; this catches
   what committed in between, the rows of a cycle the deletion waited for: READ COMMITTED, each statement
-  of the trigger sees what committed before it);
+  of the trigger sees what committed before it. A deletion at REPEATABLE READ would not see them; the
+  deletions here, the API's, the admin's and the retention's, run at READ COMMITTED);
 - a change of a named workload's id is refused.
 
 SQLite (the embedded default) gets the insert and update check as row triggers, and leaves deletions to
