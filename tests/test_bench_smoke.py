@@ -101,6 +101,15 @@ def test_it_times_each_cycle_on_postgresql_until_its_transaction_committed(tmp_p
     warm = ("first", "refill", "steady", "health_flap", "restarted_worker")
     assert all(case[name]["after_commit_capacity_sample_ms"] > 0 for name in warm)
     assert case["worst_cycle_ms"] == max(case[name]["committed_ms"] for name in warm)
+    # The largest size runs its whole sequence several times; its figures are each cycle's median.
+    runs = case["runs"]
+    assert len(runs) == 3
+    assert runs[0]["first"]["committed_ms"] == case["first"]["committed_ms"], "the case shows the first run"
+    for name in ("first", "refill", "steady", "health_flap", "steady_cold", "restarted_worker"):
+        figures = sorted(run[name]["committed_ms"] for run in runs)
+        assert case["median_committed_ms"][name] == round(figures[1], 1)
+        assert all(0 < run[name]["reference_seconds_before"] < 10 for run in runs)
+    assert "(median of 3 runs)" in completed.stdout
     assert "cycle until committed" in completed.stdout
 
 
@@ -111,3 +120,17 @@ def test_it_refuses_to_bench_without_the_philly_trace(tmp_path):
         required_philly_sizes(tmp_path / "philly.csv")
     (tmp_path / "philly.csv").write_text("job_id,num_gpus\na,8\nb,0\nc,1\n")
     assert required_philly_sizes(tmp_path / "philly.csv") == (8, 1)
+
+
+def test_it_takes_each_cycles_median_over_runs_and_none_where_a_run_has_no_figure():
+    from bench.cycle import CYCLE_NAMES, median_committed_ms
+
+    def run(first, refill):
+        figures = dict.fromkeys(CYCLE_NAMES, 100.0) | {"first": first, "refill": refill}
+        return {name: {"committed_ms": value, "reference_seconds_before": 0.1} for name, value in figures.items()}
+
+    medians = median_committed_ms([run(900.0, 1500.0), run(2500.0, None), run(1100.0, 1400.0)])
+
+    assert medians["first"] == 1100.0
+    assert medians["refill"] is None, "a cycle that failed in one run has no median"
+    assert medians["steady"] == 100.0
