@@ -118,3 +118,37 @@ def test_it_estimates_as_from_the_whole_timeline(monkeypatch, horizon):
     monkeypatch.setattr(backfill.ReleaseTimeline, "events", lambda self, cycle, horizon: full_timeline(cycle))
     assert decide(snapshot) == within_reach
     assert any(decision.estimated_start is not None for decision in within_reach.pending)
+
+
+def test_it_selects_once_then_sorts_when_the_reach_runs_into_a_large_tie(monkeypatch):
+    """Work past its expected end all ends "now": thousands of ends in one tie that the reach must take whole."""
+    cycle = random_cycle(seed=0, horizon=16)
+    overdue = [
+        RunningWorkload(
+            id=f"late{index:05d}",
+            queue="q",
+            pods=(),
+            device_class="h100",
+            priority=0,
+            started=0.0,
+            expected_end=NOW - 1,
+        )
+        for index in range(5000)
+    ]
+    later = [
+        replace(workload, id=f"on{index:03d}", expected_end=NOW + 10.0 + index)
+        for index, workload in enumerate(overdue[:300])
+    ]
+    cycle.snapshot.running = tuple(overdue + later)
+    cycle.running = {workload.id: workload for workload in cycle.snapshot.running}
+    selections = []
+    nsmallest = backfill.heapq.nsmallest
+    monkeypatch.setattr(
+        backfill.heapq, "nsmallest", lambda count, items: selections.append(count) or nsmallest(count, items)
+    )
+
+    events = backfill.release_timeline(cycle)
+
+    assert events == reach(full_timeline(cycle), 16)
+    assert len(events) == 5000, "the whole tie at now, nothing after it"
+    assert selections == [16 + 64], "one partial selection; past it, one sort of every end"
