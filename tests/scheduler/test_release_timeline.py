@@ -15,17 +15,25 @@ from broker.scheduler.synthetic import synthetic_snapshot
 NOW = 1000.0
 
 
+def running(workload_id: str, expected_end: float | None, evicting: bool = False) -> RunningWorkload:
+    return RunningWorkload(
+        id=workload_id,
+        queue="q",
+        pods=(),
+        device_class="h100",
+        priority=0,
+        started=0.0,
+        expected_end=expected_end,
+        evicting=evicting,
+    )
+
+
 def random_cycle(seed: int, horizon: int):
     chance = random.Random(seed)
-    running = [
-        RunningWorkload(
-            id=f"w{index:04d}",
-            queue="q",
-            pods=(),
-            device_class="h100",
-            priority=0,
-            started=0.0,
-            expected_end=chance.choice((None, NOW - 5.0, NOW, NOW + chance.randrange(1, 60) * 10.0)),
+    running_work = [
+        running(
+            f"w{index:04d}",
+            chance.choice((None, NOW - 5.0, NOW, NOW + chance.randrange(1, 60) * 10.0)),
             evicting=chance.random() < 0.05,
         )
         for index in range(chance.randrange(0, 400))
@@ -36,8 +44,8 @@ def random_cycle(seed: int, horizon: int):
         for workload_id, duration in durations.items()
     }
     return SimpleNamespace(
-        snapshot=SimpleNamespace(now=NOW, running=tuple(running)),
-        running={workload.id: workload for workload in running},
+        snapshot=SimpleNamespace(now=NOW, running=tuple(running_work)),
+        running={workload.id: workload for workload in running_work},
         chosen_victims=set(),
         shrunk_victims=set(),
         leaving={},
@@ -123,22 +131,8 @@ def test_it_estimates_as_from_the_whole_timeline(monkeypatch, horizon):
 def test_it_selects_once_then_sorts_when_the_reach_runs_into_a_large_tie(monkeypatch):
     """Work past its expected end all ends "now": thousands of ends in one tie that the reach must take whole."""
     cycle = random_cycle(seed=0, horizon=16)
-    overdue = [
-        RunningWorkload(
-            id=f"late{index:05d}",
-            queue="q",
-            pods=(),
-            device_class="h100",
-            priority=0,
-            started=0.0,
-            expected_end=NOW - 1,
-        )
-        for index in range(5000)
-    ]
-    later = [
-        replace(workload, id=f"on{index:03d}", expected_end=NOW + 10.0 + index)
-        for index, workload in enumerate(overdue[:300])
-    ]
+    overdue = [running(f"late{index:05d}", NOW - 1) for index in range(5000)]
+    later = [running(f"on{index:03d}", NOW + 10.0 + index) for index in range(300)]
     cycle.snapshot.running = tuple(overdue + later)
     cycle.running = {workload.id: workload for workload in cycle.snapshot.running}
     selections = []
