@@ -24,6 +24,13 @@ def raw(sql, params=()):
         cursor.execute(sql, params)
 
 
+def delete_workload_past_the_orm(execute, workload_id):
+    """The workload's rows as a plain SQL writer deletes them, with `execute(sql, params)`: its pod sets
+    (still a foreign key), then the workload, leaving its explanation to the database."""
+    execute("DELETE FROM workloads_podset WHERE workload_id = %s", [workload_id])
+    execute("DELETE FROM workloads_workload WHERE id = %s", [workload_id])
+
+
 def explanation_row(workload_id):
     values = {
         "workload_id": workload_id,
@@ -101,8 +108,7 @@ def test_it_deletes_the_explanations_a_plain_delete_leaves_in_the_database(clust
     for each in (workload, kept):
         Explanation.objects.create(workload=each, reason="QuotaExceeded", message="m")
 
-    raw("DELETE FROM workloads_podset WHERE workload_id = %s", [workload.pk])
-    raw("DELETE FROM workloads_workload WHERE id = %s", [workload.pk])
+    delete_workload_past_the_orm(raw, workload.pk)
 
     assert list(Explanation.objects.values_list("workload_id", flat=True)) == [kept.pk]
 
@@ -135,8 +141,7 @@ def test_it_makes_a_deletion_wait_for_an_explanation_being_written_and_then_take
         try:
             with psycopg.connect(**params) as deleter:
                 deleter.execute("SET lock_timeout = '20s'")
-                deleter.execute("DELETE FROM workloads_podset WHERE workload_id = %s", [workload.pk])
-                deleter.execute("DELETE FROM workloads_workload WHERE id = %s", [workload.pk])
+                delete_workload_past_the_orm(deleter.execute, workload.pk)
             outcome["deleted"] = True
         except psycopg.Error as error:
             outcome["refused"] = error
