@@ -1,11 +1,20 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.shortcuts import redirect
+from django.templatetags.static import static
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from broker.metrics.views import metrics
 
+
+def favicon(request):
+    """Where browsers look for an icon on pages that name none (Swagger UI, the admin, the browsable API)."""
+    return redirect(static("img/favicon.svg"), permanent=True)
+
+
 urlpatterns = [
+    path("favicon.ico", favicon),
     path("admin/", admin.site.urls),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),

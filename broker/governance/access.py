@@ -42,6 +42,12 @@ def allowed(user, needed):
     return any(roles.has_role(user, role) for role in needed)
 
 
+def may_open(user, view_name):
+    """Whether `user` passes this table for the page `view_name` ("namespace:name")."""
+    needed = page_roles(view_name, view_name.partition(":")[0])
+    return needed is None or allowed(user, needed)
+
+
 def page_roles(view_name, namespace):
     """The roles a page needs, or None when the page is not gated here (admin, API, login)."""
     if namespace not in GATED_NAMESPACES:

@@ -307,3 +307,34 @@ def test_it_lists_a_cycles_admissions_once_each_and_not_among_its_changed_explan
     assert sorted(w.name for w in changes["admitted"]["shown"]) == ["serve-b", "train-a"]
     assert (changes["admitted"]["more"], changes["admitted"]["hidden"]) == (0, 0)
     assert sorted(w.name for w in changes["changed"]["shown"]) == ["big-a", "secret-b"]
+
+
+def current_section(response):
+    """The label of the top bar's link marked as the current page (None: none is)."""
+    for link in response.context["nav_links"]:
+        if link.current:
+            return link.label
+    return None
+
+
+def test_it_marks_the_queue_as_current_on_a_workload_page(client, scene, alice):
+    client.force_login(alice)
+    assert current_section(client.get(reverse("dashboard:workload", args=[scene.a_wait.pk]))) == "Queue"
+    assert current_section(client.get(reverse("dashboard:topology"))) == "Topology"
+
+
+def test_it_marks_a_form_reached_from_the_menu_as_the_menu(client, scene, olivia):
+    client.force_login(olivia)
+    assert current_section(client.get(reverse("governance:class-new"))) == "Menu"
+    assert current_section(client.get(reverse("governance:audit"))) == "Audit"
+
+
+def test_it_names_its_icon_on_every_page_and_answers_browsers_that_ask_for_favicon_ico(client, db):
+    from django.contrib.staticfiles import finders
+    from django.templatetags.static import static
+
+    icon = static("img/favicon.svg")
+    assert f'<link rel="icon" href="{icon}" type="image/svg+xml">' in client.get(reverse("login")).content.decode()
+    response = client.get("/favicon.ico")
+    assert (response.status_code, response["Location"]) == (301, icon)
+    assert finders.find("img/favicon.svg")

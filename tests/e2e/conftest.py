@@ -123,6 +123,10 @@ def log_in(browser, base, username):
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = context.new_page()
     page.set_default_timeout(20000)
+    # What the browser reports as broken (a failed script, a missing file): tests assert it stays empty.
+    page.console_errors = []
+    page.on("console", lambda message: message.type == "error" and page.console_errors.append(message.text))
+    page.on("pageerror", lambda error: page.console_errors.append(str(error)))
     page.goto(f"{base}/login/")
     page.fill("input[name=username]", username)
     page.fill("input[name=password]", "password")

@@ -128,3 +128,4 @@ def test_it_admits_a_blocked_gang_live_when_an_operator_frees_capacity(stack, br
     assert rows.count() == 4
     assert "gang-8" in operator.inner_text("#devices")
     shot(operator, "07-topology-node-devices")
+    assert (member.console_errors, operator.console_errors) == ([], [])

@@ -6,12 +6,14 @@ the way to the login page (for the Django admin, also for anyone who is not staf
 exists but is invisible to that persona (another team's workload).
 """
 
+import re
+
 import pytest
 from asgiref.sync import async_to_sync
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
 from django.test import Client
-from django.urls import get_resolver
+from django.urls import get_resolver, reverse
 
 from broker.asgi import application
 from broker.workloads.states import State
@@ -66,6 +68,19 @@ SOCKETS = [
 ]
 
 GATED = ("dashboard", "governance", "costs")
+
+# The pages of the top bar: every other page is reached from one of them.
+DESTINATIONS = (
+    "dashboard:overview",
+    "dashboard:queue",
+    "dashboard:topology",
+    "dashboard:teams",
+    "dashboard:submit",
+    "governance:menu",
+    "governance:approvals",
+    "governance:audit",
+    "costs:finance",
+)
 
 
 def url_args(name, objects):
@@ -142,6 +157,22 @@ def test_it_gives_each_persona_exactly_its_pages(request, objects, name, method,
         response = client.get(url) if method == "get" else client.post(url, post_body(name))
         got[who] = response.status_code
     assert got == dict(zip(WHO, expected, strict=True))
+
+
+def top_bar_links(html):
+    """The hrefs of the page's top bar, but the API's and the admin's (not pages of this table)."""
+    bar = re.search(r"<nav>(.*?)</nav>", html, re.S)
+    return set(re.findall(r'href="([^"]+)"', bar.group(1) if bar else "")) - {reverse("swagger-ui"), "/admin/"}
+
+
+@pytest.mark.parametrize("who", WHO[1:])
+def test_it_links_in_the_top_bar_exactly_the_pages_a_persona_opens(request, cluster, who):
+    client = Client()
+    client.force_login(request.getfixturevalue(who))
+    opens = {reverse(name) for name in DESTINATIONS if client.get(reverse(name)).status_code == 200}
+    # Someone with no role gets the 403 page, which has the bar too.
+    for page in ("dashboard:overview", "dashboard:queue"):
+        assert top_bar_links(client.get(reverse(page)).content.decode()) == opens, page
 
 
 def socket_connects(user, route):

@@ -3,14 +3,8 @@ from django import template
 from broker.audit.models import AuditEvent
 from broker.governance.guidance import AUDIT_ACTION
 from broker.governance.models import ApprovalRequest
-from broker.policy import roles
 
 register = template.Library()
-
-
-@register.filter
-def has_role(user, role):
-    return roles.has_role(user, role)
 
 
 @register.inclusion_tag("governance/_workload_approval.html")

@@ -1,0 +1,48 @@
+"""The top bar's links: every page a user may open, and no other, by the table the pages are guarded by
+(broker.governance.access), so a role's pages and its links cannot drift apart."""
+
+from dataclasses import dataclass
+
+from django.urls import reverse
+
+from broker.governance.access import may_open
+
+
+@dataclass(frozen=True)
+class Section:
+    label: str
+    view_name: str
+    # Pages reached from this section's page that keep it highlighted (a workload from the queue).
+    within: tuple = ()
+
+    def is_current(self, view_name):
+        return view_name == self.view_name or view_name in self.within
+
+
+SECTIONS = (
+    Section("Overview", "dashboard:overview"),
+    Section("Queue", "dashboard:queue", ("dashboard:workload",)),
+    Section("Topology", "dashboard:topology"),
+    Section("Teams & quotas", "dashboard:teams"),
+    Section("Submit", "dashboard:submit"),
+    Section("Menu", "governance:menu", ("governance:class-new", "governance:class-edit")),
+    Section("Approvals", "governance:approvals"),
+    Section("Audit", "governance:audit"),
+    Section("Finance", "costs:finance"),
+)
+
+
+@dataclass(frozen=True)
+class Link:
+    label: str
+    url: str
+    current: bool
+
+
+def links_for(user, current_view_name=None):
+    """The Links of the sections `user` may open, in the bar's order."""
+    return [
+        Link(section.label, reverse(section.view_name), section.is_current(current_view_name))
+        for section in SECTIONS
+        if may_open(user, section.view_name)
+    ]
