@@ -64,8 +64,9 @@ def reasons_over(stretches, changes):
     return [(a, b, reason) for a, b, reason in out if b is None or b > a]
 
 
-def first_class_requests(workload_ids):
-    """{workload id: [(device class id, devices requested)]}: each pod set at its first-choice class."""
+def first_class_requests(workloads):
+    """{workload id: [(device class id, devices requested)]}: each pod set at its first-choice class, for
+    the workloads of the queryset `workloads`."""
     by_name = dict(DeviceClass.objects.values_list("name", "pk"))
     first_of_rc = {}
     for rc_id, class_id in ResourceClassDeviceClass.objects.order_by("-rank").values_list(
@@ -73,7 +74,7 @@ def first_class_requests(workload_ids):
     ):
         first_of_rc[rc_id] = class_id  # descending rank: the last one written is rank 0
     out = defaultdict(list)
-    rows = PodSet.objects.filter(workload_id__in=workload_ids).values_list(
+    rows = PodSet.objects.filter(workload__in=workloads.values("pk")).values_list(
         "workload_id", "workload__resource_class_id", "device_classes", "replicas", "devices_per_pod"
     )
     for workload_id, rc_id, names, replicas, per_pod in rows:
@@ -93,20 +94,23 @@ def pending_intervals(start, end, now, team_ids=None):
     meta = {
         row["pk"]: row for row in workloads.values("pk", "name", "submitted_at", "state", "team__name", "queue__name")
     }
+    # The same workloads as a subquery, not their ids as parameters: a month of a busy cluster is tens of
+    # thousands of workloads.
+    selected = workloads.values("pk")
     transitions, changes = defaultdict(list), defaultdict(list)
     for workload_id, at, to_state in (
-        WorkloadTransition.objects.filter(workload_id__in=meta)
+        WorkloadTransition.objects.filter(workload__in=selected)
         .values_list("workload_id", "at", "to_state")
         .order_by("at", "id")
     ):
         transitions[workload_id].append((at, to_state))
     for workload_id, at, reason in (
-        ExplanationChange.objects.filter(workload_id__in=meta)
+        ExplanationChange.objects.filter(workload__in=selected)
         .values_list("workload_id", "at", "reason")
         .order_by("at", "id")
     ):
         changes[workload_id].append((at, reason))
-    requests = first_class_requests(list(meta))
+    requests = first_class_requests(workloads)
     intervals = []
     for workload_id, row in meta.items():
         if row["state"] in FINAL_STATES and not transitions[workload_id]:

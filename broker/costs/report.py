@@ -19,6 +19,9 @@ from broker.workloads.models import Allocation, Workload
 AGGREGATES = ("team", "queue", "resource_class", "cost_label", "workload", "device_class")
 UNALLOCATED_CATEGORIES = ("idle", "stranded", "unhealthy", "reserved_unused")
 NONE_LABEL = "(none)"
+# The allocation line that sums every key but the `top` costliest (no team, queue or workload name has
+# parentheses: they are slugs).
+OTHER_LABEL = "(other)"
 
 
 @dataclass
@@ -166,14 +169,27 @@ def entry(units, cents):
 
 
 def allocation_report(
-    start, end, aggregate=("team",), step="day", idle=True, share_idle=False, now=None, workload_detail=False
+    start,
+    end,
+    aggregate=("team",),
+    step="day",
+    idle=True,
+    share_idle=False,
+    now=None,
+    workload_detail=False,
+    top=None,
 ):
-    """The OpenCost-shaped report: per step, aggregate -> {device_hours, cost} and the unallocated rows."""
+    """The OpenCost-shaped report: per step, aggregate -> {device_hours, cost} and the unallocated rows.
+    `top`: keep the lines of that many costliest keys over the window, and sum the rest into one
+    OTHER_LABEL line (a month of a busy cluster has tens of thousands of workloads)."""
     loaded = load(start, end, step, now)
+    rounded_steps = [round_leaves(step_leaves(step_ledger, loaded, aggregate)) for step_ledger in loaded.steps]
+    kept = None
+    if top is not None:
+        rounded_steps, kept = keep_costliest(rounded_steps, top)
     steps_out = []
     totals = _empty_totals()
-    for step_ledger in loaded.steps:
-        rounded, (hours_total, cents_total) = round_leaves(step_leaves(step_ledger, loaded, aggregate))
+    for step_ledger, (rounded, (hours_total, cents_total)) in zip(loaded.steps, rounded_steps, strict=True):
         step_out = _step_output(step_ledger, rounded, hours_total, cents_total, idle, share_idle)
         _add_totals(totals, step_out, rounded, hours_total, cents_total)
         steps_out.append(step_out)
@@ -186,9 +202,38 @@ def allocation_report(
         "steps": steps_out,
         "totals": _totals_output(totals),
     }
+    if top is not None:
+        report["top"] = top
+        report["other"] = OTHER_LABEL
     if "workload" in aggregate:
-        report["workloads"] = _workload_index(loaded, aggregate, workload_detail)
+        report["workloads"] = _workload_index(loaded, aggregate, workload_detail, kept)
     return report
+
+
+def keep_costliest(rounded_steps, top):
+    """(rounded_steps with every allocation line but those of the `top` costliest keys over the window
+    merged into one OTHER_LABEL line, the keys kept; None when all are). The lines still add up to
+    each step's totals exactly: the merged line is a sum of rounded lines."""
+    spent = defaultdict(lambda: [0, 0])
+    for rounded, _ in rounded_steps:
+        for leaf, (units, cents) in rounded.items():
+            if leaf[0] == "allocated":
+                spent[leaf[1]][0] += units
+                spent[leaf[1]][1] += cents
+    if len(spent) <= top:
+        return rounded_steps, None
+    ranked = sorted(spent, key=lambda key: (-spent[key][1], -spent[key][0], key))
+    kept = frozenset(ranked[:top])
+    merged_steps = []
+    for rounded, step_totals in rounded_steps:
+        merged = {}
+        for leaf, (units, cents) in rounded.items():
+            if leaf[0] == "allocated" and leaf[1] not in kept:
+                leaf = ("allocated", OTHER_LABEL)
+            known_units, known_cents = merged.get(leaf, (0, 0))
+            merged[leaf] = (known_units + units, known_cents + cents)
+        merged_steps.append((merged, step_totals))
+    return merged_steps, kept
 
 
 def _step_output(step_ledger, rounded, hours_total, cents_total, idle, share_idle):
@@ -260,11 +305,22 @@ def _totals_output(totals):
     return out
 
 
-def _workload_index(loaded, aggregate, detail):
-    """Who each workload key belongs to. Finance sees name and team only; placement, pod sets and
-    explanations are never part of a cost report."""
+def _workload_index(loaded, aggregate, detail, kept=None):
+    """Who each workload key belongs to (`kept`: only the workloads of those line keys). Finance sees
+    name and team only; placement, pod sets and explanations are never part of a cost report."""
     out = {}
+    if kept is None:
+        listed = loaded.meta
+    else:
+        listed = {
+            workload_id
+            for step_ledger in loaded.steps
+            for workload_id, class_id in step_ledger.allocated
+            if line_key(loaded.meta[workload_id], loaded.class_names[class_id], aggregate) in kept
+        }
     for workload_id, meta in loaded.meta.items():
+        if workload_id not in listed:
+            continue
         key = f"{meta['team']}/{meta['name']}"
         row = {"name": meta["name"], "team": meta["team"]}
         if detail:

@@ -95,9 +95,30 @@ def test_it_shows_finance_workload_names_and_teams_only(api_client, october, fio
     assert operator_view["workloads"]["team-a/train"]["queue"] == "team-a"
 
 
+def test_it_keeps_the_costliest_lines_and_sums_the_rest_into_one(api_client, october, fiona):
+    params = {"window": WINDOW, "aggregate": "workload", "step": "day"}
+    whole = get(api_client, fiona, "/api/costs/allocation", **params).json()
+    top = get(api_client, fiona, "/api/costs/allocation", top=1, **params).json()
+    # One device for the whole month costs more than eight for three days.
+    assert list(top["totals"]["allocations"]) == ["(other)", "team-b/serve"]
+    assert top["totals"]["allocations"]["team-b/serve"] == whole["totals"]["allocations"]["team-b/serve"]
+    assert top["totals"]["allocations"]["(other)"] == whole["totals"]["allocations"]["team-a/train"]
+    assert top["other"] == "(other)" and "other" not in whole
+    assert set(top["workloads"]) == {"team-b/serve"}
+    for step, whole_step in zip(top["steps"], whole["steps"], strict=True):
+        allocated = sum(money(row["cost"]) for row in step["allocations"].values())
+        assert (
+            allocated == money(step["totals"]["allocated"]["cost"]) == money(whole_step["totals"]["allocated"]["cost"])
+        )
+    everything = get(api_client, fiona, "/api/costs/allocation", top=2, **params).json()
+    assert everything["totals"] == whole["totals"]
+
+
 @pytest.mark.parametrize(
     ("params", "field"),
     [
+        ({"top": "0"}, "top"),
+        ({"top": "many"}, "top"),
         ({"window": "yesterday-ish"}, "window"),
         ({"window": "2026-12-01T00:00:00Z,2026-11-01T00:00:00Z"}, "window"),
         ({"window": "2026-11-01,2026-12-01"}, "window"),
@@ -206,3 +227,26 @@ def test_it_reports_pending_cost_beside_the_bill(api_client, cluster, fiona):
     )
     assert response.status_code == 200
     assert response.json()["totals"]["pending"]["team-b/NotYetExplained"]["cost"] == 192.0  # 2 x 24 h x 4.00
+
+
+def pending_report_queries(cluster, waiting):
+    """The SQL of one pending report over October with `waiting` workloads queued in it."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from broker.costs.pending import pending_report
+
+    for index in range(waiting):
+        workload = submit(cluster.queue_b, f"waits-{waiting}-{index}", OCT, resource_class=cluster.training)
+        workload.transition(State.PENDING, at=OCT)
+    with CaptureQueriesContext(connection) as captured:
+        report = pending_report(OCT, OCT + timedelta(days=31), aggregate=("workload",), step="month")
+    assert len(report["totals"]["pending"]) >= waiting
+    return [query["sql"] for query in captured.captured_queries]
+
+
+def test_it_reads_pending_cost_in_the_same_queries_however_many_workloads_waited(cluster):
+    few = pending_report_queries(cluster, 2)
+    many = pending_report_queries(cluster, 40)
+    # The workloads are selected once and joined, never passed back as a list of ids.
+    assert [len(sql) for sql in many] == [len(sql) for sql in few]

@@ -42,6 +42,13 @@ class AllocationQuerySerializer(WindowQuerySerializer):
     aggregate = serializers.CharField(default="team", max_length=200)
     idle = serializers.BooleanField(default=True)
     share_idle = serializers.BooleanField(default=False)
+    top = serializers.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=10_000,
+        help_text="Keep the lines of this many costliest aggregates over the window; the rest sum to one "
+        '"(other)" line.',
+    )
 
     def validate_aggregate(self, value):
         return split_aggregate(value, AGGREGATES)

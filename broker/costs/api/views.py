@@ -49,7 +49,7 @@ def validated(serializer_class, request, **context):
 
 
 class AllocationView(APIView):
-    """GET /api/costs/allocation?window=&aggregate=&step=&idle=&share_idle="""
+    """GET /api/costs/allocation?window=&aggregate=&step=&idle=&share_idle=&top="""
 
     permission_classes = [ReadsAllCosts]
 
@@ -65,6 +65,7 @@ class AllocationView(APIView):
             share_idle=query["share_idle"],
             now=query["now"],
             workload_detail=sees_workload_detail(request.user),
+            top=query.get("top"),
         )
         return Response(report)
 
