@@ -325,9 +325,8 @@ class Assessor:
                     f" ({_owners_text(focus['reserved_by'])})"
                 )
             if all(n["free"] < request.needed for n in numbers):
-                codes["InsufficientCapacity"] = (
-                    f"{needs}; only {focus['free']} {focus['device_class']} free in the cluster"
-                )
+                free = f"only {focus['free']}" if focus["free"] else "no"
+                codes["InsufficientCapacity"] = f"{needs}; {free} {focus['device_class']} free in the cluster"
             else:
                 codes["TopologyFragmented"] = _fragmented_text(needs, focus)
         elif excluded and not self._fits_any(request, classes, access, excluded):
