@@ -315,18 +315,17 @@ class Assessor:
         if not fits_unheld:
             if self._fits_any(request, classes, request.access(healed=True)):
                 codes["DeviceUnhealthy"] = (
-                    f"{needs}; {focus['free']} {focus['device_class']} free; it would fit if the "
+                    f"{needs}; {_free_text(focus)} free; it would fit if the "
                     f"{focus['unhealthy']} unhealthy, tainted or cordoned ones were healthy"
                 )
             if self._fits_any(request, classes, request.access(unreserved=True)):
                 codes["Reserved"] = (
-                    f"{needs}; {focus['free']} {focus['device_class']} free for team {request.team}; "
+                    f"{needs}; {_free_text(focus)} free for team {request.team}; "
                     f"it would fit without the {focus['reserved']} free devices reserved for other teams"
                     f" ({_owners_text(focus['reserved_by'])})"
                 )
             if all(n["free"] < request.needed for n in numbers):
-                free = f"only {focus['free']}" if focus["free"] else "no"
-                codes["InsufficientCapacity"] = f"{needs}; {free} {focus['device_class']} free in the cluster"
+                codes["InsufficientCapacity"] = f"{needs}; {_free_text(focus, 'only ')} free in the cluster"
             else:
                 codes["TopologyFragmented"] = _fragmented_text(needs, focus)
         elif excluded and not self._fits_any(request, classes, access, excluded):
@@ -545,6 +544,13 @@ def _needs_text(request: Request, class_name: str) -> str:
     if request.required:
         text += f" in one {request.required}"
     return text
+
+
+def _free_text(focus: dict, few: str = "") -> str:
+    """ "no h100" rather than "0 h100"; `few` goes before a count ("only 3 h100")."""
+    if not focus["free"]:
+        return f"no {focus['device_class']}"
+    return f"{few}{focus['free']} {focus['device_class']}"
 
 
 def _fragmented_text(needs: str, focus: dict) -> str:

@@ -7,6 +7,8 @@
 
   function value(name) { var f = form.elements[name]; return f ? f.value : ""; }
 
+  function plural(count, noun) { return count + " " + noun + (count === 1 ? "" : "s"); }
+
   function selectedClass() { return form.querySelector('input[name="resource_class"]:checked'); }
 
   function updateSummary() {
@@ -14,7 +16,7 @@
     var gang = parseInt(value("min_count"), 10) || replicas;
     var rc = selectedClass(), price = rc ? rc.closest("label").querySelector(".price") : null;
     var total = replicas * per;
-    var text = total + " devices: " + replicas + " pods × " + per + ", " + gang + " must start together.";
+    var text = plural(total, "device") + ": " + plural(replicas, "pod") + " × " + per + ", " + gang + " must start together.";
     if (rc && rc.dataset.max && total > parseInt(rc.dataset.max, 10)) text += " This class allows at most " + rc.dataset.max + " devices.";
     if (price && price.firstChild) {
       var perHour = parseFloat(price.firstChild.textContent.replace("$", ""));
@@ -32,7 +34,8 @@
 
   function escape(s) { var d = document.createElement("div"); d.textContent = s == null ? "" : String(s); return d.innerHTML; }
 
-  document.getElementById("whatif-button").addEventListener("click", function () {
+  var whatifButton = document.getElementById("whatif-button");  // absent for someone with no queue
+  if (whatifButton) whatifButton.addEventListener("click", function () {
     show("", "Checking against the current snapshot…");
     var data = new FormData(form);
     if (!data.get("name")) data.set("name", "what-if");

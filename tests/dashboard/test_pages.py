@@ -141,6 +141,15 @@ def test_it_offers_only_entitled_resource_classes(client, scene, alice, bob):
     assert {c["price"] for c in bob_page.context["classes"]} == {4.0}
 
 
+def test_it_tells_someone_in_no_team_why_there_is_nothing_to_submit_to(client, scene, alice, olivia):
+    client.force_login(olivia)  # an operator of the platform, in no team
+    page = client.get(reverse("dashboard:submit")).content.decode()
+    assert 'id="no-queue"' in page and 'id="submit-button"' not in page
+    client.force_login(alice)
+    page = client.get(reverse("dashboard:submit")).content.decode()
+    assert 'id="no-queue"' not in page and 'id="submit-button"' in page
+
+
 def test_it_submits_through_the_service_and_shows_the_workload(client, scene, alice, cluster):
     client.force_login(alice)
     response = client.post(
