@@ -1,4 +1,5 @@
 import json
+from collections import defaultdict
 
 from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -21,6 +22,25 @@ class Conflict(APIException):
     status_code = status.HTTP_409_CONFLICT
     default_detail = "The object is not in a state that allows this."
     default_code = "conflict"
+
+
+BLOCKERS_NAMED = 10
+
+
+def describe_blockers(objects):
+    """ "2 queues (team-a, team-b); 21,643 workloads (team-a/job-1, …)": per model, how many and the first
+    few by primary key. Only those are named: a workload's name reads its team, a query each, and a
+    device class in use has tens of thousands of them."""
+    by_model = defaultdict(list)
+    for obj in objects:
+        by_model[obj._meta].append(obj)
+    parts = []
+    for meta, rows in sorted(by_model.items(), key=lambda item: item[0].label):
+        rows.sort(key=lambda obj: obj.pk)
+        named = ", ".join(str(obj) for obj in rows[:BLOCKERS_NAMED])
+        noun = meta.verbose_name if len(rows) == 1 else meta.verbose_name_plural
+        parts.append(f"{len(rows):,} {noun} ({named}{', …' if len(rows) > BLOCKERS_NAMED else ''})")
+    return "; ".join(parts)
 
 
 def audit_reason(request):
@@ -109,8 +129,7 @@ class AuditedWritesMixin(DomainErrorsMixin):
             return super().destroy(request, *args, **kwargs)
         except (ProtectedError, RestrictedError) as error:
             objects = getattr(error, "protected_objects", None) or getattr(error, "restricted_objects", ())
-            blockers = sorted({str(obj) for obj in objects})[:10]
             return Response(
-                {"detail": f"It is still in use by: {', '.join(blockers)}."},
+                {"detail": f"It is still in use by {describe_blockers(objects)}."},
                 status=status.HTTP_409_CONFLICT,
             )
