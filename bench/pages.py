@@ -25,6 +25,17 @@ URLS = (
     ("pending workloads API", "/api/workloads/?state=Pending"),
 )
 TARGET_P95_MS = 300.0
+# Reports read over the whole history, not pages a person waits on: a Prometheus scrape (every 15-60 s),
+# the metrics JSON and the finance page's calls. Timed at the same size, with no target of their own
+# (no issue sets one), so that a regression shows. The bench's history is short (its cycles' own rows),
+# so a month of a real cluster's history costs more.
+REPORT_URLS = (
+    ("Prometheus scrape", "/metrics"),
+    ("metrics JSON", "/api/metrics/"),
+    ("cost by team per day, 30 days", "/api/costs/allocation?window=30d&step=day&aggregate=team"),
+    ("cost of pending per day, 30 days", "/api/costs/pending?window=30d&step=day&aggregate=team"),
+    ("top 15 workloads by cost, 30 days", "/api/costs/allocation?window=30d&step=month&aggregate=workload&top=15"),
+)
 
 
 def percentile(values, fraction):
@@ -66,7 +77,11 @@ def section(quick: bool, size: tuple[int, int]) -> dict:
     requests = 3 if quick else 20
     results = {name: time_url(client, url, requests) for name, url in URLS}
     worst = max(results.values(), key=lambda r: r["p95_ms"])
+    reports = {name: time_url(client, url, 2 if quick else 5) for name, url in REPORT_URLS}
+    for report in reports.values():
+        del report["within_target"]
     return {
+        "reports": {"what": "server time of reports over the whole history; no target", "urls": reports},
         "size": {
             "devices": Device.objects.count(),
             "pending": Workload.objects.filter(state__in=WAITING_STATES).count(),

@@ -113,6 +113,22 @@ def test_it_times_each_cycle_on_postgresql_until_its_transaction_committed(tmp_p
     assert "cycle until committed" in completed.stdout
 
 
+def test_it_times_the_pages_and_the_reports_over_the_history(tmp_path):
+    from django.conf import settings
+
+    if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
+        pytest.skip("the pages section needs a PostgreSQL server")
+    completed, report = quick_bench(tmp_path, "pages", timeout=300, BENCH_DATABASE_NAME=f"bench_smoke_{os.getpid()}")
+    pages = report["sections"]["pages"]
+    assert "error" not in pages, pages
+    assert {row["status"] for row in pages["urls"].values()} == {200}
+    reports = pages["reports"]["urls"]
+    assert set(reports) >= {"Prometheus scrape", "metrics JSON", "top 15 workloads by cost, 30 days"}
+    for row in reports.values():
+        assert row["status"] == 200 and 0 < row["p50_ms"] <= row["max_ms"], row
+    assert "reports (no target)" in completed.stdout
+
+
 def test_it_refuses_to_bench_without_the_philly_trace(tmp_path):
     from bench.bench_decide import required_philly_sizes
 

@@ -1,14 +1,17 @@
 """The boring metrics, each one small function over the database.
 
-Every figure is aggregated in SQL (GROUP BY, correlated subqueries for "until the next row"); Python only
-renames the rows. Durations are summed as SQL intervals and turned into seconds at the end, so the same
-code runs on PostgreSQL and on the embedded SQLite. Functions that measure time up to the present take
-`now`, so a caller (or a test) decides what the present is.
+Figures are aggregated in SQL (GROUP BY, correlated subqueries for "until the next row") where the
+database does it in one pass; the wait histogram and the fallback count are read as flat rows and counted
+in Python, where SQL had to evaluate a subquery many times a row. Durations are summed as SQL intervals
+(or timedeltas) and turned into seconds at the end, so the same code runs on PostgreSQL and on the
+embedded SQLite. Functions that measure time up to the present take `now`, so a caller (or a test)
+decides what the present is.
 
 Labels never come back as None: a workload without a resource class is labelled "" (Prometheus treats an
 empty label as absent).
 """
 
+from collections import Counter
 from datetime import timedelta
 
 from django.conf import settings
@@ -142,27 +145,36 @@ def ends_of_waiting():
 
 def wait_durations(buckets=WAIT_BUCKETS):
     """Completed waits by team, resource class and how they ended (Admitted, Cancelled, Failed): count,
-    total seconds and cumulative counts at or under each bucket bound (a Prometheus histogram's shape)."""
-    bucket_counts = {
-        f"le_{i}": Count("id", filter=Q(wait__lte=timedelta(seconds=bound))) for i, bound in enumerate(buckets)
-    }
-    rows = (
-        ends_of_waiting()
-        .annotate(outcome=F("to_state"), **workload_labels())
-        .values("team", "resource_class", "outcome")
-        .annotate(count=Count("id"), total=Sum("wait"), **bucket_counts)
-        .order_by("team", "resource_class", "outcome")
-    )
+    total seconds and cumulative counts at or under each bucket bound (a Prometheus histogram's shape).
+
+    Each wait is read once and counted here: aggregated in SQL, every bucket's FILTER evaluated the
+    wait's correlated subquery again, a dozen times a row (2.8 s for 23,000 waits on PostgreSQL)."""
+    bounds = [timedelta(seconds=bound) for bound in buckets]
+    groups = {}
+    rows = ends_of_waiting().annotate(outcome=F("to_state"), **workload_labels())
+    for team, resource_class, outcome, wait in rows.values_list("team", "resource_class", "outcome", "wait"):
+        group = groups.get((team, resource_class, outcome))
+        if group is None:
+            group = groups[(team, resource_class, outcome)] = {
+                "count": 0,
+                "total": timedelta(0),
+                "le": [0] * len(bounds),
+            }
+        group["count"] += 1
+        group["total"] += wait
+        for index, bound in enumerate(bounds):
+            if wait <= bound:
+                group["le"][index] += 1
     return [
         {
-            "team": r["team"],
-            "resource_class": r["resource_class"],
-            "outcome": r["outcome"],
-            "count": r["count"],
-            "sum_seconds": seconds(r["total"]),
-            "buckets": [(bound, r[f"le_{i}"]) for i, bound in enumerate(buckets)],
+            "team": team,
+            "resource_class": resource_class,
+            "outcome": outcome,
+            "count": group["count"],
+            "sum_seconds": seconds(group["total"]),
+            "buckets": list(zip(buckets, group["le"], strict=True)),
         }
-        for r in rows
+        for (team, resource_class, outcome), group in sorted(groups.items())
     ]
 
 
@@ -232,23 +244,36 @@ def workloads_pended_by_reason():
 # --- the wrong class ---------------------------------------------------------------------------------------
 
 
-def first_requested_class():
-    """The device class a workload asked for first: its first pod set's own fallback list, else its
-    resource class's (the lowest rank), as a name."""
-    own = (
-        PodSet.objects.filter(workload=OuterRef("pk"))
-        .order_by("id")
-        .annotate(first=KeyTextTransform("0", "device_classes"))
-        .values("first")[:1]
+def fallbacks_used():
+    """{(team, resource class): workloads admitted on a device class other than the first they asked for}.
+    The first is their first pod set's own fallback list's head, else their resource class's (the lowest
+    rank). Matched here over three flat reads: as correlated subqueries per workload it took 1.3 s for
+    70,000 workloads on PostgreSQL."""
+    menu_heads = {}
+    for resource_class_id, name in ResourceClassDeviceClass.objects.order_by("-rank").values_list(
+        "resource_class_id", "device_class__name"
+    ):
+        menu_heads[resource_class_id] = name  # descending rank: the lowest is written last
+    own_heads = {}
+    # The list's head taken in SQL: decoding 50,000 JSON lists cost more than the rest of this together.
+    pod_sets = (
+        PodSet.objects.filter(workload__chosen_device_class__isnull=False)
+        .annotate(head=KeyTextTransform("0", "device_classes"))
+        .order_by("workload_id", "id")
     )
-    menu = (
-        ResourceClassDeviceClass.objects.filter(resource_class=OuterRef("resource_class"))
-        .order_by("rank")
-        .values("device_class__name")[:1]
+    for workload_id, head in pod_sets.values_list("workload_id", "head"):
+        own_heads.setdefault(workload_id, head)  # the first pod set only
+    counts = Counter()
+    admitted = Workload.objects.filter(chosen_device_class__isnull=False).values_list(
+        "id", "resource_class_id", "chosen_device_class__name", "team__name", "resource_class__name"
     )
-    return Coalesce(
-        Subquery(own, output_field=CharField()), Subquery(menu, output_field=CharField()), output_field=CharField()
-    )
+    for workload_id, resource_class_id, chosen, team, resource_class in admitted:
+        first = own_heads.get(workload_id)
+        if first is None:
+            first = menu_heads.get(resource_class_id)
+        if first is not None and first != chosen:
+            counts[(team or "", resource_class or "")] += 1
+    return counts
 
 
 def wrong_class_requests():
@@ -268,19 +293,9 @@ def wrong_class_requests():
         {"kind": r["reason"], "team": r["team"], "resource_class": r["resource_class"], "count": r["count"]}
         for r in explained
     ]
-    fallback = (
-        Workload.objects.filter(chosen_device_class__isnull=False)
-        .annotate(first_class=first_requested_class())
-        .filter(first_class__isnull=False)
-        .exclude(chosen_device_class__name=F("first_class"))
-        .annotate(**own_labels())
-        .values("team_label", "class_label")
-        .annotate(count=Count("id"))
-        .order_by("team_label", "class_label")
-    )
     rows += [
-        {"kind": FALLBACK_USED, "team": r["team_label"], "resource_class": r["class_label"], "count": r["count"]}
-        for r in fallback
+        {"kind": FALLBACK_USED, "team": team, "resource_class": resource_class, "count": count}
+        for (team, resource_class), count in sorted(fallbacks_used().items())
     ]
     rows += [{"kind": FITS_SMALLER_CLASS, **r} for r in wrong_class_guidance()]
     return rows
