@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from django.db.models import Q
+from django.db.models.fields.json import KeyTextTransform
 from django.utils import timezone
 
 from broker.costs import ledger
@@ -74,11 +75,14 @@ def first_class_requests(workloads):
     ):
         first_of_rc[rc_id] = class_id  # descending rank: the last one written is rank 0
     out = defaultdict(list)
-    rows = PodSet.objects.filter(workload__in=workloads.values("pk")).values_list(
-        "workload_id", "workload__resource_class_id", "device_classes", "replicas", "devices_per_pod"
+    # The list's head taken in SQL: decoding every pod set's JSON list was a quarter of a report.
+    rows = (
+        PodSet.objects.filter(workload__in=workloads.values("pk"))
+        .annotate(head=KeyTextTransform("0", "device_classes"))
+        .values_list("workload_id", "workload__resource_class_id", "head", "replicas", "devices_per_pod")
     )
-    for workload_id, rc_id, names, replicas, per_pod in rows:
-        class_id = by_name.get(names[0]) if names else first_of_rc.get(rc_id)
+    for workload_id, rc_id, head, replicas, per_pod in rows:
+        class_id = by_name.get(head) if head is not None else first_of_rc.get(rc_id)
         if class_id is not None:
             out[workload_id].append((class_id, replicas * per_pod))
     return out
