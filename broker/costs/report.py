@@ -43,17 +43,26 @@ def load(start, end, step, now=None):
     samples = capacity_samples(start, end)
     steps_ledger = ledger.build_ledger(steps, to_us(now), prices, samples, intervals)
     workload_ids = {line for step_ledger in steps_ledger for line, _ in step_ledger.allocated}
-    return Loaded(steps_ledger, workload_meta(workload_ids), dict(DeviceClass.objects.values_list("pk", "name")))
+    meta = workload_meta(overlapping(start, min(end, now)).values("workload_id"))
+    return Loaded(
+        steps_ledger,
+        {pk: row for pk, row in meta.items() if pk in workload_ids},
+        dict(DeviceClass.objects.values_list("pk", "name")),
+    )
+
+
+def overlapping(start, end):
+    """The allocation rows whose holding overlaps [start, end)."""
+    return Allocation.objects.filter(allocated_at__lt=end).filter(
+        Q(released_at__isnull=True) | Q(released_at__gt=start)
+    )
 
 
 def allocation_intervals(start, end):
     """Allocation rows overlapping [start, end) as ledger intervals; the devices of a gang placed and
     released together become one interval of n devices."""
     rows = (
-        Allocation.objects.filter(allocated_at__lt=end)
-        .filter(Q(released_at__isnull=True) | Q(released_at__gt=start))
-        .order_by()
-        .values_list("workload_id", "device_class_id", "allocated_at", "released_at")
+        overlapping(start, end).order_by().values_list("workload_id", "device_class_id", "allocated_at", "released_at")
     )
     grouped = defaultdict(int)
     for workload_id, class_id, allocated_at, released_at in rows:
@@ -91,6 +100,8 @@ def capacity_samples(start, end):
 
 
 def workload_meta(workload_ids):
+    """{workload id: its names} for `workload_ids`, ids or a subquery of them: a month's tens of thousands
+    of ids as parameters cost more than the report's ledger."""
     rows = Workload.objects.filter(pk__in=workload_ids).values(
         "pk", "name", "state", "team__name", "queue__name", "resource_class__name", "resource_class__cost_label"
     )

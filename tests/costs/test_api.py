@@ -250,3 +250,26 @@ def test_it_reads_pending_cost_in_the_same_queries_however_many_workloads_waited
     many = pending_report_queries(cluster, 40)
     # The workloads are selected once and joined, never passed back as a list of ids.
     assert [len(sql) for sql in many] == [len(sql) for sql in few]
+
+
+def allocation_report_queries(cluster, workloads):
+    """The SQL of one allocation report by workload over October with `workloads` more of them having run."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from broker.costs.report import allocation_report
+
+    device = cluster.nodes[0].devices.first()
+    for index in range(workloads):
+        workload = submit(cluster.queue_a, f"ran-{workloads}-{index}", OCT, state=State.SUCCEEDED)
+        hold(workload, [device], cluster.h100, OCT + timedelta(hours=index), OCT + timedelta(hours=index + 1))
+    with CaptureQueriesContext(connection) as captured:
+        report = allocation_report(OCT, OCT + timedelta(days=31), aggregate=("workload",), step="month")
+    assert len(report["workloads"]) >= workloads
+    return [query["sql"] for query in captured.captured_queries]
+
+
+def test_it_names_the_workloads_of_a_cost_report_in_the_same_queries_however_many_ran(cluster):
+    few = allocation_report_queries(cluster, 2)
+    many = allocation_report_queries(cluster, 40)
+    assert [len(sql) for sql in many] == [len(sql) for sql in few]
