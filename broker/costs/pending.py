@@ -19,6 +19,7 @@ from broker.costs import ledger
 from broker.costs.prices import price_timelines
 from broker.costs.report import entry, round_leaves
 from broker.costs.windows import from_us, steps_of, to_us
+from broker.flat_rows import fetch_rows
 from broker.policy.models import DeviceClass, ResourceClassDeviceClass
 from broker.workloads.models import ExplanationChange, PodSet, Workload, WorkloadTransition
 from broker.workloads.states import FINAL_STATES, WAITING_STATES, State
@@ -102,13 +103,13 @@ def pending_intervals(start, end, now, team_ids=None):
     # thousands of workloads.
     selected = workloads.values("pk")
     transitions, changes = defaultdict(list), defaultdict(list)
-    for workload_id, at, to_state in (
+    for workload_id, at, to_state in fetch_rows(
         WorkloadTransition.objects.filter(workload__in=selected)
         .values_list("workload_id", "at", "to_state")
         .order_by("at", "id")
     ):
         transitions[workload_id].append((at, to_state))
-    for workload_id, at, reason in (
+    for workload_id, at, reason in fetch_rows(
         ExplanationChange.objects.filter(workload__in=selected)
         .values_list("workload_id", "at", "reason")
         .order_by("at", "id")

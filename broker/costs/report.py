@@ -13,6 +13,7 @@ from broker.costs import ledger
 from broker.costs.models import CapacitySample
 from broker.costs.prices import price_timelines
 from broker.costs.windows import from_us, steps_of, to_us
+from broker.flat_rows import fetch_rows
 from broker.policy.models import DeviceClass, Team
 from broker.workloads.models import Allocation, Workload
 
@@ -61,7 +62,7 @@ def overlapping(start, end):
 def allocation_intervals(start, end):
     """Allocation rows overlapping [start, end) as ledger intervals; the devices of a gang placed and
     released together become one interval of n devices."""
-    rows = (
+    rows = fetch_rows(
         overlapping(start, end).order_by().values_list("workload_id", "device_class_id", "allocated_at", "released_at")
     )
     grouped = defaultdict(int)

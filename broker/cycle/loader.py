@@ -18,7 +18,6 @@ from itertools import groupby
 from operator import itemgetter
 from typing import NamedTuple
 
-import psycopg
 from django.conf import settings
 from django.db import connection
 from django.db.models import F, FloatField, TextField
@@ -27,6 +26,7 @@ from django.db.models.functions import Cast
 
 from broker.cycle.bulk import Background, column_in, pk_in
 from broker.cycle.executor import get_executor
+from broker.flat_rows import fetch_rows, fetch_sql
 from broker.governance.approvals import outside_window
 from broker.inventory.models import ClusterState, Device, Domain, Health, InventoryRevision, Node, TopologyLevel
 from broker.policy.models import Cohort, DeviceClass, Queue, Reservation, ResourceClass, ResourceClassDeviceClass
@@ -824,27 +824,6 @@ def pod_set_from_row(row, parse):
             if t.get("key")
         ),
     )
-
-
-def fetch_rows(queryset):
-    """All rows of a values_list queryset as plain tuples, in one fetch: Django's row iteration and
-    converters cost more than the query for the 100k-row reads of a cycle. psycopg returns every type
-    the cycle reads as Python wants it; elsewhere (SQLite stores booleans and datetimes as numbers and
-    text) Django's converters are needed."""
-    if connection.vendor != "postgresql":
-        return list(queryset)
-    connection.ensure_connection()
-    with connection.wrap_database_errors:
-        return fetch_sql(connection.connection, *queryset.query.sql_with_params())
-
-
-def fetch_sql(raw_connection, sql, params):
-    # Binary results (which want a server-side-binding cursor; Django's binds on the client): a float
-    # (the epochs) or an integer is copied, not parsed from its text; the 50,000 running workloads' rows
-    # came 30% sooner.
-    with psycopg.Cursor(raw_connection) as cursor:
-        cursor.execute(sql, params, binary=True)
-        return cursor.fetchall()
 
 
 def fetch_in_background(*querysets):
