@@ -7,10 +7,9 @@ from django.db import connection
 
 
 def fetch_rows(queryset):
-    """All rows of a values_list queryset as plain tuples, in one fetch: Django's row iteration and
-    converters cost more than the query for the 100k-row reads of a cycle. psycopg returns every type
-    the cycle reads as Python wants it; elsewhere (SQLite stores booleans and datetimes as numbers and
-    text) Django's converters are needed."""
+    """All rows of a values_list queryset as plain tuples, in one fetch. On PostgreSQL, psycopg returns
+    every type read through here (integers, floats, text, booleans, aware datetimes) as Python wants it;
+    elsewhere (SQLite stores booleans and datetimes as numbers and text) Django's converters are needed."""
     if connection.vendor != "postgresql":
         return list(queryset)
     connection.ensure_connection()
@@ -19,9 +18,9 @@ def fetch_rows(queryset):
 
 
 def fetch_sql(raw_connection, sql, params):
-    # Binary results (which want a server-side-binding cursor; Django's binds on the client): a float
-    # (the epochs) or an integer is copied, not parsed from its text; the 50,000 running workloads' rows
-    # came 30% sooner.
+    # Binary results (which want a server-side-binding cursor; Django's binds on the client): a float, an
+    # integer or a timestamp is copied, not parsed from its text; the cycle's 50,000 running workloads'
+    # rows came 30% sooner, a cost report's 100,000 allocation rows six times sooner.
     with psycopg.Cursor(raw_connection) as cursor:
         cursor.execute(sql, params, binary=True)
         return cursor.fetchall()
