@@ -24,6 +24,7 @@ from django.db.models import F, FloatField, TextField
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Cast
 
+from broker.cycle import changes
 from broker.cycle.bulk import Background, column_in, pk_in
 from broker.cycle.executor import get_executor
 from broker.flat_rows import fetch_rows, fetch_sql
@@ -51,6 +52,11 @@ class LoadedState:
     pending_states: dict = field(default_factory=dict)  # Workload pk -> state as loaded
     nominated_pending: set = field(default_factory=set)  # pks of Pending workloads loaded with a nomination
     running_ids: set = field(default_factory=set)  # Workload pks holding devices
+    horizon: object = None  # changes.Horizon of this snapshot (None on SQLite)
+    # How many workloads' rows were read to patch the records kept from the last load, per set (absent:
+    # that set was read whole).
+    patched: dict = field(default_factory=dict)
+    closed_windows: frozenset = frozenset()  # pks of workloads whose approval window is shut (with a log)
     load_ms: float = 0.0
 
     @property
@@ -121,6 +127,8 @@ def _load_snapshot(now, config):
     started = time.perf_counter()
     generation = ClusterState.current_generation(settings.CLUSTER_NAME)
     loaded = LoadedState(generation=generation, now=now)
+    # Before any row it is the horizon of: what commits after it is read again next time.
+    horizon = loaded.horizon = changes.current_horizon()
     inventory = load_inventory()
     loaded.inventory_token = inventory.token
     loaded.device_pks, loaded.devices_by_pk, loaded.device_taints = (
@@ -130,15 +138,16 @@ def _load_snapshot(now, config):
     )
     device_classes = load_device_classes(loaded)
     resource_classes, approval_rules = load_resource_classes()
-    pending_rows = fetch_pending_rows(loaded)
+    pending_written, running_written = workloads_to_read(loaded, horizon, approval_rules)
+    pending_rows = fetch_pending_rows(loaded, pending_written)
     # The running work's rows (150,000 at 100k devices) come in while the pending records are built.
-    running_rows = fetch_running_rows()
+    running_rows = fetch_running_rows(running_written)
     try:
-        pending = load_pending(loaded, approval_rules, pending_rows)
+        pending = load_pending(loaded, approval_rules, pending_rows, pending_written)
     except BaseException:
         running_rows.wait()
         raise
-    running = load_running(loaded, running_rows)
+    running = load_running(loaded, running_rows, running_written)
     snapshot = s.Snapshot(
         levels=inventory.levels,
         nodes=inventory.nodes,
@@ -686,12 +695,48 @@ def approved_flag(state, approval, rule, devices):
     return True
 
 
-def fetch_pending_rows(loaded):
-    """(workload rows, {workload pk: pod set rows}) of the waiting workloads, as load_pending reads them."""
+def workloads_to_read(loaded, horizon, approval_rules):
+    """(pending pks, running pks): the workloads whose rows this load reads to patch the records kept
+    from the last one, for each set, or None for a set read whole (see BuiltFromRows.patch). Notes the
+    approval windows shut now in `loaded.closed_windows`."""
+    pending_scope, running_scope = pending_records_scope(loaded), running_records_scope(loaded)
+    # Each set since its own horizon: one that was dropped or read whole alone leaves the other patchable.
+    # The two are nearly always the same: one query then.
+    read_since = {}
+    for kept in (RUNNING_RECORDS, PENDING_RECORDS):
+        if kept.horizon not in read_since:
+            read_since[kept.horizon] = changes.written_since(kept.horizon, horizon)
+    loaded.closed_windows = closed_windows(loaded)
+    running = RUNNING_RECORDS.patch(running_scope, read_since[RUNNING_RECORDS.horizon])
+    written = read_since[PENDING_RECORDS.horizon]
+    if written is not None:
+        # An approval window opens or shuts with time, no write: such a workload enters or leaves the
+        # queue all the same.
+        written = written | (loaded.closed_windows ^ PENDING_RECORDS.windows)
+    pending = PENDING_RECORDS.patch(pending_scope, written, condition=approval_rules)
+    for name, pks in (("pending", pending), ("running", running)):
+        if pks is not None:
+            loaded.patched[name] = len(pks)
+    return pending, running
+
+
+def closed_windows(loaded):
+    """The pks of workloads whose approval window is shut now (outside_window), when there is a change
+    log to patch records with; else empty (the pending query leaves them out itself)."""
+    if loaded.horizon is None:
+        return frozenset()
+    return frozenset(outside_window(loaded.now).values_list("workload_id", flat=True))
+
+
+def fetch_pending_rows(loaded, pks=None):
+    """(workload rows, {workload pk: pod set rows}) of the waiting workloads, as load_pending reads them;
+    of those among `pks` only, unless it is None."""
+    workloads = Workload.objects.filter(state__in=WAITING)
+    if pks is not None:
+        workloads = workloads.filter(**pk_in(pks))
     rows = fetch_rows(
-        Workload.objects.filter(state__in=WAITING)
         # An approval granted for a window keeps the workload out of the cycle while the window is shut.
-        .exclude(pk__in=outside_window(loaded.now))
+        workloads.exclude(pk__in=outside_window(loaded.now))
         .order_by("id")
         .values_list(
             "id",
@@ -711,27 +756,56 @@ def fetch_pending_rows(loaded):
             as_text("nominated_devices"),
         )
     )
-    return rows, load_pod_set_rows(WAITING)
+    return rows, load_pod_set_rows(WAITING, pks)
 
 
-def load_pending(loaded, approval_rules, fetched):
-    """The pending records of `fetched` (fetch_pending_rows)."""
-    rows, pod_set_rows = fetched
-    executor = get_executor()
+def pending_records_scope(loaded):
     # What a record takes from the inventory: the names of nominated devices (see RUNNING_RECORDS).
-    scope = (loaded.devices_by_pk, executor.wall_seconds(HOUR))
+    return (loaded.devices_by_pk, get_executor().wall_seconds(HOUR))
+
+
+def load_pending(loaded, approval_rules, fetched, pks=None):
+    """The pending records of `fetched` (fetch_pending_rows); with `pks`, `fetched` holds the rows of
+    those workloads only, and the records kept from the last load stand for every other one."""
+    rows, pod_set_rows = fetched
+    scope = pending_records_scope(loaded)
     # The approval rules decide a record's `approved`: part of what it is built from.
-    read = (rows, pod_set_rows, approval_rules)
-    built = PENDING_RECORDS.unchanged_since(scope, read)
+    read = None if pks is not None else (rows, pod_set_rows, approval_rules)
+    built = PENDING_RECORDS.unchanged_since(scope, read) if pks is None else None
+    if built is None:
+        records, renewed = pending_records(loaded, approval_rules, rows, pod_set_rows, scope, pks)
+        if pks is not None and not renewed:
+            built = PENDING_RECORDS.kept_result()
     if built is not None:
         pending, states, nominated = built
         loaded.pending_states.update(states)
         loaded.nominated_pending.update(nominated)
+        PENDING_RECORDS.advance(loaded.horizon, loaded.closed_windows)
         return pending
-    previous = PENDING_RECORDS.previous(scope)
-    records = {}
-    parse = JsonCache()
     pending = []
+    for pk, (source, workload) in records.items():
+        state = source[0][1]
+        loaded.pending_states[pk] = state
+        if source[0][13] != "[]" and state == State.PENDING:
+            loaded.nominated_pending.add(pk)
+        pending.append(workload)
+    pending = tuple(pending)
+    whole = (pending, dict(loaded.pending_states), frozenset(loaded.nominated_pending))
+    PENDING_RECORDS.keep(
+        scope, records, whole, read, loaded.horizon, condition=approval_rules, windows=loaded.closed_windows
+    )
+    return pending
+
+
+def pending_records(loaded, approval_rules, rows, pod_set_rows, scope, pks):
+    """({pk: (source, record)} in pk order, whether any record is new or gone since the last load): the
+    records kept from the last load whose rows were read equal, the others built from `rows`; with
+    `pks`, the kept records of workloads not among them too."""
+    executor = get_executor()
+    previous = PENDING_RECORDS.previous(scope)
+    records = {} if pks is None else {pk: kept for pk, kept in previous.items() if pk not in pks}
+    renewed = False
+    parse = JsonCache()
     for row in rows:
         pk, state, rc = row[0], row[1], row[4]
         sets = pod_set_rows.get(pk, ())
@@ -745,18 +819,15 @@ def load_pending(loaded, approval_rules, fetched):
         if known is not None and known[0] == source:
             # The kept pair, not the equal new rows: see BuiltFromRows.
             records[pk] = known
-            workload = known[1]
         else:
-            workload = pending_workload(row, sets, approved, loaded, executor, parse)
-            records[pk] = (source, workload)
-        loaded.pending_states[pk] = state
-        if row[13] != "[]" and state == State.PENDING:
-            loaded.nominated_pending.add(pk)
-        pending.append(workload)
-    pending = tuple(pending)
-    whole = (pending, dict(loaded.pending_states), frozenset(loaded.nominated_pending))
-    PENDING_RECORDS.keep(scope, records, (read, whole))
-    return pending
+            records[pk] = (source, pending_workload(row, sets, approved, loaded, executor, parse))
+            renewed = True
+    if pks is None:
+        return records, True
+    # Every record kept or read equal, and as many as before: the same set.
+    renewed = renewed or len(records) != len(previous)
+    # In pk order, as the full read orders its rows: the same snapshot, whichever way it was read.
+    return {pk: records[pk] for pk in sorted(records)}, renewed
 
 
 def pending_workload(row, pod_set_rows, approved, loaded, executor, parse):
@@ -789,13 +860,14 @@ def nominated_ids(device_pks, loaded):
     return tuple(known[pk][0] for pk in device_pks if pk in known)
 
 
-def load_pod_set_rows(states):
-    """{workload pk: (pod set row, ...)} of every workload in `states`, by a join rather than a 20k-long
-    IN list; rows as `pod_set_from_row` reads them."""
+def load_pod_set_rows(states, pks=None):
+    """{workload pk: (pod set row, ...)} of every workload in `states` (of those among `pks` only, unless
+    it is None), by a join rather than a 20k-long IN list; rows as `pod_set_from_row` reads them."""
+    pod_sets = PodSet.objects.filter(workload__state__in=states)
+    if pks is not None:
+        pod_sets = pod_sets.filter(**column_in("workload", pks))
     rows = fetch_rows(
-        PodSet.objects.filter(workload__state__in=states)
-        .order_by("workload_id", "id")
-        .values_list(
+        pod_sets.order_by("workload_id", "id").values_list(
             "workload_id",
             "name",
             "replicas",
@@ -844,28 +916,50 @@ class BuiltFromRows:
     reading their rows. The scope holds what a record depends on besides its rows (the inventory's
     device names, the executor's clock); a new scope starts empty.
 
+    On PostgreSQL the next load need not even read the rows of records that did not change: the
+    records are kept with the horizon of the snapshot they were read at (broker.cycle.changes), and a
+    load that knows which workloads were written since then patches them (`patch`).
+
     A reused record keeps the rows it was built from, not the equal ones just read: those are freed as
     soon as the load ends, so a steady cycle does not hand the cyclic collector 250,000 new long-lived
     row tuples to walk through its generations after it."""
 
     def __init__(self):
-        self._scope = None
-        self._records = {}
-        self._whole = None
         self._renewed = 0  # records in the sets kept since the last take_renewed()
+        self.forget()
 
     def previous(self, scope):
         return self._records if scope == self._scope else {}
 
-    def keep(self, scope, records, whole=None):
-        """`whole`: (the complete input, what was built from it), when every record was kept: the next
-        load whose input equals it, in this scope, takes the result as it is (`unchanged_since`)."""
-        self._scope, self._records, self._whole = scope, records, whole
+    def keep(
+        self, scope, records, result=None, read=None, horizon=None, condition=None, rebuild=frozenset(), windows=()
+    ):
+        """Keep `records` ({workload pk: (source rows, record)}) built in `scope`.
+
+        - `result`: what the load made of them all (None when some record was built but not kept): a
+          later load that changes none of them takes it as it is;
+        - `read`: the load's complete input, when it read everything: a later full read equal to it, in
+          this scope, takes `result` at once (`unchanged_since`);
+        - `horizon`: the changes.Horizon of the snapshot the rows were read at (None: not patchable);
+        - `condition`: what else the records were built from (the approval rules), which a patch needs
+          unchanged;
+        - `rebuild`: pks of records built but not kept, which every patch reads again;
+        - `windows`: the pks of workloads whose approval window was shut (closed_windows)."""
+        self._scope, self._records, self._result, self._read = scope, records, result, read
+        self._horizon, self._condition, self._rebuild, self.windows = horizon, condition, rebuild, frozenset(windows)
         self._renewed += len(records)
+
+    def advance(self, horizon, windows=()):
+        """The records kept stand as they are at `horizon` too: a load found nothing to change in them."""
+        self._horizon, self.windows = horizon, frozenset(windows)
 
     def forget(self):
         self.keep(None, {})
         self._renewed = 0
+
+    @property
+    def horizon(self):
+        return self._horizon
 
     def take_renewed(self):
         """How many records the sets kept since the last call hold: each kept set is a new dict, and a new
@@ -877,9 +971,32 @@ class BuiltFromRows:
         """What was built last time, if `read` (the complete input of a load) equals last time's and
         the scope holds: one comparison of the rows in C instead of one per record in Python (a steady
         load compared 30,000 running workloads' rows one by one, ~0.1 s)."""
-        if self._whole is None or scope != self._scope or self._whole[0] != read:
+        if self._result is None or self._read is None or scope != self._scope or self._read != read:
             return None
-        return self._whole[1]
+        return self._result
+
+    def patch(self, scope, written, condition=None):
+        """The pks whose rows a load must read to bring the kept records up to date, given `written`
+        (changes.written_since this set's horizon): those plus `rebuild`. None when it must read
+        everything: nothing patchable is kept, the scope or condition changed, or so much was written
+        that reading it by id would cost more than reading it all."""
+        if written is None or self._horizon is None or scope != self._scope or condition != self._condition:
+            return None
+        pks = written | self._rebuild
+        if len(pks) > max(LARGEST_RECORDS_PATCH * len(self._records), SMALL_PATCH):
+            return None
+        return pks
+
+    def kept_result(self):
+        """What the last load made of its records, for a patch that found each of them as it was and no
+        other (None if that load built records it did not keep)."""
+        return None if self._rebuild else self._result
+
+
+# The share of kept records written since, beyond which a load reads every row instead (a refill after a
+# burst of submissions and starts): fetched by id, one costs several times a row of a full scan.
+LARGEST_RECORDS_PATCH = 0.25
+SMALL_PATCH = 100  # so many are read by id in a few milliseconds, however few records are kept
 
 
 # Running and pending records take from the inventory only device names and nodes by Device pk
@@ -906,23 +1023,34 @@ def forget_everything_loaded():
 HOUR = 3600.0
 
 
-def fetch_running_rows():
+def fetch_running_rows(pks=None):
     """The rows of load_running, fetched in the background (fetch_in_background): the active allocations
-    and their holders, the Admitted and Running workloads (an index scan)."""
+    and their holders, the Admitted and Running workloads (an index scan); of the workloads among `pks`
+    only, unless it is None."""
+    allocations = Allocation.objects.filter(released_at__isnull=True)
+    holders = Workload.objects.filter(state__in=HOLDING_STATES)
+    if pks is not None:
+        allocations = allocations.filter(**column_in("workload", pks))
+        holders = holders.filter(**pk_in(pks))
     return fetch_in_background(
-        Allocation.objects.filter(released_at__isnull=True)
-        .order_by("workload_id", "pod_set", "pod_index", "device_id")
-        .values_list("workload_id", "pod_set", "pod_index", "device_id", "device_class_id"),
-        holder_rows(Workload.objects.filter(state__in=HOLDING_STATES)),
+        allocations.order_by("workload_id", "pod_set", "pod_index", "device_id").values_list(
+            "workload_id", "pod_set", "pod_index", "device_id", "device_class_id"
+        ),
+        holder_rows(holders),
     )
 
 
-def load_running(loaded, fetched):
+def running_records_scope(loaded):
+    # A record names its device class: a renamed class is a new scope.
+    class_names = tuple(sorted((pk, name) for name, pk in loaded.device_class_pks.items()))
+    return (loaded.devices_by_pk, get_executor().wall_seconds(HOUR), class_names)
+
+
+def load_running(loaded, fetched, pks=None):
     """Every workload holding an active allocation, whatever its state: a held device is never free.
-    `fetched`: fetch_running_rows(), begun in this transaction."""
+    `fetched`: fetch_running_rows(pks), begun in this transaction; with `pks`, the records kept from
+    the last load stand for every workload not among them."""
     allocations, holders = fetched.result()
-    if not allocations:
-        return ()
     # Should a bug leave devices with a workload in another state than the holders', those few are
     # fetched by id.
     info = {row[0]: row[1:] for row in holders}
@@ -934,27 +1062,40 @@ def load_running(loaded, fetched):
         info[workload_id] = info[workload_id] + extra
     executor = get_executor()
     class_names = {pk: name for name, pk in loaded.device_class_pks.items()}
-    # A record names its device class: a renamed class is a new scope.
-    scope = (loaded.devices_by_pk, executor.wall_seconds(HOUR), tuple(sorted(class_names.items())))
-    read = (allocations, info)
-    built = RUNNING_RECORDS.unchanged_since(scope, read)
+    scope = running_records_scope(loaded)
+    read = None if pks is not None else (allocations, info)
+    built = RUNNING_RECORDS.unchanged_since(scope, read) if pks is None else None
+    if built is None:
+        previous = RUNNING_RECORDS.previous(scope)
+        records = {} if pks is None else {pk: kept for pk, kept in previous.items() if pk not in pks}
+        built_now = {}  # the records built and not kept
+        renewed = False
+        for workload_id, rows in groupby(allocations, key=itemgetter(0)):
+            source = (tuple(rows), info[workload_id])
+            known = previous.get(workload_id)
+            if known is not None and known[0] == source:
+                records[workload_id] = known  # the kept pair, not the equal new rows: see BuiltFromRows
+            else:
+                renewed = True
+                record = running_records(workload_id, *source, loaded, class_names, executor)
+                if source[1][5] is not None or source[1][6] is not None:
+                    records[workload_id] = (source, record)
+                else:  # it started "now": not reusable
+                    built_now[workload_id] = record
+        # Every record kept or read equal, and as many as before: the same set (see pending_records).
+        if pks is not None and not renewed and len(records) == len(previous):
+            built = RUNNING_RECORDS.kept_result()
     if built is not None:
         running, holders = built
         loaded.running_ids.update(holders)
+        RUNNING_RECORDS.advance(loaded.horizon)
         return running
-    previous = RUNNING_RECORDS.previous(scope)
-    records = {}
+    # In workload pk order, as the full read orders its rows: the same snapshot, whichever way it was read.
+    order = sorted({*records, *built_now}) if pks is not None or built_now else records
     running = []
-    for workload_id, rows in groupby(allocations, key=itemgetter(0)):
-        source = (tuple(rows), info[workload_id])
-        known = previous.get(workload_id)
-        if known is not None and known[0] == source:
-            built = known[1]
-            records[workload_id] = known  # the kept pair, not the equal new rows: see BuiltFromRows
-        else:
-            built = running_records(workload_id, *source, loaded, class_names, executor)
-            if source[1][5] is not None or source[1][6] is not None:  # else it started "now": not reusable
-                records[workload_id] = (source, built)
+    for workload_id in order:
+        kept = records.get(workload_id)
+        built = kept[1] if kept is not None else built_now[workload_id]
         loaded.running_ids.add(workload_id)
         if type(built) is tuple:  # a workload being shrunk: the pods staying, the pods leaving
             running.extend(built)
@@ -962,8 +1103,8 @@ def load_running(loaded, fetched):
             running.append(built)
     running, holders = tuple(running), frozenset(loaded.running_ids)
     # Only a result made of kept records can be taken whole: one that started "now" is built anew.
-    complete = len(records) == len(holders)
-    RUNNING_RECORDS.keep(scope, records, (read, (running, holders)) if complete else None)
+    result = None if built_now else (running, holders)
+    RUNNING_RECORDS.keep(scope, records, result, read, loaded.horizon, rebuild=frozenset(built_now))
     return running
 
 

@@ -19,7 +19,7 @@ from django.conf import settings
 from django.db import close_old_connections, transaction
 from django.utils import timezone
 
-from broker.cycle import retention
+from broker.cycle import changes, retention
 from broker.cycle.commit import DecisionFailed, StaleSnapshot, decide_and_commit
 from broker.cycle.executor import get_executor
 from broker.cycle.loader import INVENTORY_CACHE, PENDING_RECORDS, RUNNING_RECORDS, load_snapshot
@@ -98,6 +98,7 @@ def _run_once(now, decider):
             return None
         now = now or timezone.now()
         transaction.on_commit(lambda: follow_up_requests(seen), robust=True)
+        transaction.on_commit(lambda: changes.prune_when_due(now), robust=True)
         cycle = SchedulingCycle.objects.create(cluster=settings.CLUSTER_NAME, started_at=timezone.now())
         snapshot, loaded = load_snapshot(now)
         try:
