@@ -167,7 +167,12 @@ class ReservationSerializer(ValidatedModelSerializer):
     team = serializers.SlugRelatedField(slug_field="name", queryset=Team.objects.all())
     device_class = serializers.SlugRelatedField(slug_field="name", queryset=DeviceClass.objects.all())
     domain = serializers.PrimaryKeyRelatedField(queryset=Domain.objects.all(), required=False, allow_null=True)
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    created_by = serializers.SlugRelatedField(
+        slug_field="username",
+        read_only=True,
+        allow_null=True,
+        help_text="Who created it, through the API or by approving a request; null if unknown or since deleted.",
+    )
 
     class Meta:
         model = Reservation

@@ -36,10 +36,28 @@ class WorkloadExplanationSerializer(serializers.ModelSerializer):
 class WorkloadSerializer(serializers.ModelSerializer):
     team = serializers.SlugRelatedField(slug_field="name", read_only=True)
     queue = serializers.SlugRelatedField(slug_field="name", read_only=True)
-    resource_class = serializers.SlugRelatedField(slug_field="name", read_only=True)
-    chosen_device_class = serializers.SlugRelatedField(slug_field="name", read_only=True)
-    submitted_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
-    approval_decided_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    # The optional relations are null when unset: said so in the schema, which generated clients follow.
+    resource_class = serializers.SlugRelatedField(
+        slug_field="name", read_only=True, allow_null=True, help_text="Its resource class; null when it names none."
+    )
+    chosen_device_class = serializers.SlugRelatedField(
+        slug_field="name",
+        read_only=True,
+        allow_null=True,
+        help_text="The device class it was admitted with (of its fallback list); null until it is admitted.",
+    )
+    submitted_by = serializers.SlugRelatedField(
+        slug_field="username",
+        read_only=True,
+        allow_null=True,
+        help_text="Who submitted it; null if unknown or since deleted.",
+    )
+    approval_decided_by = serializers.SlugRelatedField(
+        slug_field="username",
+        read_only=True,
+        allow_null=True,
+        help_text="Who approved or rejected it; null while undecided or if it needed no approval.",
+    )
     total_devices = serializers.IntegerField(read_only=True)
     pod_sets = PodSetSerializer(many=True, read_only=True)
     explanation = serializers.SerializerMethodField(help_text="Why it is not admitted yet, when it is waiting.")

@@ -1,0 +1,114 @@
+"""What the API answers, checked against the OpenAPI schema it serves: a generated client parses
+responses by that schema, so a null where it promises a string breaks the client, not the server.
+
+Every GET without path parameters (lists and summaries) is called as an admin on a cluster holding the
+awkward cases (a workload with no resource class, submitter, chosen class or approver; a reservation
+nobody created through the API), and so are the details of those rows. Each 200 must validate against
+the documented 200 response."""
+
+from datetime import timedelta
+
+import pytest
+import yaml
+from django.utils import timezone
+from jsonschema import Draft202012Validator
+
+from broker.policy.models import Reservation
+from broker.workloads.models import ApprovalState
+from tests.cycle.helpers import pending, running
+
+
+def as_json_schema(node):
+    """OpenAPI 3.0's `nullable: true` as JSON Schema says it (a null is allowed besides the type)."""
+    if isinstance(node, list):
+        return [as_json_schema(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    converted = {key: as_json_schema(value) for key, value in node.items() if key != "nullable"}
+    if node.get("nullable") is True:
+        return {"anyOf": [converted, {"type": "null"}]}
+    return converted
+
+
+@pytest.fixture
+def schema(api_client, adam):
+    api_client.force_authenticate(adam)
+    return yaml.safe_load(api_client.get("/api/schema/").content)
+
+
+@pytest.fixture
+def awkward_rows(cluster, adam):
+    """Rows whose optional relations are all empty, and one of each kind with them set."""
+    unassigned = pending(cluster.queue_a, "unassigned")  # no resource class, submitter or chosen class
+    decided = pending(
+        cluster.queue_a,
+        "decided",
+        resource_class=cluster.training,
+        submitted_by=adam,
+        approval=ApprovalState.APPROVED,
+        approval_decided_by=adam,
+    )
+    devices = list(cluster.nodes[0].devices.order_by("name"))[:2]
+    busy = running(cluster.queue_b, "busy", devices, cluster.h100, admitted_at=timezone.now())
+    now = timezone.now()
+    reservation = Reservation.objects.create(
+        name="drill",
+        team=cluster.team_a,
+        device_class=cluster.h100,
+        count=2,
+        start=now,
+        end=now + timedelta(hours=1),
+        reason="drill",
+    )
+    return {"workloads": [unassigned, decided, busy], "reservations": [reservation]}
+
+
+def response_validator(schema, path, status="200"):
+    documented = schema["paths"][path]["get"]["responses"][status]["content"]["application/json"]["schema"]
+    # The components travel with the response's schema, so its $refs resolve inside it.
+    return Draft202012Validator({**as_json_schema(documented), "components": as_json_schema(schema["components"])})
+
+
+def violations(schema, path, response):
+    validator = response_validator(schema, path)
+    return [f"{'/'.join(map(str, error.absolute_path))}: {error.message}" for error in validator.iter_errors(response)]
+
+
+def collection_paths(schema):
+    return [
+        path
+        for path, operations in schema["paths"].items()
+        if "get" in operations
+        and "{" not in path
+        and "200" in operations["get"]["responses"]
+        and "application/json" in operations["get"]["responses"]["200"].get("content", {})
+    ]
+
+
+def test_it_answers_every_collection_as_its_schema_says(api_client, adam, schema, awkward_rows):
+    paths = collection_paths(schema)
+    assert "/api/workloads/" in paths and "/api/reservations/" in paths
+    found = {}
+    for path in paths:
+        response = api_client.get(path)
+        if response.status_code != 200:
+            continue  # a report that needs parameters: its 400 is another contract
+        problems = violations(schema, path, response.json())
+        if problems:
+            found[path] = problems[:3]
+    assert found == {}
+
+
+@pytest.mark.parametrize(
+    ("kind", "path"), [("workloads", "/api/workloads/{id}/"), ("reservations", "/api/reservations/{id}/")]
+)
+def test_it_answers_a_row_with_empty_relations_as_its_schema_says(api_client, schema, awkward_rows, kind, path):
+    for row in awkward_rows[kind]:
+        response = api_client.get(path.replace("{id}", str(row.pk)))
+        assert response.status_code == 200
+        assert violations(schema, path, response.json()) == []
+
+
+def test_it_would_catch_a_null_the_schema_does_not_allow(schema):
+    validator = response_validator(schema, "/api/workloads/{id}/")
+    assert not validator.is_valid({"id": 1, "name": None})
