@@ -254,6 +254,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # The error answers every operation can give (400, 403, 404, 409), which views do not declare.
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "broker.api.schema.document_errors"],
 }
 
 if PRODUCTION:

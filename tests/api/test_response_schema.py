@@ -63,14 +63,14 @@ def awkward_rows(cluster, adam):
     return {"workloads": [unassigned, decided, busy], "reservations": [reservation]}
 
 
-def response_validator(schema, path, status="200"):
-    documented = schema["paths"][path]["get"]["responses"][status]["content"]["application/json"]["schema"]
+def response_validator(schema, path, status="200", method="get"):
+    documented = schema["paths"][path][method]["responses"][status]["content"]["application/json"]["schema"]
     # The components travel with the response's schema, so its $refs resolve inside it.
     return Draft202012Validator({**as_json_schema(documented), "components": as_json_schema(schema["components"])})
 
 
-def violations(schema, path, response):
-    validator = response_validator(schema, path)
+def violations(schema, path, response, status="200", method="get"):
+    validator = response_validator(schema, path, status, method)
     return [f"{'/'.join(map(str, error.absolute_path))}: {error.message}" for error in validator.iter_errors(response)]
 
 
@@ -112,3 +112,60 @@ def test_it_answers_a_row_with_empty_relations_as_its_schema_says(api_client, sc
 def test_it_would_catch_a_null_the_schema_does_not_allow(schema):
     validator = response_validator(schema, "/api/workloads/{id}/")
     assert not validator.is_valid({"id": 1, "name": None})
+
+
+# --- the error answers (broker.api.schema.document_errors) ------------------------------------------------
+
+
+def test_it_documents_the_errors_each_operation_can_give(schema):
+    operations = schema["paths"]
+    assert {"400", "403"} <= operations["/api/workloads/"]["post"]["responses"].keys()
+    assert {"400", "403"} <= operations["/api/workloads/"]["get"]["responses"].keys()  # its filters
+    assert {"403", "404"} <= operations["/api/workloads/{id}/"]["get"]["responses"].keys()
+    assert "400" not in operations["/api/workloads/{id}/"]["get"]["responses"]  # nothing to validate
+    assert {"404", "409"} <= operations["/api/queues/{id}/"]["delete"]["responses"].keys()
+    assert {"404", "409"} <= operations["/api/workloads/{id}/approve/"]["post"]["responses"].keys()
+    undocumented = [
+        f"{method.upper()} {path}"
+        for path, methods in operations.items()
+        for method, operation in methods.items()
+        if "403" not in operation["responses"] or ("{" in path and "404" not in operation["responses"])
+    ]
+    assert undocumented == []
+
+
+def test_it_answers_field_errors_as_documented(api_client, schema, alice, cluster):
+    api_client.force_authenticate(alice)
+    response = api_client.post("/api/workloads/", {"name": "Not A Slug!", "queue": "nope"}, format="json")
+
+    assert response.status_code == 400
+    assert violations(schema, "/api/workloads/", response.json(), "400", "post") == []
+    assert response.json() != {}
+
+
+def test_it_answers_a_bad_filter_as_documented(api_client, schema, adam):
+    response = api_client.get("/api/workloads/?state=Sleeping")
+
+    assert response.status_code == 400
+    assert violations(schema, "/api/workloads/", response.json(), "400") == []
+
+
+def test_it_answers_a_missing_object_as_documented(api_client, schema, adam):
+    response = api_client.get("/api/workloads/999999/")
+
+    assert response.status_code == 404
+    assert violations(schema, "/api/workloads/{id}/", response.json(), "404") == []
+
+
+def test_it_answers_a_deletion_still_in_use_as_documented(api_client, schema, awkward_rows, cluster):
+    response = api_client.delete(f"/api/queues/{cluster.queue_a.pk}/")
+
+    assert response.status_code == 409
+    assert violations(schema, "/api/queues/{id}/", response.json(), "409", "delete") == []
+
+
+def test_it_answers_a_stranger_as_documented(schema, client):
+    response = client.get("/api/workloads/")
+
+    assert response.status_code == 403
+    assert violations(schema, "/api/workloads/", response.json(), "403") == []
