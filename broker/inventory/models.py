@@ -56,6 +56,9 @@ class InventoryRevision(models.Model):
         return rows.values_list("token", flat=True).first()
 
 
+MAX_TOPOLOGY_LEVELS = 8  # as Kueue's Topology (`levels`, at most 8): no datacenter nests deeper
+
+
 class TopologyLevel(models.Model):
     """One level of the topology, coarse (low order) to fine; the node is always the finest, implicit."""
 
@@ -67,6 +70,13 @@ class TopologyLevel(models.Model):
 
     def __str__(self):
         return self.name
+
+    def clean(self):
+        # Reports follow a node's domains up every level in one query (SQLite joins at most 64 tables).
+        if self.pk is None and TopologyLevel.objects.count() >= MAX_TOPOLOGY_LEVELS:
+            raise ValidationError(
+                f"A topology has at most {MAX_TOPOLOGY_LEVELS} levels (the node, always the finest, not counted)."
+            )
 
 
 class Domain(models.Model):

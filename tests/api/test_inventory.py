@@ -1,5 +1,5 @@
 from broker.audit.models import AuditEvent
-from broker.inventory.models import Device, Domain, Health, Node, TopologyLevel
+from broker.inventory.models import MAX_TOPOLOGY_LEVELS, Device, Domain, Health, Node, TopologyLevel
 from tests.api.base import ModelAPITests, generation, signed_in
 
 
@@ -26,6 +26,17 @@ class TestTopologyLevels(ModelAPITests):
             ({"name": "hall", "order": 0}, ["order"]),
             ({"name": "not a slug!", "order": 31}, ["name"]),
         ]
+
+    def test_it_refuses_a_level_past_the_deepest_topology(self, cluster, api_client, olivia):
+        for index in range(TopologyLevel.objects.count(), MAX_TOPOLOGY_LEVELS):
+            TopologyLevel.objects.create(name=f"extra-{index}", order=40 + index)
+
+        response = signed_in(api_client, olivia).post(self.url, {"name": "one-too-many", "order": 60}, format="json")
+
+        assert response.status_code == 400
+        assert "at most 8 levels" in response.json()["non_field_errors"][0]
+        assert TopologyLevel.objects.count() == MAX_TOPOLOGY_LEVELS
+        assert not AuditEvent.objects.filter(action__startswith="topologylevel").exists()
 
 
 class TestDomains(ModelAPITests):
