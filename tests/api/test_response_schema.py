@@ -169,3 +169,11 @@ def test_it_answers_a_stranger_as_documented(schema, client):
 
     assert response.status_code == 403
     assert violations(schema, "/api/workloads/", response.json(), "403") == []
+
+
+def test_it_names_the_search_parameter_it_refuses(api_client, schema, adam):
+    response = api_client.get("/api/domains/?search=%00rack")
+
+    assert response.status_code == 400
+    assert response.json() == {"search": ["Null characters are not allowed."]}
+    assert violations(schema, "/api/domains/", response.json(), "400") == []
