@@ -240,6 +240,7 @@ REST_FRAMEWORK = {
         "rest_framework.filters.OrderingFilter",
         "broker.api.filters.KeyedSearchFilter",
     ],
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "broker.api.negotiation.FormatCheckedNegotiation",
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": envint("API_PAGE_SIZE", "50"),
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",

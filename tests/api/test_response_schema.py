@@ -177,3 +177,12 @@ def test_it_names_the_search_parameter_it_refuses(api_client, schema, adam):
     assert response.status_code == 400
     assert response.json() == {"search": ["Null characters are not allowed."]}
     assert violations(schema, "/api/domains/", response.json(), "400") == []
+
+
+def test_it_refuses_an_unknown_format_as_bad_input(api_client, schema, adam):
+    response = api_client.get("/api/audit-events/export/?format=xml")
+
+    assert response.status_code == 400
+    assert response.json() == {"format": ["Unknown format; one of: json, csv."]}
+    assert violations(schema, "/api/audit-events/export/", response.json(), "400") == []
+    assert api_client.get("/api/audit-events/export/?format=json").status_code == 200
