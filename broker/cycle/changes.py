@@ -25,7 +25,7 @@ PRUNE_EVERY = timedelta(minutes=1)
 
 @dataclass(frozen=True)
 class Horizon:
-    token: str  # the log's: each database has its own
+    token: str  # the log's, with its database's oid and the server's start: each database has its own
     xid: int
 
 
@@ -36,9 +36,13 @@ def current_horizon():
     if connection.vendor != "postgresql":
         return None
     with connection.cursor() as cursor:
+        # The log's token names its database; with the database's oid and the server's start, a copy
+        # restored elsewhere (token and all, but other transaction ids) is another log too.
         cursor.execute(
-            "SELECT token::text, least(pg_snapshot_xmin(pg_current_snapshot()), pg_current_xact_id_if_assigned())"
-            "::text::bigint FROM workloads_change_log_state"
+            "SELECT concat_ws('/', token, (SELECT oid FROM pg_database WHERE datname = current_database()),"
+            " pg_postmaster_start_time()),"
+            " least(pg_snapshot_xmin(pg_current_snapshot()), pg_current_xact_id_if_assigned())::text::bigint"
+            " FROM workloads_change_log_state"
         )
         token, xid = cursor.fetchone()
     return Horizon(token, xid)

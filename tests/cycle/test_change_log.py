@@ -168,6 +168,19 @@ def test_it_cannot_tell_without_a_horizon_or_across_logs(committed_cluster):
     assert changes.written_since(changes.Horizon("another-database", now_at.xid), now_at) is None
 
 
+def test_it_names_the_database_and_the_server_run_in_the_horizon(committed_cluster):
+    """A copy restored elsewhere carries the log's token, but its transaction ids are another server's."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT oid FROM pg_database WHERE datname = current_database()")
+        oid = cursor.fetchone()[0]
+        cursor.execute("SELECT token::text FROM workloads_change_log_state")
+        token = cursor.fetchone()[0]
+
+    parts = changes.current_horizon().token.split("/")
+
+    assert parts[:2] == [token, str(oid)] and len(parts) == 3
+
+
 def test_it_cannot_tell_once_the_log_was_pruned_past_the_horizon(committed_cluster):
     horizon = changes.current_horizon()
     pending(committed_cluster.queue_a, "old")
