@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass
 from datetime import timedelta
 
-from django.db import connection
+from django.db import connection, transaction
 
 KEPT_FOR = timedelta(minutes=10)  # a worker that loaded within this reads only what changed
 PRUNE_EVERY = timedelta(minutes=1)
@@ -77,8 +77,6 @@ def prune(now):
     returns how many went. A worker whose horizon is below `pruned_below` then reads everything."""
     if connection.vendor != "postgresql":
         return 0
-    from django.db import transaction
-
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
             "WITH gone AS (DELETE FROM workloads_change_log WHERE written_at < %s RETURNING xid::text::bigint AS xid) "
