@@ -105,7 +105,7 @@ def one_cycle(sample_speed: bool = False) -> dict:
 
         return call
 
-    speed = machine_speed.reference_seconds(repeat=2) if sample_speed else None
+    speed = machine_speed.fresh_reference_seconds(repeat=2) if sample_speed else None
     for name in hooks:
         setattr(commit, name, timed(name))
     SimulatedExecutor.start = timed_start

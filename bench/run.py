@@ -233,7 +233,7 @@ def main(argv=None) -> int:
     report["machine"]["redis"] = bool(os.environ.get("REDIS_URL"))
     from bench import machine_speed
 
-    report["machine"]["reference_seconds_at_start"] = machine_speed.reference_seconds()
+    report["machine"]["reference_seconds_at_start"] = machine_speed.fresh_reference_seconds()
     cpu_at_start = machine_speed.cpu_times()
     started = time.perf_counter()
     try:
@@ -241,7 +241,7 @@ def main(argv=None) -> int:
             if name in args.sections:
                 run_section(name, args, report)
     finally:
-        report["machine"]["reference_seconds_at_end"] = machine_speed.reference_seconds()
+        report["machine"]["reference_seconds_at_end"] = machine_speed.fresh_reference_seconds()
         report["machine"]["cpu_steal_percent"] = machine_speed.steal_percent(cpu_at_start)
         report["total_seconds"] = round(time.perf_counter() - started, 1)
         out = Path(args.out)
