@@ -69,8 +69,9 @@ def one_cycle(sample_speed: bool = False) -> dict:
     from broker.workloads.models import SchedulingCycle
 
     hooks = {"broadcast": commit.broadcast, "record_capacity": commit.record_capacity}
-    spent = dict.fromkeys([*hooks, "executor_start"], 0.0)
+    spent = dict.fromkeys([*hooks, "executor_start", "read_back"], 0.0)
     executor_start = SimulatedExecutor.start
+    read_back = runner.read_back
     # The cycle's first on_commit hook: it runs as soon as PostgreSQL has committed the transaction.
     follow_up_requests = runner.follow_up_requests
     committed = {}
@@ -95,6 +96,13 @@ def one_cycle(sample_speed: bool = False) -> dict:
         finally:
             spent["executor_start"] += (time.perf_counter() - begun) * 1000
 
+    def timed_read_back(*args, **kwargs):
+        begun = time.perf_counter()
+        try:
+            return read_back(*args, **kwargs)
+        finally:
+            spent["read_back"] += (time.perf_counter() - begun) * 1000
+
     def timed(name):
         def call(*args, **kwargs):
             begun = time.perf_counter()
@@ -109,6 +117,7 @@ def one_cycle(sample_speed: bool = False) -> dict:
     for name in hooks:
         setattr(commit, name, timed(name))
     SimulatedExecutor.start = timed_start
+    runner.read_back = timed_read_back
     runner.follow_up_requests = timed_follow_up
     gc.callbacks.append(timed_collection)
     try:
@@ -119,6 +128,7 @@ def one_cycle(sample_speed: bool = False) -> dict:
         for name, function in hooks.items():
             setattr(commit, name, function)
         SimulatedExecutor.start = executor_start
+        runner.read_back = read_back
         runner.follow_up_requests = follow_up_requests
         gc.callbacks.remove(timed_collection)
     if run is None:
@@ -143,6 +153,8 @@ def one_cycle(sample_speed: bool = False) -> dict:
         "after_commit_broadcast_ms": round(spent["broadcast"], 1),
         "after_commit_capacity_sample_ms": round(spent["record_capacity"], 1),
         "after_commit_executor_start_ms": round(spent["executor_start"], 1),
+        # After the hooks: a cycle that wrote many workloads reads them back for the next one (runner.read_back).
+        "after_commit_read_back_ms": round(spent["read_back"], 1),
         # Cyclic garbage collection anywhere in run_once (the cycle turns it off until its hooks are done;
         # what shows here ran after them, or is a regression).
         "gc_ms": round(collections["ms"], 1),

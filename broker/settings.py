@@ -147,6 +147,10 @@ CYCLE_WARM_UP = envbool("CYCLE_WARM_UP", "True")
 # A worker process reports ready to Celery only after that warm-up: at 100k devices a few seconds, over
 # Celery's default wait of 4 s before it kills the process as stuck.
 CELERY_WORKER_PROC_ALIVE_TIMEOUT = envfloat("CELERY_WORKER_PROC_ALIVE_TIMEOUT", "60")
+# After a committed cycle that admitted or preempted at least this many workloads, the process that ran
+# it reads them back, once its executor has started them (broker.cycle.runner.read_back): the next cycle's
+# load then finds their records built instead of building them itself. 0 = never.
+CYCLE_READ_BACK_MIN_WORKLOADS = envint("CYCLE_READ_BACK_MIN_WORKLOADS", "1000")
 CELERY_BEAT_SCHEDULE = {
     "scheduling-cycle": {"task": "broker.cycle.tasks.run_cycle", "schedule": CYCLE_INTERVAL_SECONDS},
     "simulated-executor": {"task": "broker.cycle.tasks.advance_executor", "schedule": CYCLE_INTERVAL_SECONDS},

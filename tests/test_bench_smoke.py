@@ -98,6 +98,7 @@ def test_it_times_each_cycle_on_postgresql_until_its_transaction_committed(tmp_p
         assert abs(run["after_commit_ms"] - (run["run_once_wall_ms"] - run["committed_ms"])) <= 0.2
         assert run["gc_ms"] >= 0 and run["gc_collections"] >= 0
         assert 0 < run["reference_seconds_before"] < 10, "the machine's speed right before the cycle"
+        assert run["after_commit_read_back_ms"] >= 0
     # Every committed cycle takes a finance sample after its commit; its timer wraps the hook the commit calls.
     assert case["restarted_worker"]["warm_up_ms"] > 0
     warm = ("first", "refill", "steady", "health_flap", "restarted_worker")

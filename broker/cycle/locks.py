@@ -54,6 +54,19 @@ def cycle_transaction(cluster=None):
 
 
 @contextmanager
+def reading_snapshot():
+    """A transaction that only reads, on one snapshot as a cycle does (REPEATABLE READ on PostgreSQL, when
+    it is the outermost), without the cycle lock, and rolled back at the end whatever ran in it."""
+    outermost = not connection.in_atomic_block
+    with transaction.atomic():
+        if outermost and is_postgresql():
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        yield
+        transaction.set_rollback(True)
+
+
+@contextmanager
 def excluding_cycles(cluster=None):
     """Opens a transaction no cycle of the cluster runs alongside: it waits for a running cycle to end,
     and a cycle that starts meanwhile finds the lock held and skips (the next tick runs it).
