@@ -129,29 +129,35 @@ class Cycle:
             charges[key] = charges.get(key, 0) + workload.device_count
         for (queue, device_class), amount in charges.items():
             self._charge(queue, device_class, amount)
-        # 3. Resolve pending workloads against the policy; the impossible ones are InvalidRequest now.
+        # 3. Resolve pending workloads against the policy (the impossible ones are InvalidRequest), each
+        #    at its turn in step 4: the first admission is then made before the last of 20,000 requests
+        #    is resolved, and its writes can start (broker.cycle.admissions). Those whose devices are held
+        #    or being freed go first, as the nominations and the victim index ask after them.
         by_queue: dict[str, list] = {}
-        self.requests: dict[str, Request] = {}
-        shapes: dict = {}
         for workload in sorted(self.snapshot.pending, key=_by_id):
-            resolved = resolve(workload, self.snapshot, self.lookups, shapes)
-            if isinstance(resolved, str):
-                self.log.invalid[workload.id] = resolved
-                continue
-            self.requests[workload.id] = resolved
             by_queue.setdefault(workload.queue, []).append(workload)
-        # 3b. Devices a preemptor's victims freed are held for it until its turn (its nomination).
-        self._hold_nominated()
+        self.requests: dict[str, Request] = {}
+        self._shapes: dict = {}
         self._own_answers = {w.evicted_for for w in self.snapshot.running if w.evicting and w.evicted_for}
         self._own_answers.update(w.id for w in self.snapshot.pending if w.nominated_devices)
+        own_answers = self._own_answers
+        for workload in sorted((w for w in self.snapshot.pending if w.id in own_answers), key=_by_id):
+            self._resolve(workload)
+        # 3b. Devices a preemptor's victims freed are held for it until its turn (its nomination).
+        self._hold_nominated()
         # 4. Order: fair share between queues (recomputed after each admission), then priority, then age.
+        #    A workload that cannot be resolved takes no share and no position: the order goes on as if
+        #    it were not there.
         requests = self.requests
+        resolve_now = self._resolve
         in_order = self.log.cluster_order.append
         outcomes = self.log.outcomes
         nominated = self.nominated  # emptied, never replaced, as nominees take their turns
         hopeless_demands = self._hopeless_demands  # cleared, never replaced, by _release_nominated
         for workload in FairShareOrder(by_queue, self.book):
-            request = requests[workload.id]
+            request = requests.get(workload.id) or resolve_now(workload)
+            if request is None:
+                continue
             request_id = request.id
             in_order(request_id)
             if nominated:
@@ -176,6 +182,15 @@ class Cycle:
             preemptions=tuple(sorted(self.log.preemptions, key=lambda p: (p.victim_id, p.preemptor_id))),
             pending=tuple(sorted(pending, key=_by_workload_id)),
         )
+
+    def _resolve(self, workload) -> Request | None:
+        """The workload's Request, kept in `requests`; None when it can never run (logged invalid)."""
+        resolved = resolve(workload, self.snapshot, self.lookups, self._shapes)
+        if isinstance(resolved, str):
+            self.log.invalid[workload.id] = resolved
+            return None
+        self.requests[workload.id] = resolved
+        return resolved
 
     def _hold_nominated(self) -> None:
         """Free devices named in a pending workload's `nominated_devices` are held for it (first

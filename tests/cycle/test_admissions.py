@@ -29,6 +29,7 @@ on_postgresql = pytest.mark.skipif(
 @pytest.fixture
 def batches_of_one(monkeypatch):
     """Every admission is a batch of its own: a small cluster's cycle then streams."""
+    monkeypatch.setattr(admissions, "FIRST_ADMISSION_BATCH", 1)
     monkeypatch.setattr(admissions, "ADMISSION_BATCH", 1)
 
 
@@ -111,6 +112,34 @@ def test_it_writes_each_batch_while_the_core_decides_the_next(cluster, batches_o
 
 
 @on_postgresql
+def test_it_sends_small_first_batches_so_the_database_starts_early(cluster, events, monkeypatch):
+    monkeypatch.setattr(admissions, "FIRST_ADMISSION_BATCH", 1)
+    monkeypatch.setattr(admissions, "ADMISSION_BATCH", 3)
+    workloads = [
+        pending(cluster.queue_a, f"small-{index}", devices_per_pod=1, resource_class=cluster.training)
+        for index in range(8)
+    ]
+    sizes = []
+    send = admissions.AdmissionWriter._send
+    monkeypatch.setattr(
+        admissions.AdmissionWriter, "_send", lambda self, batch: sizes.append(len(batch)) or send(self, batch)
+    )
+
+    def deciding(snapshot, **options):
+        result = decide(snapshot, **options)
+        events.append("decided")
+        return result
+
+    run = run_once(decider=deciding)
+
+    # Batches of 1, 2, then 3 (the most) while the core decides; the last 2 once it is done.
+    assert events == ["sent", "sent", "sent", "decided", "sent"]
+    assert sizes == [1, 2, 3, 2]
+    assert run.admitted == tuple(sorted(w.pk for w in workloads))
+    assert set(Workload.objects.values_list("state", flat=True)) == {State.ADMITTED}
+
+
+@on_postgresql
 @pytest.mark.django_db(transaction=True, serialized_rollback=True)
 def test_it_undoes_the_batches_sent_when_the_inventory_changed_meanwhile(cluster, batches_of_one, events):
     workloads = two_that_fit(cluster)
@@ -169,6 +198,7 @@ def test_it_undoes_the_batches_sent_when_the_decision_then_fails(cluster, batche
 
 @pytest.mark.parametrize("batch", [1, admissions.ADMISSION_BATCH], ids=["while deciding", "after deciding"])
 def test_it_fails_the_commit_not_the_decision_when_a_batch_cannot_be_built(cluster, batch, monkeypatch):
+    monkeypatch.setattr(admissions, "FIRST_ADMISSION_BATCH", batch)
     monkeypatch.setattr(admissions, "ADMISSION_BATCH", batch)
     workloads = two_that_fit(cluster)
 
