@@ -31,8 +31,8 @@ class ClusterState(models.Model):
 
     @classmethod
     def current_generation(cls, name="default"):
-        state, _ = cls.objects.get_or_create(name=name)
-        return state.generation
+        """The generation, 0 before the first bump; read only (a warm-up reads in a read-only transaction)."""
+        return cls.objects.filter(name=name).values_list("generation", flat=True).first() or 0
 
 
 class InventoryRevision(models.Model):

@@ -110,3 +110,19 @@ def test_it_reads_back_in_a_transaction_that_writes_nothing(committed_cluster):
 
     with pytest.raises(DatabaseError, match="read-only transaction"), reading_snapshot():
         Workload.objects.filter(pk=0).update(priority=1)
+
+
+def test_it_reads_back_and_warms_up_on_a_database_no_inventory_write_has_touched_yet(committed_cluster, settings):
+    """A new worker warms up before anything bumped the cluster's generation (the e2e worker did): the
+    snapshot's reads must not create that row, in a transaction that may not write."""
+    from broker.cycle.runner import read_back, warm_up
+    from broker.inventory.models import ClusterState
+
+    ClusterState.objects.all().delete()
+    assert ClusterState.current_generation() == 0
+    assert not ClusterState.objects.exists(), "reading the generation wrote nothing"
+
+    assert warm_up() is not None
+    assert read_back() is not None
+    ClusterState.bump()
+    assert ClusterState.current_generation() == 1
