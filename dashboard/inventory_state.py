@@ -178,11 +178,11 @@ def pending_min_request(now=None):
         )
     )
     # Plain tuples (fetch_rows): 20,000 pending gangs' pod sets, and the workloads' shapes repeat, so each
-    # distinct (pod sets, resource class) is resolved once.
-    shapes = defaultdict(list)  # (resource class, ((classes text, per pod), ...)) per workload
-    for workload_id, group in groupby(fetch_rows(rows), key=itemgetter(0)):
-        pod_sets = [(text, per_pod, rc_id) for _, text, rc_id, per_pod in group]
-        shapes[(pod_sets[0][2], tuple((text, per_pod) for text, per_pod, _ in pod_sets))].append(workload_id)
+    # distinct (resource class, ((classes text, per pod), ...)) is resolved once.
+    shapes = set()
+    for _, group in groupby(fetch_rows(rows), key=itemgetter(0)):
+        pod_sets = [(rc_id, text, per_pod) for _, text, rc_id, per_pod in group]
+        shapes.add((pod_sets[0][0], tuple((text, per_pod) for _, text, per_pod in pod_sets)))
     decoded = {}  # a few distinct class lists among thousands of pod sets: decode each once
     wants = set()
     for rc_id, pod_sets in shapes:

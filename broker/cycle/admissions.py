@@ -10,11 +10,11 @@ ADMISSION_BATCH of them (fewer in the first batches) go to the database in the b
 (bulk.Background, one batch after another on the cycle's own connection, inside the commit's
 savepoint). A first cycle admits 20,000 workloads: PostgreSQL then rewrites the first ones' rows, and
 their six index entries each, on the second core while the first decides the rest, instead of all of it
-after the last decision. `finish` writes what
-is left, waits for everything sent, and checks it: a workload that left Pending since the snapshot is
-a refusal (StaleSnapshot), as is any database error the background met, and the commit's savepoint
-rolls every batch back. What else makes the decisions stale (the inventory, the preempted workloads)
-the commit checks after `finish`, as before: every write here is undone by a refusal, whenever it ran.
+after the last decision. `finish` writes what is left, waits for everything sent, and checks it: a
+workload that left Pending since the snapshot is a refusal (StaleSnapshot), as is any database error the
+background met, and the commit's savepoint rolls every batch back. What else makes the decisions stale
+(the inventory, the preempted workloads) the commit checks after `finish`, as before: every write here
+is undone by a refusal, whenever it ran.
 
 The writes take the rows' locks earlier than a commit after the decision did: an API call that
 changes an admitted workload meanwhile waits for the cycle (as it would for its commit), and a device

@@ -133,8 +133,8 @@ class Cycle:
         #    at its turn in step 4: the first admission is then made before the last of 20,000 requests
         #    is resolved, and its writes can start (broker.cycle.admissions). Those whose devices are held
         #    or being freed go first, as the nominations and the victim index ask after them.
-        by_queue: dict[str, list] = {}
-        for workload in sorted(self.snapshot.pending, key=_by_id):
+        by_queue: dict[str, list] = {}  # each queue's in its own order (FairShareOrder sorts them)
+        for workload in self.snapshot.pending:
             by_queue.setdefault(workload.queue, []).append(workload)
         self.requests: dict[str, Request] = {}
         self._shapes: dict = {}
