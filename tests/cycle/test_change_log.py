@@ -11,7 +11,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from broker.cycle import changes, loader
-from broker.cycle.loader import BuiltFromRows, forget_everything_loaded, load_snapshot
+from broker.cycle.loader import BuiltFromRows, load_snapshot
 from broker.cycle.runner import run_once
 from broker.governance.models import ApprovalRequest
 from broker.inventory.models import Device
@@ -40,17 +40,6 @@ def log_rows():
 def clear_log():
     with connection.cursor() as cursor:
         cursor.execute("DELETE FROM workloads_change_log")
-
-
-@pytest.fixture
-def committed_cluster():
-    """The small cluster, and no record kept from another test."""
-    from tests.builders import build_small_cluster
-
-    forget_everything_loaded()
-    cluster = build_small_cluster()
-    yield cluster
-    forget_everything_loaded()
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from django.utils import timezone
 
 from broker.cycle import loader
 from broker.cycle import runner as runner_module
-from broker.cycle.loader import forget_everything_loaded, load_snapshot
+from broker.cycle.loader import load_snapshot
 from broker.cycle.locks import reading_snapshot
 from broker.cycle.runner import run_once, worth_reading_back
 from broker.workloads.models import SchedulingCycle, Workload
@@ -16,16 +16,6 @@ from tests.cycle.helpers import pending
 
 # Committed as a worker commits: the cycle's hooks (the executor's start) run before the read-back.
 pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
-
-
-@pytest.fixture
-def committed_cluster():
-    from tests.builders import build_small_cluster
-
-    forget_everything_loaded()
-    cluster = build_small_cluster()
-    yield cluster
-    forget_everything_loaded()
 
 
 def kept_running():
