@@ -1,5 +1,6 @@
 from django.contrib import admin
 
+from broker.audit.admin_mixins import AuditedAdminMixin
 from broker.workloads.models import (
     Allocation,
     Explanation,
@@ -27,7 +28,11 @@ class TransitionInline(admin.TabularInline):
 
 
 @admin.register(Workload)
-class WorkloadAdmin(admin.ModelAdmin):
+class WorkloadAdmin(AuditedAdminMixin, admin.ModelAdmin):
+    # A workload changed by hand (its priority, its pod sets) is an intervention like one in the dashboard,
+    # and moves the cluster's generation: a cycle that read it before is refused, and the dashboard's
+    # state (which reads pending pod sets) is read again.
+    manual_intervention = True
     list_display = ("name", "team", "queue", "resource_class", "state", "priority", "submitted_at")
     list_filter = ("state", "team", "queue", "resource_class", "approval", "disruption_mode")
     search_fields = ("name", "team__name", "trace_id")
