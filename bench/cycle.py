@@ -25,7 +25,8 @@ is read and indexed and the running work's records built, in a transaction that 
 Times are the cycle row's own phases (SchedulingCycle.load_ms / decide_ms / commit_ms); committed_ms,
 from run_once's call until PostgreSQL committed the transaction (what the target holds: the phases plus
 the lock, the cycle row and the COMMIT); and the wall time of run_once, whose difference from
-committed_ms is the after-commit work (broadcast, capacity sample, executor start).
+committed_ms is the after-commit work (broadcast, capacity sample, executor start, and after a cycle that
+wrote many workloads the read-back of them, reported as after_commit_read_back_ms).
 """
 
 from __future__ import annotations
