@@ -175,7 +175,7 @@ class Cycle:
                     self._hopeless.add(hopeless)
                     self._hopeless_demands.add(id(request.demands))
         # 7. Explain every workload not admitted, against the state at the end of the cycle.
-        pending = explanation.explain_all(self)
+        pending = explanation.explain_all(self, rerun=decide)
         # 8. Assemble the result in a stable order.
         return CycleResult(
             admissions=tuple(self.log.admitted[key] for key in sorted(self.log.admitted)),
