@@ -42,6 +42,7 @@ from django.db import connection, transaction
 from django.db.models.sql import UpdateQuery
 
 from broker.cycle.bulk import Background, column_in, insert_rows, pk_in
+from broker.events import request_cycle_after_commit
 from broker.workloads.models import Allocation, Workload, WorkloadTransition
 from broker.workloads.states import HOLDING_STATES, State, can_transition
 
@@ -109,8 +110,6 @@ class SimulatedExecutor(Executor):
             Allocation.objects.filter(**column_in("workload", done), released_at__isnull=True).update(released_at=now)
         progress.completed = done
         if done:
-            from broker.cycle.triggers import request_cycle_after_commit
-
             request_cycle_after_commit(f"{len(done)} workloads completed")
         return progress
 
@@ -155,7 +154,6 @@ def complete_evictions(ids, now):
     if not ids:
         return []
     from broker.audit.models import record
-    from broker.cycle.triggers import request_cycle_after_commit
     from broker.workloads.models import ExplanationChange
 
     victims = Workload.objects.select_related("team", "evicted_for__team").in_bulk(ids)
@@ -202,7 +200,6 @@ def complete_pod_evictions(rows, now):
     if not rows:
         return []
     from broker.audit.models import record
-    from broker.cycle.triggers import request_cycle_after_commit
     from broker.workloads.models import ExplanationChange
 
     Allocation.objects.filter(**pk_in([row[0] for row in rows])).update(released_at=now)

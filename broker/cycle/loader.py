@@ -28,7 +28,7 @@ from broker.cycle import changes
 from broker.cycle.bulk import Background, column_in, pk_in
 from broker.cycle.executor import get_executor
 from broker.flat_rows import fetch_rows, fetch_sql
-from broker.governance.approvals import outside_window
+from broker.governance.models import ApprovalRequest
 from broker.inventory.models import ClusterState, Device, Domain, Health, InventoryRevision, Node, TopologyLevel
 from broker.policy.models import Cohort, DeviceClass, Queue, Reservation, ResourceClass, ResourceClassDeviceClass
 from broker.scheduler import snapshot as s
@@ -725,7 +725,7 @@ def closed_windows(loaded):
     log to patch records with; else empty (the pending query leaves them out itself)."""
     if loaded.horizon is None:
         return frozenset()
-    return frozenset(outside_window(loaded.now).values_list("workload_id", flat=True))
+    return frozenset(ApprovalRequest.objects.outside_window(loaded.now).values_list("workload_id", flat=True))
 
 
 def fetch_pending_rows(loaded, pks=None):
@@ -736,7 +736,7 @@ def fetch_pending_rows(loaded, pks=None):
         workloads = workloads.filter(**pk_in(pks))
     rows = fetch_rows(
         # An approval granted for a window keeps the workload out of the cycle while the window is shut.
-        workloads.exclude(pk__in=outside_window(loaded.now))
+        workloads.exclude(pk__in=ApprovalRequest.objects.outside_window(loaded.now))
         .order_by("id")
         .values_list(
             "id",

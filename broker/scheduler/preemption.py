@@ -12,7 +12,12 @@ Who may be a victim (each victim carries the rule that allowed it):
   device class, makes room: reclaiming evicts higher-priority work only when nothing else would do.
 - ReservationReclaim: preemptible work of another team running on devices reserved for the preemptor's
   team (it borrowed them knowing this), whatever its priority.
-Only workloads marked preemptible are ever victims. A PodGroup-mode victim is evicted whole. A Pod-mode
+- ClassPriority: when the preemptor's resource class `preempts_across_queues`, preemptible work of strictly
+  lower priority in the other queues of its cohort tree (the menu lets short, interactive work displace
+  batch work whoever runs it).
+Only workloads marked preemptible are ever victims, and none that is protected from thrashing: one that
+started less than `preemption_min_runtime_seconds` ago, or was already preempted
+`max_preemptions_per_workload` times. A PodGroup-mode victim is evicted whole. A Pod-mode
 victim with pods above its gang minimum (`RunningWorkload.surplus_pods`) is first offered shrunk: a
 search among such surplus pods alone comes first, and only when shrinking cannot make room are workloads
 evicted whole; a gang never drops below its minimum while it runs.
@@ -55,6 +60,10 @@ class Victim:
                 f"{preemptor.queue} is reclaiming it"
             ),
             "ReservationReclaim": f"it runs on devices reserved for team {request.team}",
+            "ClassPriority": (
+                f"{request.resource_class.name if request.resource_class else 'its'} work of priority "
+                f"{preemptor.priority} may preempt preemptible work of lower priority in any queue of the cohort"
+            ),
         }
         return f"{what} for {preemptor.id} ({self.rule}): {reasons[self.rule]}"
 
@@ -120,8 +129,29 @@ def _reclaims_above_own_priority(cycle, request) -> bool:
 def _may_preempt(cycle, request) -> bool:
     queue = request.queue
     return (
-        queue.within_queue != "Never" or queue.reclaim_within_cohort != "Never" or request.team in cycle.reserved_teams
+        queue.within_queue != "Never"
+        or queue.reclaim_within_cohort != "Never"
+        or request.team in cycle.reserved_teams
+        or _preempts_across_queues(request)
     )
+
+
+def _preempts_across_queues(request) -> bool:
+    return request.resource_class is not None and request.resource_class.preempts_across_queues
+
+
+def protection(config, now):
+    """A test for running work that no rule may preempt at `now` (it started too recently, or was
+    preempted too often already), or None when the config protects nothing."""
+    least = config.preemption_min_runtime_seconds
+    most = config.max_preemptions_per_workload
+    if least <= 0 and most is None:
+        return None
+
+    def protected(workload: RunningWorkload) -> bool:
+        return (least > 0 and now - workload.started < least) or (most is not None and workload.preemptions >= most)
+
+    return protected
 
 
 def _claim(cycle, found: Found) -> None:
@@ -200,12 +230,13 @@ class VictimIndex:
         evicting = set()
         # An evicting workload's devices are for the workload it is evicted for while that one waits.
         self.evicted_for: dict[str, str] = {}
+        protected = protection(cycle.config, cycle.snapshot.now)
         for workload in cycle.snapshot.running:
             if workload.evicting:
                 evicting.add(workload.id)
                 if workload.evicted_for in cycle.requests:
                     self.evicted_for[workload.id] = workload.evicted_for
-            elif workload.preemptible:
+            elif workload.preemptible and (protected is None or not protected(workload)):
                 self.candidates.setdefault(workload.queue, []).append(workload)
                 if workload.disruption == "Pod" and workload.min_counts:
                     surplus = workload.surplus_pods
@@ -220,6 +251,8 @@ class VictimIndex:
             if slot.owner is None or not slot.holder:
                 continue
             holder = cycle.running.get(slot.holder)
+            if holder is not None and protected is not None and protected(holder):
+                continue
             if holder is not None and team_of_queue.get(holder.queue) != slot.owner:
                 self.on_reserved.setdefault(slot.owner, set()).add(holder.id)
         self.evicting_slots = [slot for slot in cycle.state.slots if slot.holder in evicting] if evicting else []
@@ -320,6 +353,10 @@ def _eligible(cycle, request, class_name: str, any_priority: bool = False, shrin
         for workload in _cohort_reclaim_candidates(cycle, index, request, any_priority):  # none is own
             if workload.id not in chosen and workload.id not in others:
                 others[workload.id] = (workload, "ReclaimWithinCohort")
+    if _preempts_across_queues(request):
+        for workload in _class_priority_candidates(index, request):  # none is own
+            if workload.id not in chosen and workload.id not in others:
+                others[workload.id] = (workload, "ClassPriority")
     if shrink:
         shrunk = index.shrunk
         own = [shrunk[workload.id] for workload in own if workload.id in shrunk]
@@ -345,6 +382,18 @@ def _cohort_reclaim_candidates(cycle, index: VictimIndex, request, any_priority:
             yield from run.below(priority)
         else:
             yield from run.workloads if any_priority else run.up_to(priority)
+
+
+def _class_priority_candidates(index: VictimIndex, request):
+    """Preemptible work of strictly lower priority in the other queues of the preemptor's cohort tree."""
+    queue = request.queue
+    root = index.cohort_root.get(queue.name)
+    if root is None:
+        return
+    priority = request.workload.priority
+    for other in index.queues:
+        if other != queue.name and index.cohort_root.get(other) == root:
+            yield from index.own(other).below(priority)
 
 
 def _cohort_reclaim_runs(cycle, index: VictimIndex, request):
