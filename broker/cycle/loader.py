@@ -162,7 +162,12 @@ def _load_snapshot(now, config):
         now=now.timestamp(),
         config=config
         or s.SchedulerConfig(
-            backfill_wait_seconds=settings.BACKFILL_WAIT_SECONDS, estimate_queue_depth=settings.ESTIMATE_QUEUE_DEPTH
+            backfill_wait_seconds=settings.BACKFILL_WAIT_SECONDS,
+            estimate_queue_depth=settings.ESTIMATE_QUEUE_DEPTH,
+            preemption_min_runtime_seconds=settings.PREEMPTION_MIN_RUNTIME_SECONDS,
+            max_preemptions_per_workload=settings.PREEMPTION_MAX_PER_WORKLOAD,
+            shorter_remaining_factor=settings.SHORTER_REMAINING_FACTOR,
+            shortest_first_aging_seconds=settings.SHORTEST_FIRST_AGING_SECONDS,
         ),
     )
     loaded.load_ms = (time.perf_counter() - started) * 1000
@@ -625,6 +630,8 @@ def load_resource_classes():
         priority,
         preemptible,
         max_devices,
+        preempts_across_queues,
+        checkpoint_restart_seconds,
     ) in ResourceClass.objects.order_by("name").values_list(
         "id",
         "name",
@@ -635,6 +642,8 @@ def load_resource_classes():
         "priority_class__value",
         "preemptible",
         "max_devices",
+        "preempts_across_queues",
+        "checkpoint_restart_seconds",
     ):
         rules[name] = ApprovalRule(approval, threshold)
         classes.append(
@@ -648,6 +657,8 @@ def load_resource_classes():
                 default_priority=priority,
                 preemptible=preemptible,
                 max_devices=max_devices,
+                preempts_across_queues=preempts_across_queues,
+                checkpoint_restart_seconds=float(checkpoint_restart_seconds),
             )
         )
     return tuple(classes), rules
@@ -1150,14 +1161,15 @@ def holder_rows(workloads):
         "expected_duration_seconds",
         epoch("eviction_requested_at"),
         "evicted_for_id",
+        "preemption_count",
     )
 
 
 def running_records(workload_id, rows, info, loaded, class_names, executor):
     """`running_workload`, or for a workload with pods being evicted the tuple `split_leaving` makes."""
     workload = running_workload(workload_id, rows, info, loaded, class_names, executor)
-    if len(info) > 10 and info[11]:
-        return s.split_leaving(workload, set(info[11]), None if info[12] is None else str(info[12]))
+    if len(info) > 11 and info[12]:
+        return s.split_leaving(workload, set(info[12]), None if info[13] is None else str(info[13]))
     return workload
 
 
@@ -1165,8 +1177,8 @@ def running_workload(workload_id, rows, info, loaded, class_names, executor):
     """One RunningWorkload from its active allocation rows (ordered) and its workload row (plus, in Pod
     disruption mode, what `shrinking_rows` adds)."""
     queue, priority, disruption, preemptible, state, admitted_at, started_at, duration = info[:8]
-    eviction_requested_at, evicted_for = info[8:10]
-    min_counts = info[10] if len(info) > 10 else ()
+    eviction_requested_at, evicted_for, preemptions = info[8:11]
+    min_counts = info[11] if len(info) > 11 else ()
     # Device and class names come from what was loaded already: no join per allocation.
     devices_by_pk = loaded.devices_by_pk
     if len(rows) == 1:  # most running work is one device: one pod, nothing to group or sort
@@ -1201,4 +1213,5 @@ def running_workload(workload_id, rows, info, loaded, class_names, executor):
         evicting=eviction_requested_at is not None,
         evicted_for=None if evicted_for is None else str(evicted_for),
         min_counts=min_counts,
+        preemptions=preemptions,
     )

@@ -384,7 +384,12 @@ class Cycle:
         for victim in found.victims:
             workload = victim.workload
             pods = tuple((pod.pod_set, pod.index) for pod in workload.pods) if workload.partial else ()
-            self.log.preemptions.append(Preemption(workload.id, request.id, victim.rule, victim.message(request), pods))
+            self.log.preemptions.append(
+                Preemption(workload.id, request.id, victim.rule, self._victim_message(victim, request), pods)
+            )
+
+    def _victim_message(self, victim, request) -> str:
+        return victim.message(request, self.snapshot.now, self.config.shorter_remaining_factor or 0.0)
 
     # --- shared questions ---
 

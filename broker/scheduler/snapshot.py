@@ -398,6 +398,10 @@ class SchedulerConfig:
       be preempted; no preemption can then undo an admission before it did any work.
     max_preemptions_per_workload: a workload preempted this many times is not preempted again (None = no
       bound): it finishes, however often higher-priority work arrives.
+    shorter_remaining_factor: None = off; a number lets a pending workload preempt preemptible work of its
+      own priority in its cohort tree (rule ShorterRemaining) whose expected remaining device-time is at
+      least this many times the preemptor's whole expected device-time (preemptive shortest-remaining-first;
+      work of unknown duration is never such a victim).
     shortest_first_aging_seconds: None keeps equal-priority work of a queue in submission order; a number
       orders it by expected remaining device-time, shortest first, each such span of waiting counting as
       much as a factor of e in size, so long work moves up the longer it waits and nobody starves.
@@ -415,6 +419,7 @@ class SchedulerConfig:
     estimate_queue_depth: int = 1000
     preemption_min_runtime_seconds: float = 0.0
     max_preemptions_per_workload: int | None = None
+    shorter_remaining_factor: float | None = None
     shortest_first_aging_seconds: float | None = None
 
 
@@ -469,7 +474,8 @@ class Admission:
 class Preemption:
     """A running workload to evict so `preemptor_id` can start in a later cycle.
 
-    rule: the policy that allowed it: "WithinQueue" | "ReclaimWithinCohort" | "ReservationReclaim".
+    rule: the policy that allowed it: "WithinQueue" | "ReclaimWithinCohort" | "ReservationReclaim" |
+      "ClassPriority" | "ShorterRemaining".
     pods: (pod set, index) of the pods to evict when it is shrunk (Pod disruption mode, pods above its
       gang minimum); empty: the whole workload.
     """

@@ -176,6 +176,7 @@ def contested(draw):
                 priority=draw(st.sampled_from((50, 100, 500))),
             )
         )
+        running[-1] = replace(running[-1], expected_end=draw(st.sampled_from((None, NOW + 600, NOW + 86400))))
     pending = []
     for index in range(draw(st.integers(1, 3))):
         interactive = draw(st.booleans())
@@ -191,6 +192,7 @@ def contested(draw):
         "preemption_min_runtime_seconds": draw(st.sampled_from((0.0, 300.0))),
         "max_preemptions_per_workload": draw(st.sampled_from((None, 1, 2))),
         "preemptions_per_queue_per_cycle": 3,
+        "shorter_remaining_factor": draw(st.sampled_from((None, 4.0))),
     }
     queue_policies = {name: draw(st.sampled_from(("Never", "LowerPriority"))) for name in queues}
     return running, pending, config, queue_policies
@@ -213,6 +215,12 @@ def test_it_never_preempts_what_the_rules_protect(case):
         assert NOW - victim.started >= config["preemption_min_runtime_seconds"]
         bound = config["max_preemptions_per_workload"]
         assert bound is None or victim.preemptions < bound
+        if preemption.rule == "ShorterRemaining":
+            assert config["shorter_remaining_factor"] is not None
+            assert victim.priority == preemptor.priority
+            remaining = (victim.expected_end - NOW) * victim.device_count
+            assert remaining >= config["shorter_remaining_factor"] * preemptor.expected_duration
+            continue
         assert victim.priority < preemptor.priority
         if victim.queue == preemptor.queue:
             assert policies[victim.queue] == "LowerPriority"
@@ -220,3 +228,31 @@ def test_it_never_preempts_what_the_rules_protect(case):
             # No quota in these queues: only a class that preempts across queues may, inside its cohort.
             assert preemptor.resource_class == "interactive"
             assert cohort[victim.queue] is not None and cohort[victim.queue] == cohort[preemptor.queue]
+
+
+def long_running(job_id, queue, device, hours_left, priority=100):
+    return replace(batch_job(job_id, queue, device, priority=priority), expected_end=NOW + hours_left * 3600)
+
+
+def test_it_lets_short_work_preempt_much_longer_work_of_its_own_priority_when_asked():
+    running = [long_running("days", "qb", "n1/0", 48), long_running("hour", "qb", "n1/1", 1)]
+    short = sized("short", 0.25, NOW)  # 15 min on one device: "days" expects 192 times that
+
+    assert decide(snapshot(running, [short])).preemptions == ()
+    result = decide(snapshot(running, [short], shorter_remaining_factor=4))
+
+    [preemption] = result.preemptions
+    assert preemption.victim_id == "days"
+    assert "ShorterRemaining" in preemption.message
+    assert "48.0 h more" in preemption.message
+
+
+def test_it_spares_work_whose_remaining_time_is_not_long_enough_or_unknown():
+    unknown = replace(batch_job("unknown", "qb", "n1/0"), expected_end=None)
+    running = [unknown, long_running("hour", "qb", "n1/1", 0.75)]
+    short = sized("short", 0.25, NOW)  # 3 times: under the factor of 4
+
+    assert decide(snapshot(running, [short], shorter_remaining_factor=4)).preemptions == ()
+    # Not of another priority either: higher is never a victim, lower is the classes' business.
+    running = [long_running("higher", "qb", "n1/0", 48, priority=300), long_running("c", "qc", "n1/1", 48)]
+    assert decide(snapshot(running, [short], shorter_remaining_factor=4)).preemptions == ()
