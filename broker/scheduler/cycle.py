@@ -456,7 +456,7 @@ class Cycle:
         """Placement of `request` with one class on the current free state; failures are memoised
         because free capacity only shrinks during a cycle."""
         access = access or request.default_access
-        if request.simple and not self.uses_extras(access):
+        if request.simple and not self.uses_extras(access) and self._whole_devices(class_name):
             if not excluded:
                 # Answered from the bucketed free counts, a failure as fast as a memo lookup: no memo.
                 return self._simple_plan(self.state.class_index[class_name], request.demands[0])
@@ -487,7 +487,7 @@ class Cycle:
     def plan_now(self, request: Request, class_name: str, access: Access, excluded=frozenset()):
         """Placement of `request` with one class on the current free state, remembering nothing (for
         callers during whose questions free capacity also grows, like the estimated-start simulation)."""
-        if request.simple and not self.uses_extras(access):
+        if request.simple and not self.uses_extras(access) and self._whole_devices(class_name):
             return self._simple_plan(self.state.class_index[class_name], request.demands[0], excluded)
         levels = self.state.levels
         return place_gang(
@@ -496,6 +496,12 @@ class Cycle:
             levels.index(request.required) if request.required else None,
             levels.index(request.preferred) if request.preferred else None,
         )
+
+    def _whole_devices(self, class_name: str) -> bool:
+        """Whether the simple path may place `request` with the class: not when the class has devices
+        that consume shared counters. It takes a node's first free devices, and two free ones may not
+        both fit the counters; placement packs them onto devices already cut instead."""
+        return class_name not in self.state.class_counted
 
     def _simple_plan(self, class_index: int, demand, excluded=frozenset()) -> GangPlan | None:
         """`place_gang` for a simple request (see Request.simple) on plain devices only, minus the
