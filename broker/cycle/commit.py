@@ -131,6 +131,7 @@ def write_result(decider, snapshot, loaded, cycle):
                 devices_held = check_fresh(result, loaded)
                 if writer.devices and not devices_held:
                     check_devices(writer.devices, loaded)
+                check_counters(writer.devices, loaded, devices_held)
                 delta = apply(result, loaded, cycle, admitted)
                 check_constraints_now()
             except IntegrityError as error:
@@ -273,6 +274,37 @@ def check_devices(wanted, loaded):
             raise StaleSnapshot(f"node {node} was cordoned")
     if len(seen) != len(wanted):
         raise StaleSnapshot("an admitted device was removed")
+
+
+def check_counters(admitted, loaded, inventory_held):
+    """Refuse admissions that take more of a shared counter (DRA counter sets) than its set publishes,
+    counting every active allocation on the nodes concerned, the ones just written included: the
+    unique index guards a device against a second holder, this its partitions and its whole. Counters
+    are as loaded, so an inventory write since the snapshot refuses admissions of counted devices."""
+    counters = loaded.counters
+    if not admitted or counters is None or not counters.consumed:
+        return
+    consumed = counters.consumed
+    nodes = {key[0] for pk in admitted for key, _ in consumed.get(pk, ())}
+    if not nodes:
+        return
+    if not inventory_held:
+        raise StaleSnapshot("the inventory changed since the snapshot under devices that consume shared counters")
+    held = Allocation.objects.filter(released_at__isnull=True, device__node__name__in=nodes).values_list(
+        "device_id", flat=True
+    )
+    used = defaultdict(int)
+    for pk in held:
+        for key, amount in consumed.get(pk, ()):
+            used[key] += amount
+    for key, amount in sorted(used.items()):
+        value = counters.values.get(key, 0)
+        if amount > value:
+            node, counter_set, counter = key
+            raise StaleSnapshot(
+                f"counter {counter} of counter set {counter_set} on node {node} would be over-consumed "
+                f"({amount} of {value})"
+            )
 
 
 # An admitted device already held is refused by the unique index on active allocations, not looked for

@@ -1,0 +1,106 @@
+"""Partitionable devices end to end (loader -> decide -> commit): a GPU and its partitions are never
+handed out together, whether the inventory states DRA counters or only each partition's parent."""
+
+import pytest
+from django.utils import timezone
+
+from broker.cycle.commit import StaleSnapshot, commit_result
+from broker.cycle.loader import load_snapshot
+from broker.cycle.runner import run_once
+from broker.inventory.models import Device, Node
+from broker.scheduler.cycle import decide
+from broker.workloads.models import Allocation, SchedulingCycle
+from broker.workloads.states import State
+from tests.cycle.helpers import pending, running
+
+MIG = 'device.attributes["gpu.example.com"].model == "MIG"'
+
+
+def one_gpu_node(cluster, counters):
+    """Node g with whole device g0 and partitions g0-mig-a, g0-mig-b (both H100 by the class's selector)."""
+    node = Node.objects.create(name="g", domain=cluster.nodes[0].domain)
+    Device.objects.filter(node__in=cluster.nodes).update(health="Unhealthy")  # only g's devices are free
+    if counters:
+        node.shared_counters = {"gpu-0": {"memory": "80Gi"}}
+        node.save()
+    whole = Device.objects.create(
+        node=node,
+        name="g0",
+        attributes={"model": "H100"},
+        consumes_counters={"gpu-0": {"memory": "80Gi"}} if counters else None,
+    )
+    partitions = [
+        Device.objects.create(
+            node=node,
+            name=f"g0-mig-{suffix}",
+            attributes={"model": "H100"},
+            parent=whole,
+            consumes_counters={"gpu-0": {"memory": "40Gi"}} if counters else None,
+        )
+        for suffix in "ab"
+    ]
+    return whole, partitions
+
+
+@pytest.mark.parametrize("counters", [False, True], ids=["parent-only", "counter-sets"])
+def test_it_never_allocates_a_device_together_with_its_partitions(cluster, counters):
+    one_gpu_node(cluster, counters)
+    for index in range(3):
+        pending(cluster.queue_a, f"one-{index}", resource_class=cluster.inference)
+
+    run_once()
+
+    held = sorted(Allocation.objects.filter(released_at__isnull=True).values_list("device__name", flat=True))
+    assert held == ["g0"]
+    admitted = cluster.queue_a.workloads.filter(state=State.ADMITTED).count()
+    assert admitted == 1
+
+
+def test_it_places_both_partitions_once_the_whole_device_is_taken_by_nobody(cluster):
+    whole, partitions = one_gpu_node(cluster, counters=True)
+    # A running holder of one partition: the whole device is out, the other partition is free.
+    running(cluster.queue_b, "slice", [partitions[0]], cluster.h100)
+    for index in range(2):
+        pending(cluster.queue_a, f"one-{index}", resource_class=cluster.inference)
+
+    run_once()
+
+    held = sorted(Allocation.objects.filter(released_at__isnull=True).values_list("device__name", flat=True))
+    assert held == ["g0-mig-a", "g0-mig-b"]
+
+
+def test_it_refuses_a_stale_result_that_would_over_consume_a_counter(cluster):
+    whole, partitions = one_gpu_node(cluster, counters=True)
+    workload = pending(cluster.queue_a, "slice", resource_class=cluster.inference)
+    Device.objects.filter(pk=whole.pk).update(health="Unhealthy")  # the result takes a partition
+    snapshot, loaded = load_snapshot(timezone.now())
+    result = decide(snapshot)
+    assert [pod.device_ids for admission in result.admissions for pod in admission.pods] == [("g/g0-mig-a",)]
+    # Meanwhile the whole device went to someone else (the snapshot does not know).
+    Allocation.objects.create(
+        workload=pending(cluster.queue_b, "w", state=State.RUNNING),
+        device=whole,
+        device_class=cluster.h100,
+        pod_set="main",
+        pod_index=0,
+    )
+    cycle = SchedulingCycle.objects.create()
+
+    with pytest.raises(StaleSnapshot, match="counter memory of counter set gpu-0 on node g would be over-consumed"):
+        commit_result(result, loaded, cycle)
+
+    workload.refresh_from_db()
+    assert workload.state == State.PENDING
+    assert not Allocation.objects.filter(workload=workload).exists()
+
+
+def test_it_rejects_a_partition_consuming_a_counter_its_node_lacks(cluster):
+    from django.core.exceptions import ValidationError
+
+    node = Node.objects.create(name="g", shared_counters={"gpu-0": {"memory": 8}})
+    device = Device(node=node, name="p", consumes_counters={"gpu-0": {"compute": 1}})
+    with pytest.raises(ValidationError, match="Counter 'compute' is not in counter set 'gpu-0'"):
+        device.full_clean()
+    device.consumes_counters = {"gpu-9": {"memory": 1}}
+    with pytest.raises(ValidationError, match="Counter set 'gpu-9' is not published"):
+        device.full_clean()
