@@ -8,11 +8,12 @@ from __future__ import annotations
 import gc
 from bisect import bisect_left
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from operator import attrgetter
 
 from broker.scheduler import backfill, explanation, preemption
 from broker.scheduler.capacity import NODE_LEVEL, ROOT, Access, CapacityState, View
+from broker.scheduler.failures import device_failures
 from broker.scheduler.ordering import FairShareOrder, ShareBook
 from broker.scheduler.placement import GangPlan, PlannedPod, place_gang
 from broker.scheduler.quota import QuotaTree
@@ -44,10 +45,11 @@ def decide(snapshot: Snapshot, on_admission: Callable[[Admission], None] | None 
     collecting = gc.isenabled()
     gc.disable()
     try:
+        evictions, snapshot = device_failures(snapshot)
         cycle = Cycle(snapshot, on_admission)
         result = cycle.run()
         cycle.state.retire()
-        return result
+        return replace(result, evictions=evictions) if evictions else result
     finally:
         if collecting:
             gc.enable()

@@ -750,7 +750,8 @@ def _inferred_class(pods, lookups, matcher: ClassMatcher, where) -> str:
 
 
 def result_to_json(snapshot: Snapshot, result: CycleResult) -> dict:
-    """The exact `whatif --json` shape: {"workloads": [...], "preempted": [...]}."""
+    """The exact `whatif --json` shape: {"workloads": [...], "preempted": [...], "evicted": [...]};
+    `evicted` holds {"name", "reason", "message"} of running work stopped for any cause but preemption."""
     admissions = {admission.workload_id: admission for admission in result.admissions}
     decisions = {decision.workload_id: decision for decision in result.pending}
     workloads = []
@@ -765,7 +766,11 @@ def result_to_json(snapshot: Snapshot, result: CycleResult) -> dict:
         by_victim.setdefault(preemption.victim_id, preemption)
     for victim_id in preempted:
         workloads.append(_preempted_json(by_victim[victim_id]))
-    return {"workloads": workloads, "preempted": preempted}
+    evicted = [
+        {"name": eviction.workload_id, "reason": eviction.reason, "message": eviction.message}
+        for eviction in sorted(result.evictions, key=lambda eviction: eviction.workload_id)
+    ]
+    return {"workloads": workloads, "preempted": preempted, "evicted": evicted}
 
 
 def result_table(snapshot: Snapshot, result: CycleResult) -> str:
@@ -781,6 +786,8 @@ def result_table(snapshot: Snapshot, result: CycleResult) -> str:
             if workload["suggestions"]:
                 detail += " | try: " + "; ".join(s["description"] for s in workload["suggestions"])
         rows.append((workload["name"], workload["status"], workload["reason"] or "-", detail))
+    for eviction in result.evictions:
+        rows.append((eviction.workload_id, "evicted", eviction.reason, eviction.message))
     widths = [max(len(row[column]) for row in rows) for column in range(3)]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True)) + "  " + row[3]
              for row in rows]  # fmt: skip

@@ -483,6 +483,21 @@ class Preemption:
 
 
 @dataclass(frozen=True)
+class Eviction:
+    """Running work the cycle stops for a cause other than preemption (e.g. a failed device under it).
+
+    reason: "DeviceFailed". pods: (pod set, index) of the pods that leave (Pod disruption mode, its
+    gang minimum kept); empty: the whole workload. It keeps its devices while it shuts down, then goes
+    back to its queue.
+    """
+
+    workload_id: str
+    reason: str
+    message: str
+    pods: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True)
 class Suggestion:
     """A change that was verified to make the workload start on this snapshot.
 
@@ -523,3 +538,4 @@ class CycleResult:
     admissions: tuple[Admission, ...] = ()
     preemptions: tuple[Preemption, ...] = ()
     pending: tuple[PendingDecision, ...] = ()
+    evictions: tuple[Eviction, ...] = ()

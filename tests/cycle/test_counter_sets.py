@@ -104,3 +104,26 @@ def test_it_rejects_a_partition_consuming_a_counter_its_node_lacks(cluster):
     device.consumes_counters = {"gpu-9": {"memory": 1}}
     with pytest.raises(ValidationError, match="Counter set 'gpu-9' is not published"):
         device.full_clean()
+
+
+def test_it_evicts_work_on_a_failed_device_once_and_requeues_it_in_its_place(cluster):
+    from broker.workloads.models import ExplanationChange, Workload
+
+    devices = list(Device.objects.filter(node=cluster.nodes[0]).order_by("name"))
+    gang = running(cluster.queue_a, "gang", devices[:2], cluster.h100)
+    calm = running(cluster.queue_a, "calm", devices[2:3], cluster.h100)
+    Device.objects.filter(pk=devices[1].pk).update(taints=[{"key": "xid", "value": "79", "effect": "NoExecute"}])
+    Device.objects.filter(pk=devices[2].pk).update(taints=[{"key": "drain", "effect": "NoSchedule"}])
+
+    run_once()
+    run_once()
+
+    gang.refresh_from_db()
+    assert gang.eviction_requested_at is not None and gang.evicted_for is None
+    assert gang.eviction_rule == "DeviceFailed"
+    assert gang.eviction_message == "evicted: device n1/1 failed (xid 79)"
+    (change,) = ExplanationChange.objects.filter(workload=gang)
+    assert change.reason == "Evicted" and change.message.startswith("evicted: device n1/1 failed (xid 79)")
+    calm.refresh_from_db()
+    assert calm.eviction_requested_at is None, "NoSchedule keeps running work"
+    assert Workload.objects.get(pk=gang.pk).submitted_at == gang.submitted_at
