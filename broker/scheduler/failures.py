@@ -5,8 +5,8 @@ its devices while it shuts down (as a preemption victim does) and then goes back
 original place: its priority and submission time are unchanged. A NoSchedule taint keeps running work
 and only blocks new placements.
 
-Pure: `device_failures(snapshot)` returns the evictions and the snapshot as the rest of the cycle must
-see it (the evicted records marked evicting, for nobody)."""
+Pure: the cycle finds the holders of the failed devices in its device records (no pass over the
+running work), and `evictions_for` says what to evict and how the rest of the cycle sees it."""
 
 from __future__ import annotations
 
@@ -43,40 +43,27 @@ def _taint_text(taint) -> str:
     return f"{taint.key} {taint.value}" if taint.value is not None else taint.key
 
 
-def device_failures(snapshot: Snapshot) -> tuple[tuple[Eviction, ...], Snapshot]:
-    """(evictions, the snapshot with the evicted work marked evicting); the snapshot itself when nothing
-    runs on a failed device."""
-    failed = failed_devices(snapshot)
-    if not failed:
-        return (), snapshot
-    evictions = []
-    running = []
-    changed = False
-    for workload in snapshot.running:
-        if workload.evicting or workload.part_of is not None:
-            running.append(workload)
-            continue
-        hit = [(pod, device_id) for pod in workload.pods for device_id in pod.device_ids if device_id in failed]
-        if not hit:
-            running.append(workload)
-            continue
-        changed = True
-        device_id = hit[0][1]
-        why = f"device {device_id} failed ({failed[device_id]})"
-        if len(hit) > 1:
-            why += f" and {len({d for _, d in hit}) - 1} more"
-        leaving = {(pod.pod_set, pod.index) for pod, _ in hit}
+def evictions_for(hits: dict[str, list[str]], running: dict, failed: dict[str, str]) -> tuple[list, list]:
+    """(evictions, the records that replace the evicted ones) for `hits`: workload id -> the failed
+    devices it holds (the workloads running, not evicting already). A shrunk workload is replaced by its
+    staying pods and its leaving ones (`split_leaving`), one evicted whole by itself marked evicting."""
+    evictions, records = [], []
+    for workload_id in sorted(hits):
+        workload = running[workload_id]
+        devices = sorted(hits[workload_id])
+        why = f"device {devices[0]} failed ({failed[devices[0]]})"
+        if len(devices) > 1:
+            why += f" and {len(devices) - 1} more"
+        wanted = set(devices)
+        leaving = {(pod.pod_set, pod.index) for pod in workload.pods if wanted.intersection(pod.device_ids)}
         if _may_shrink(workload, leaving):
-            evictions.append(
-                Eviction(workload.id, DEVICE_FAILED, f"evicted: {why}; its other pods run on", tuple(sorted(leaving)))
-            )
-            running.extend(split_leaving(workload, leaving, None))
+            pods = tuple(sorted(leaving))
+            evictions.append(Eviction(workload_id, DEVICE_FAILED, f"evicted: {why}; its other pods run on", pods))
+            records.append(split_leaving(workload, leaving, None))
         else:
-            evictions.append(Eviction(workload.id, DEVICE_FAILED, f"evicted: {why}"))
-            running.append(replace(workload, evicting=True, evicted_for=None))
-    if not changed:
-        return (), snapshot
-    return tuple(evictions), replace(snapshot, running=tuple(running))
+            evictions.append(Eviction(workload_id, DEVICE_FAILED, f"evicted: {why}"))
+            records.append((replace(workload, evicting=True, evicted_for=None),))
+    return evictions, records
 
 
 def _may_shrink(workload: RunningWorkload, leaving: set) -> bool:
