@@ -15,7 +15,7 @@ from broker.scheduler import backfill, explanation, preemption
 from broker.scheduler.capacity import NODE_LEVEL, ROOT, Access, CapacityState, View
 from broker.scheduler.failures import evictions_for, failed_devices
 from broker.scheduler.ordering import FairShareOrder, ShareBook
-from broker.scheduler.placement import GangPlan, PlannedPod, place_gang
+from broker.scheduler.placement import GangPlan, PlannedPod, choose_counted, place_gang, spend
 from broker.scheduler.quota import QuotaTree
 from broker.scheduler.requests import Request, all_levels, approval_problem, entitlement_problem, resolve
 from broker.scheduler.selectors import ClassMatcher
@@ -496,7 +496,7 @@ class Cycle:
         """Placement of `request` with one class on the current free state; failures are memoised
         because free capacity only shrinks during a cycle."""
         access = access or request.default_access
-        if request.simple and not self.uses_extras(access) and self._whole_devices(class_name):
+        if request.simple and not self.uses_extras(access):
             if not excluded:
                 # Answered from the bucketed free counts, a failure as fast as a memo lookup: no memo.
                 return self._simple_plan(self.state.class_index[class_name], request.demands[0])
@@ -527,7 +527,7 @@ class Cycle:
     def plan_now(self, request: Request, class_name: str, access: Access, excluded=frozenset()):
         """Placement of `request` with one class on the current free state, remembering nothing (for
         callers during whose questions free capacity also grows, like the estimated-start simulation)."""
-        if request.simple and not self.uses_extras(access) and self._whole_devices(class_name):
+        if request.simple and not self.uses_extras(access):
             return self._simple_plan(self.state.class_index[class_name], request.demands[0], excluded)
         levels = self.state.levels
         return place_gang(
@@ -536,12 +536,6 @@ class Cycle:
             levels.index(request.required) if request.required else None,
             levels.index(request.preferred) if request.preferred else None,
         )
-
-    def _whole_devices(self, class_name: str) -> bool:
-        """Whether the simple path may place `request` with the class: not when the class has devices
-        that consume shared counters. It takes a node's first free devices, and two free ones may not
-        both fit the counters; placement packs them onto devices already cut instead."""
-        return class_name not in self.state.class_counted
 
     def _simple_plan(self, class_index: int, demand, excluded=frozenset()) -> GangPlan | None:
         """`place_gang` for a simple request (see Request.simple) on plain devices only, minus the
@@ -565,7 +559,10 @@ class Cycle:
         free_plain = state.free_plain
         name = demand.name
         values, members = buckets.values, buckets.members
-        if wanted == 1 and not excluded:
+        # Devices consuming shared counters: free ones may not all fit together, so their nodes are
+        # chosen from with the counters checked (placement.choose_counted).
+        counted = state.counted and state.class_names[class_index] in state.class_counted
+        if wanted == 1 and not excluded and not counted:
             # Most plans: one pod, on the first node of the fullest bucket with room. Its count is of its
             # free plain devices of this class, so it has `per_pod` of them.
             first = bisect_left(values, per_pod)
@@ -588,6 +585,18 @@ class Cycle:
                 if node in excluded:
                     continue
                 slots = [slot for slot in free_plain[node] if class_index in slot.classes]
+                if counted and any(slot.consumes is not None for slot in slots):
+                    spent: dict = {}
+                    while len(slots) >= per_pod:
+                        chosen = choose_counted(slots, demand, state, spent)
+                        if chosen is None:
+                            break
+                        pods.append(new_tuple(PlannedPod, (name, len(pods), node, tuple(chosen))))
+                        if len(pods) == wanted:
+                            return new_tuple(GangPlan, (class_index, ROOT, tuple(pods)))
+                        spend(spent, chosen)
+                        slots = [slot for slot in slots if slot not in chosen]
+                    continue
                 start = 0
                 while start + per_pod <= len(slots):
                     pods.append(new_tuple(PlannedPod, (name, len(pods), node, tuple(slots[start : start + per_pod]))))

@@ -157,7 +157,7 @@ class _Packer:
                 if self.spent is None:
                     chosen = _choose_devices(slots, demand)
                 else:
-                    chosen = _choose_counted(slots, demand, self.view.state, self.spent)
+                    chosen = choose_counted(slots, demand, self.view.state, self.spent)
                 if chosen is None:
                     break
                 self._record(demand, node, chosen)
@@ -175,7 +175,7 @@ class _Packer:
         self.taken.update(id(slot) for slot in chosen)
         self.used[node] = self.used.get(node, 0) + len(chosen)
         if self.spent is not None:
-            _spend(self.spent, chosen)
+            spend(self.spent, chosen)
 
     def _nodes_fullest_first(self, per_pod: int):
         view = self.view
@@ -220,14 +220,14 @@ def _choose_devices(slots: list[Slot], demand: PodDemand) -> list[Slot] | None:
     return groups[fitting[0][1]][:per_pod]
 
 
-def _spend(spent: dict, slots) -> None:
+def spend(spent: dict, slots) -> None:
     for slot in slots:
         if slot.consumes is not None:
             for counter, amount in slot.consumes:
                 spent[counter] = spent.get(counter, 0) + amount
 
 
-def _choose_counted(slots: list[Slot], demand: PodDemand, state, spent: dict) -> list[Slot] | None:
+def choose_counted(slots: list[Slot], demand: PodDemand, state, spent: dict) -> list[Slot] | None:
     """`_choose_devices` where devices consume shared counters: each device taken only while its
     counters are left after what the plan (and this pod) took. Devices of counter sets already in use
     go first, so partitions pack onto a device that is cut already and whole devices stay whole."""
@@ -246,10 +246,11 @@ def _choose_counted(slots: list[Slot], demand: PodDemand, state, spent: dict) ->
     for group in candidates:
         if len(group) < per_pod:
             continue
+        # Untouched sets last, told by each device's first counter (a cheap key: it is asked per slot).
         ordered = sorted(
             group,
             key=lambda slot: slot.consumes is not None
-            and all(left[counter] - spent.get(counter, 0) >= capacity[counter] for counter, _ in slot.consumes),
+            and left[slot.consumes[0][0]] - spent.get(slot.consumes[0][0], 0) >= capacity[slot.consumes[0][0]],
         )
         taking = dict(spent)
         chosen = []

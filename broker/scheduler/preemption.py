@@ -623,7 +623,7 @@ def _unblocked_slots(state, freed, access) -> list:
         if slot.consumes is None:
             continue
         for counter, _ in slot.consumes:
-            for order in state.counter_consumers[counter]:
+            for order, _ in state.counter_consumers[counter]:
                 other = state.slots[order]
                 if other.holder == COUNTERS and order not in found:
                     rank = RANK_PLAIN if other.category == PLAIN else access.rank(other)
