@@ -127,3 +127,22 @@ def test_it_evicts_work_on_a_failed_device_once_and_requeues_it_in_its_place(clu
     calm.refresh_from_db()
     assert calm.eviction_requested_at is None, "NoSchedule keeps running work"
     assert Workload.objects.get(pk=gang.pk).submitted_at == gang.submitted_at
+
+
+def test_it_evicts_only_the_pods_on_a_failed_device_in_pod_mode(cluster):
+    from broker.workloads.models import ExplanationChange, PodSet
+
+    devices = [Device.objects.filter(node=node).order_by("name").first() for node in cluster.nodes[:3]]
+    elastic = running(cluster.queue_a, "elastic", devices, cluster.h100, disruption_mode="Pod")
+    PodSet.objects.filter(workload=elastic).update(min_count=2)
+    Device.objects.filter(pk=devices[2].pk).update(health="Unhealthy")
+
+    run_once()
+
+    elastic.refresh_from_db()
+    assert elastic.eviction_requested_at is None, "it runs on with its other pods"
+    leaving = Allocation.objects.filter(workload=elastic, eviction_requested_at__isnull=False)
+    assert list(leaving.values_list("device_id", flat=True)) == [devices[2].pk]
+    (change,) = ExplanationChange.objects.filter(workload=elastic)
+    assert change.reason == "Shrunk"
+    assert change.message.startswith(f"evicted: device {devices[2].node.name}/{devices[2].name} failed (unhealthy)")
