@@ -131,6 +131,10 @@ def write_result(decider, snapshot, loaded, cycle):
                 if writer.devices and not devices_held:
                     check_devices(writer.devices, loaded)
                 delta = apply(result, loaded, cycle, admitted)
+                if delta.admitted or delta.preempted:
+                    events.decisions_made.send(
+                        sender=None, cycle_id=cycle.pk, admitted=delta.admitted, preempted=delta.preempted
+                    )
                 check_constraints_now()
             except IntegrityError as error:
                 raise StaleSnapshot(
