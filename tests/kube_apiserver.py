@@ -56,7 +56,7 @@ KINDS = {
         Kind("", "v1", "pods", "Pod", "V1Pod", True),
         Kind("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", "V1ResourceSlice", False, status=False),
         Kind("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", "V1DeviceClass", False, status=False),
-        Kind("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", "V1ResourceClaim", True),
+        Kind("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", "ResourceV1ResourceClaim", True),
         Kind("resource.k8s.io", "v1beta2", "devicetaintrules", "DeviceTaintRule", "V1beta2DeviceTaintRule", False),
         Kind("scheduling.k8s.io", "v1alpha2", "podgroups", "PodGroup", "V1alpha2PodGroup", True),
         Kind("scheduling.k8s.io", "v1alpha2", "workloads", "Workload", "V1alpha2Workload", True, status=False),
@@ -272,6 +272,9 @@ class ApiServer(kmock.KubernetesScaffold):
         method = request.method.upper()
         for fault in self.faults:
             if fault[0] == method and fault[1] == request.subresource and fault[3] > 0:
+                if fault[4] > 0:
+                    fault[4] -= 1
+                    continue
                 fault[3] -= 1
                 raise status_error(fault[2], "Conflict" if fault[2] == 409 else "InternalError", "injected fault")
         namespace, name, sub = request.namespace, request.name, request.subresource
@@ -466,9 +469,10 @@ class MockCluster:
         """Forget the history so far: a watch from an older resourceVersion gets 410 Gone."""
         self.call(lambda: setattr(self.handler, "compacted", self.handler.revision + 1))
 
-    def fail(self, method, subresource, status, times=1):
-        """The next `times` requests of `method` on `subresource` (None: the object itself) fail with `status`."""
-        self.call(lambda: self.handler.faults.append([method.upper(), subresource, status, times]))
+    def fail(self, method, subresource, status, times=1, after=0):
+        """After `after` more requests of `method` on `subresource` (None: the object itself), the next
+        `times` fail with `status`."""
+        self.call(lambda: self.handler.faults.append([method.upper(), subresource, status, times, after]))
 
     def requests(self, method, subresource=None, plural=None):
         """The requests KMock recorded, as (method, path)."""

@@ -72,7 +72,7 @@ class Applier:
     def apply(self, pk):
         with transaction.atomic():
             entry = (
-                OutboxEntry.objects.select_for_update(skip_locked=True)
+                OutboxEntry.objects.select_for_update(skip_locked=True, of=("self",))
                 .select_related("pod_group__workload")
                 .filter(pk=pk, done_at__isnull=True)
                 .first()

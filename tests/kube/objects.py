@@ -99,7 +99,7 @@ def pod_group(name, namespace="ml", min_count=8, resource_class="training", topo
 
 
 def claim(name, namespace="ml", device_class_name="h100", count=1):
-    return client.V1ResourceClaim(
+    return client.ResourceV1ResourceClaim(
         api_version="resource.k8s.io/v1",
         kind="ResourceClaim",
         metadata=meta(name, namespace),
