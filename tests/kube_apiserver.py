@@ -487,3 +487,27 @@ class MockCluster:
             ]
 
         return self.call(pick)
+
+    def verbs(self):
+        """{(API group, resource or resource/subresource, RBAC verb)} of every request served so far."""
+
+        def verb(request):
+            method = request.method.upper()
+            if method == "GET":
+                if str(request.params.get("watch")).lower() in ("true", "1"):
+                    return "watch"
+                return "list" if request.name is None else "get"
+            return {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}[method]
+
+        def collect():
+            return {
+                (
+                    r.resource.group,
+                    f"{r.resource.plural}/{r.subresource}" if r.subresource else r.resource.plural,
+                    verb(r),
+                )
+                for r in self.handler._requests
+                if r.resource is not None
+            }
+
+        return self.call(collect)

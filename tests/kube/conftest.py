@@ -1,6 +1,9 @@
 import pytest
 
-from broker.kube.sync import Sync
+from broker.cycle.loader import forget_everything_loaded
+from broker.kube.sync import INVENTORY, Sync
+from broker.policy.models import DeviceClass, PriorityClass, Queue, ResourceClass, ResourceClassDeviceClass, Team
+from tests.kube import objects
 from tests.kube_apiserver import MockCluster
 
 
@@ -23,3 +26,23 @@ def kube_settings(settings, cluster):
 @pytest.fixture
 def sync(kube_settings, db):
     return Sync(timeout_seconds=1)
+
+
+@pytest.fixture
+def lab(sync, cluster):
+    """Two racks of 8 GPUs (r0: two nodes of 4, r1: one node of 8), the h100 class, queue `ml`."""
+    forget_everything_loaded()
+    for name, rack, gpus in (("k0", "r0", 4), ("k1", "r0", 4), ("k2", "r1", 8)):
+        cluster.create(objects.node(name, rack=rack))
+        cluster.create(objects.resource_slice(name, devices=gpus))
+    cluster.create(objects.device_class())
+    sync.list_all(INVENTORY)
+    team = Team.objects.create(name="ml-team")
+    Queue.objects.create(name="ml", team=team)
+    batch = PriorityClass.objects.create(name="batch", value=100)
+    training = ResourceClass.objects.create(
+        name="training", display_name="Training", priority_class=batch, topology_required="rack"
+    )
+    ResourceClassDeviceClass.objects.create(resource_class=training, device_class=DeviceClass.objects.get(name="h100"))
+    yield cluster
+    forget_everything_loaded()

@@ -1,59 +1,19 @@
 """Work in and decisions out: PodGroups become workloads, the cycle admits them, the applier allocates their
 claims and binds their pods exactly once, and every PodGroup carries the broker's explanation."""
 
-import pytest
-
 from broker.audit.models import AuditEvent
-from broker.cycle.loader import forget_everything_loaded
 from broker.cycle.runner import run_once
 from broker.inventory.models import Node
 from broker.kube.applier import CONDITION, Applier
 from broker.kube.models import MirroredPodGroup, OutboxEntry
 from broker.kube.sync import INVENTORY, RESOURCES, WORK
-from broker.policy.models import PriorityClass, Queue, ResourceClass, ResourceClassDeviceClass, Team
 from broker.workloads.models import Allocation, Explanation, Workload
 from broker.workloads.states import State
 from tests.kube import objects
+from tests.kube.helpers import admit, bound_nodes
 
 PODS = next(resource for resource in WORK if resource.name == "pods")
 NODES = next(resource for resource in INVENTORY if resource.name == "nodes")
-
-
-@pytest.fixture
-def lab(sync, cluster):
-    """Two racks of 8 GPUs (r0: two nodes of 4, r1: one node of 8), the h100 class, queue `ml`."""
-    forget_everything_loaded()
-    for name, rack, gpus in (("k0", "r0", 4), ("k1", "r0", 4), ("k2", "r1", 8)):
-        cluster.create(objects.node(name, rack=rack))
-        cluster.create(objects.resource_slice(name, devices=gpus))
-    cluster.create(objects.device_class())
-    sync.list_all(INVENTORY)
-    team = Team.objects.create(name="ml-team")
-    Queue.objects.create(name="ml", team=team)
-    batch = PriorityClass.objects.create(name="batch", value=100)
-    training = ResourceClass.objects.create(
-        name="training", display_name="Training", priority_class=batch, topology_required="rack"
-    )
-    from broker.policy.models import DeviceClass
-
-    ResourceClassDeviceClass.objects.create(resource_class=training, device_class=DeviceClass.objects.get(name="h100"))
-    yield cluster
-    forget_everything_loaded()
-
-
-def admit(sync, cluster, name="train", pods=8, **group):
-    objects.gang(cluster, name, pods=pods, **group)
-    sync.list_all(WORK)
-    run_once()
-    return MirroredPodGroup.objects.select_related("workload").get(name=name)
-
-
-def bound_nodes(cluster, prefix):
-    return {
-        p["metadata"]["name"]: p["spec"].get("nodeName")
-        for p in cluster.items("Pod")
-        if p["metadata"]["name"].startswith(prefix)
-    }
 
 
 def test_it_admits_a_gang_allocates_its_claims_and_binds_its_pods_on_one_rack(sync, lab):
