@@ -28,7 +28,7 @@ from kubernetes.client.rest import ApiException
 
 from broker.cycle.executor import move
 from broker.kube.connection import api_client
-from broker.kube.models import Action, MirroredPodGroup, OutboxEntry
+from broker.kube.models import Action, MirroredClaim, MirroredPod, MirroredPodGroup, OutboxEntry
 from broker.workloads.models import Allocation, Explanation
 from broker.workloads.states import HOLDING_STATES, State
 
@@ -199,6 +199,47 @@ class Applier:
                 if error.status != 404:  # gone already
                     raise
         return {"evicted": evicted}
+
+    # --- release -------------------------------------------------------------------------------------
+
+    def release_claims(self):
+        """Deallocate the claims of PodGroups that hold no devices any more (ended, or evicted and
+        requeued) once none of their pods runs; returns the claims released."""
+        idle = MirroredPodGroup.objects.exclude(workload__state__in=HOLDING_STATES)
+        released = []
+        for group in idle:
+            live = set(
+                MirroredPod.objects.filter(cluster=group.cluster_id, namespace=group.namespace, pod_group=group.name)
+                .exclude(phase__in=("Succeeded", "Failed"))
+                .values_list("name", flat=True)
+            )
+            names = [claim for pod, claim in group.claims.items() if pod not in live]
+            for claim in MirroredClaim.objects.filter(
+                cluster=group.cluster_id, namespace=group.namespace, name__in=names, allocated=True
+            ):
+                if self.deallocate(claim.namespace, claim.name):
+                    released.append(f"{claim.namespace}/{claim.name}")
+                MirroredClaim.objects.filter(pk=claim.pk).update(allocated=False)
+        return released
+
+    def deallocate(self, namespace, name):
+        for _ in range(settings.KUBE_CONFLICT_RETRIES):
+            try:
+                claim = self.read(self.resource.read_namespaced_resource_claim, name, namespace)
+            except ApiException as error:
+                if error.status == 404:
+                    return False
+                raise
+            if not (claim.get("status") or {}).get("allocation"):
+                return False
+            body = {"metadata": {"name": name, "resourceVersion": claim["metadata"]["resourceVersion"]}, "status": {}}
+            try:
+                self.resource.replace_namespaced_resource_claim_status(name, namespace, body, _preload_content=False)
+                return True
+            except ApiException as error:
+                if error.status != CONFLICT:
+                    raise
+        raise ApplyFailed(f"claim {namespace}/{name}: still conflicting after {settings.KUBE_CONFLICT_RETRIES} tries")
 
     # --- conditions ----------------------------------------------------------------------------------
 

@@ -165,3 +165,19 @@ def test_it_lists_every_resource_kind_it_watches(sync, lab):
         "resourceclaims",
         "pods",
     }
+
+
+def test_it_deallocates_the_claims_once_the_pods_are_gone(sync, lab):
+    group = admit(sync, lab)
+    Applier().drain()
+    sync.list_all(WORK)  # the claims are seen allocated
+    for i in range(8):
+        pod = lab.get("Pod", f"train-{i}", "ml")
+        pod["status"] = {"phase": "Succeeded"}
+        lab.set_status("Pod", f"train-{i}", pod["status"], "ml")
+    sync.watch_once(PODS, sync.cursor(PODS))
+    group.workload.refresh_from_db()
+    assert group.workload.state == State.SUCCEEDED
+    assert len(Applier().release_claims()) == 8
+    assert not any(lab.get("ResourceClaim", f"train-{i}-gpus", "ml").get("status") for i in range(8))
+    assert Applier().release_claims() == []
