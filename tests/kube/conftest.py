@@ -8,15 +8,15 @@ from tests.kube_apiserver import MockCluster
 
 
 @pytest.fixture
-def cluster():
+def apiserver():
     with MockCluster() as running:
         yield running
 
 
 @pytest.fixture
-def kube_settings(settings, cluster):
+def kube_settings(settings, apiserver):
     settings.KUBE_ENABLED = True
-    settings.KUBE_API_URL = cluster.url
+    settings.KUBE_API_URL = apiserver.url
     settings.KUBE_CLUSTER_NAME = "lab"
     settings.KUBE_WATCH_TIMEOUT_SECONDS = 1
     settings.EXECUTOR = "external"
@@ -29,13 +29,13 @@ def sync(kube_settings, db):
 
 
 @pytest.fixture
-def lab(sync, cluster):
+def lab(sync, apiserver):
     """Two racks of 8 GPUs (r0: two nodes of 4, r1: one node of 8), the h100 class, queue `ml`."""
     forget_everything_loaded()
     for name, rack, gpus in (("k0", "r0", 4), ("k1", "r0", 4), ("k2", "r1", 8)):
-        cluster.create(objects.node(name, rack=rack))
-        cluster.create(objects.resource_slice(name, devices=gpus))
-    cluster.create(objects.device_class())
+        apiserver.create(objects.node(name, rack=rack))
+        apiserver.create(objects.resource_slice(name, devices=gpus))
+    apiserver.create(objects.device_class())
     sync.list_all(INVENTORY)
     team = Team.objects.create(name="ml-team")
     Queue.objects.create(name="ml", team=team)
@@ -44,5 +44,5 @@ def lab(sync, cluster):
         name="training", display_name="Training", priority_class=batch, topology_required="rack"
     )
     ResourceClassDeviceClass.objects.create(resource_class=training, device_class=DeviceClass.objects.get(name="h100"))
-    yield cluster
+    yield apiserver
     forget_everything_loaded()

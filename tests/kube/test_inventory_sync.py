@@ -23,11 +23,11 @@ def watch(sync, resource):
 
 
 @pytest.fixture
-def four_nodes(cluster):
+def four_nodes(apiserver):
     for i in range(4):
-        cluster.create(objects.node(f"k{i}", rack=f"r{i // 2}"))
-        cluster.create(objects.resource_slice(f"k{i}"))
-    cluster.create(objects.device_class())
+        apiserver.create(objects.node(f"k{i}", rack=f"r{i // 2}"))
+        apiserver.create(objects.resource_slice(f"k{i}"))
+    apiserver.create(objects.device_class())
 
 
 def test_it_lists_nodes_slices_and_classes_into_the_inventory(sync, four_nodes):
@@ -45,8 +45,8 @@ def test_it_lists_nodes_slices_and_classes_into_the_inventory(sync, four_nodes):
     assert Domain.objects.filter(level__name="rack").count() == 2
     h100 = DeviceClass.objects.get(name="h100")
     assert h100.selector == f'(device.driver == "{objects.DRIVER}") && ({objects.H100})'
-    cluster = Cluster.objects.get(name="lab")
-    assert cluster.last_listed_at is not None and cluster.healthy()
+    mirrored = Cluster.objects.get(name="lab")
+    assert mirrored.last_listed_at is not None and mirrored.healthy()
 
 
 def test_it_lets_the_broker_select_mirrored_devices_with_the_cluster_selector(sync, four_nodes):
@@ -61,49 +61,49 @@ def test_it_lets_the_broker_select_mirrored_devices_with_the_cluster_selector(sy
     assert matcher.classes_of(core) == frozenset({"h100"})
 
 
-def test_it_watches_cordons_health_and_deletes(sync, cluster, four_nodes):
+def test_it_watches_cordons_health_and_deletes(sync, apiserver, four_nodes):
     sync.list_all(INVENTORY)
-    cluster.apply(objects.node("k1", unschedulable=True))
-    cluster.set_status("Node", "k2", to_dict(objects.node("k2", ready="False").status))
-    cluster.delete("ResourceSlice", "k3-gpu.example.com")
+    apiserver.apply(objects.node("k1", unschedulable=True))
+    apiserver.set_status("Node", "k2", to_dict(objects.node("k2", ready="False").status))
+    apiserver.delete("ResourceSlice", "k3-gpu.example.com")
     watch(sync, NODES)
     watch(sync, SLICES)
     assert Node.objects.get(name="k1").cordoned
     assert set(Device.objects.filter(node__name="k2").values_list("health", flat=True)) == {Health.UNHEALTHY}
     assert not Device.objects.filter(node__name="k3").exists()
     assert not MirroredSlice.objects.filter(name="k3-gpu.example.com").exists()
-    cluster.delete("Node", "k3")
+    apiserver.delete("Node", "k3")
     watch(sync, NODES)
     assert not Node.objects.filter(name="k3").exists()
 
 
-def test_it_resumes_from_its_cursor_without_applying_an_event_twice(sync, cluster, four_nodes):
+def test_it_resumes_from_its_cursor_without_applying_an_event_twice(sync, apiserver, four_nodes):
     sync.list_all(INVENTORY)
-    cluster.apply(objects.node("k1", unschedulable=True))
+    apiserver.apply(objects.node("k1", unschedulable=True))
     watch(sync, NODES)
     applied = Cluster.objects.get(name="lab").events_applied
     restarted = Sync(timeout_seconds=1)
     watch(restarted, NODES)  # nothing new: the cursor is past every event
     assert Cluster.objects.get(name="lab").events_applied == applied
-    cluster.apply(objects.node("k1"))
+    apiserver.apply(objects.node("k1"))
     watch(restarted, NODES)
     assert Cluster.objects.get(name="lab").events_applied == applied + 1
     assert not Node.objects.get(name="k1").cordoned
 
 
-def test_it_moves_its_cursor_with_bookmarks(sync, cluster, four_nodes):
+def test_it_moves_its_cursor_with_bookmarks(sync, apiserver, four_nodes):
     sync.list_all(INVENTORY)
-    cluster.create(objects.device_class("other", 'device.attributes["gpu.example.com"].model == "A100"'))
+    apiserver.create(objects.device_class("other", 'device.attributes["gpu.example.com"].model == "A100"'))
     before = WatchCursor.objects.get(resource="nodes").resource_version
     watch(sync, NODES)  # no node changed; the bookmark carries the newer version
     assert int(WatchCursor.objects.get(resource="nodes").resource_version) > int(before)
 
 
-def test_it_lists_again_after_410_gone_and_forgets_what_was_deleted_meanwhile(sync, cluster, four_nodes):
+def test_it_lists_again_after_410_gone_and_forgets_what_was_deleted_meanwhile(sync, apiserver, four_nodes):
     sync.list_all(INVENTORY)
-    cluster.delete("ResourceSlice", "k0-gpu.example.com")
-    cluster.delete("Node", "k0")
-    cluster.compact()
+    apiserver.delete("ResourceSlice", "k0-gpu.example.com")
+    apiserver.delete("Node", "k0")
+    apiserver.compact()
     with pytest.raises(ApiException) as gone:
         watch(sync, NODES)
     assert gone.value.status == 410
@@ -113,13 +113,13 @@ def test_it_lists_again_after_410_gone_and_forgets_what_was_deleted_meanwhile(sy
     assert Device.objects.count() == 24
 
 
-def test_it_taints_devices_from_slices_and_taint_rules(sync, cluster, four_nodes):
+def test_it_taints_devices_from_slices_and_taint_rules(sync, apiserver, four_nodes):
     from kubernetes import client
 
-    cluster.apply(
+    apiserver.apply(
         objects.resource_slice("k0", taints=[client.V1DeviceTaint(key="example.com/hot", effect="NoSchedule")])
     )
-    cluster.create(objects.taint_rule("broken-n1", pool="k1", device_name="gpu-2"))
+    apiserver.create(objects.taint_rule("broken-n1", pool="k1", device_name="gpu-2"))
     sync.list_all(INVENTORY)
     assert Device.objects.get(node__name="k0", name="gpu-0").taints == [
         {"key": "example.com/hot", "value": "", "effect": "NoSchedule"}
@@ -127,18 +127,18 @@ def test_it_taints_devices_from_slices_and_taint_rules(sync, cluster, four_nodes
     assert Device.objects.get(node__name="k1", name="gpu-2").taints == [
         {"key": "example.com/broken", "value": "ecc", "effect": "NoExecute", "rule": "broken-n1"}
     ]
-    cluster.delete("DeviceTaintRule", "broken-n1")
+    apiserver.delete("DeviceTaintRule", "broken-n1")
     watch(sync, RULES)
     assert Device.objects.get(node__name="k1", name="gpu-2").taints == []
 
 
-def test_it_keeps_a_held_device_that_vanished_tainted_until_it_is_free(sync, cluster, four_nodes):
+def test_it_keeps_a_held_device_that_vanished_tainted_until_it_is_free(sync, apiserver, four_nodes):
     small = build_small_cluster(racks=1, nodes_per_rack=1, devices_per_node=1)
     sync.list_all(INVENTORY)
     workload = make_workload(small.queue_a, resource_class=small.training, state="Running")
     gpu = Device.objects.get(node__name="k0", name="gpu-0")
     Allocation.objects.create(workload=workload, device=gpu, device_class=small.h100, pod_set="main", pod_index=0)
-    cluster.delete("ResourceSlice", "k0-gpu.example.com")
+    apiserver.delete("ResourceSlice", "k0-gpu.example.com")
     watch(sync, SLICES)
     gpu.refresh_from_db()
     assert gpu.health == Health.UNHEALTHY
@@ -146,12 +146,14 @@ def test_it_keeps_a_held_device_that_vanished_tainted_until_it_is_free(sync, clu
     assert Device.objects.filter(node__name="k0").count() == 1
 
 
-def test_it_refuses_to_serve_a_shape_the_client_does_not_know(cluster):
+def test_it_refuses_to_serve_a_shape_the_client_does_not_know(apiserver):
     with pytest.raises(ShapeError, match="unschedulabel"):
-        cluster.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "x"}, "spec": {"unschedulabel": True}})
+        apiserver.create(
+            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "x"}, "spec": {"unschedulabel": True}}
+        )
 
 
-def test_it_runs_the_sync_command_once(kube_settings, cluster, four_nodes, transactional_db):
+def test_it_runs_the_sync_command_once(kube_settings, apiserver, four_nodes, transactional_db):
     from django.core.management import call_command
 
     call_command("kube_sync", "--once")
