@@ -276,6 +276,8 @@ class ApiServer(kmock.KubernetesScaffold):
                     fault[4] -= 1
                     continue
                 fault[3] -= 1
+                if fault[5]:
+                    await asyncio.sleep(fault[5])  # a server that hangs: the client is killed meanwhile
                 raise status_error(fault[2], "Conflict" if fault[2] == 409 else "InternalError", "injected fault")
         namespace, name, sub = request.namespace, request.name, request.subresource
         try:
@@ -469,10 +471,10 @@ class MockCluster:
         """Forget the history so far: a watch from an older resourceVersion gets 410 Gone."""
         self.call(lambda: setattr(self.handler, "compacted", self.handler.revision + 1))
 
-    def fail(self, method, subresource, status, times=1, after=0):
+    def fail(self, method, subresource, status, times=1, after=0, hang=0.0):
         """After `after` more requests of `method` on `subresource` (None: the object itself), the next
-        `times` fail with `status`."""
-        self.call(lambda: self.handler.faults.append([method.upper(), subresource, status, times, after]))
+        `times` fail with `status`, each after hanging `hang` seconds first."""
+        self.call(lambda: self.handler.faults.append([method.upper(), subresource, status, times, after, hang]))
 
     def requests(self, method, subresource=None, plural=None):
         """The requests KMock recorded, as (method, path)."""

@@ -111,6 +111,15 @@ class Applier:
         if workload is None or workload.state not in HOLDING_STATES or workload.eviction_requested_at is not None:
             return {"skipped": f"workload is {workload.state if workload else 'gone'}"}
         placement = self.placement(group)
+        present = set(
+            MirroredPod.objects.filter(cluster=group.cluster_id, namespace=group.namespace, pod_group=group.name)
+            .filter(name__in=list(placement))
+            .values_list("name", flat=True)
+        )
+        missing = sorted(set(placement) - present)
+        if missing:
+            # Gone since it was taken (evicted, deleted); its controller recreates it: try again then.
+            raise ApplyFailed(f"pods {', '.join(missing)} of {group} do not exist (yet)")
         for pod, (node, devices) in placement.items():
             self.allocate_claim(group.namespace, group.claims[pod], pod, node, devices)
             self.bind_pod(group.namespace, pod, node)

@@ -3,11 +3,13 @@ tainted NoExecute (by its ResourceSlice, a DeviceTaintRule, or because the devic
 its pod set does not tolerate is evicted whole, through the outbox and the Eviction API, and requeued once
 its pods are gone (broker.kube.intake.pod_deleted completes the eviction)."""
 
+from django.db import transaction
 from django.utils import timezone
 
 from broker.audit.models import record
 from broker.inventory.models import Device
 from broker.kube.models import Action, MirroredPodGroup, OutboxEntry
+from broker.kube.outbox import drain_soon
 from broker.workloads.models import Allocation, PodSet, Workload
 from broker.workloads.states import HOLDING_STATES
 
@@ -68,4 +70,6 @@ def evict_from_tainted_devices(cluster):
         )
         OutboxEntry.objects.create(cluster=cluster, pod_group_id=groups[workload.pk], action=Action.EVICT)
         evicted.append(workload.pk)
+    if evicted:
+        transaction.on_commit(drain_soon, robust=True)
     return evicted

@@ -121,23 +121,29 @@ def nodes_changed(cluster, objs):
         return 0
     domains = Domains()
     names = [obj["metadata"]["name"] for obj in objs]
-    existing = {node.name: node for node in Node.objects.filter(name__in=names).select_related("kube")}
-    new, updated, mirrors, health = [], [], [], {}
+    # ignore_conflicts: the slices' sync may have made a node it had not seen yet, meanwhile.
+    known = set(Node.objects.filter(name__in=names).values_list("name", flat=True))
+    Node.objects.bulk_create([Node(name=name) for name in names if name not in known], ignore_conflicts=True)
+    existing = {node.name: node for node in Node.objects.filter(name__in=names)}
+    new = [name for name in names if name not in known]
+    updated, mirrors, health = [], [], {}
     for obj in objs:
         meta, spec = obj["metadata"], obj.get("spec") or {}
         labels = meta.get("labels") or {}
-        fields = {"labels": labels, "cordoned": bool(spec.get("unschedulable")), "domain": domains.finest(labels)}
-        node = existing.get(meta["name"])
-        if node is None:
-            new.append(Node(name=meta["name"], **fields))
-        elif any(getattr(node, key) != value for key, value in fields.items()):
+        domain = domains.finest(labels)
+        fields = {
+            "labels": labels,
+            "cordoned": bool(spec.get("unschedulable")),
+            "domain_id": domain.pk if domain else None,
+        }
+        node = existing[meta["name"]]
+        if any(getattr(node, key) != value for key, value in fields.items()):
             for key, value in fields.items():
                 setattr(node, key, value)
             updated.append(node)
         ready = ready_condition(obj)
         health[meta["name"]] = health_of(ready)
         mirrors.append((meta["name"], meta.get("uid", ""), ready, (obj.get("status") or {}).get("conditions") or []))
-    Node.objects.bulk_create(new)
     Node.objects.bulk_update(updated, ["labels", "cordoned", "domain", "updated"])
     by_name = {node.name: node for node in Node.objects.filter(name__in=names)}
     MirroredNode.objects.bulk_create(
@@ -154,7 +160,7 @@ def nodes_changed(cluster, objs):
         chosen = [by_name[name].pk for name, value in health.items() if value == state]
         if chosen:
             flipped += Device.objects.filter(node_id__in=chosen).exclude(health=state).update(health=state)
-    count = len(new) + len(updated) + flipped
+    count = len(set(new) - {node.name for node in updated}) + len(updated) + flipped
     if count:
         changed(f"{count} inventory rows changed in cluster {cluster.name}")
     return count
@@ -264,9 +270,12 @@ def slices_changed(cluster, objs):
     rules = list(TaintRule.objects.filter(cluster=cluster))
     node_names = {(obj.get("spec") or {}).get("nodeName") for obj in objs} - {None, ""}
     nodes = {node.name: node for node in Node.objects.filter(name__in=node_names)}
-    missing = [Node(name=name, cordoned=False) for name in node_names if name not in nodes]
-    for node in Node.objects.bulk_create(missing):
-        nodes[node.name] = node
+    missing = [Node(name=name) for name in node_names if name not in nodes]
+    if missing:
+        # A node whose Node object has not arrived yet (the nodes' sync fills it in); ignore_conflicts:
+        # that sync may be making it at this very moment.
+        Node.objects.bulk_create(missing, ignore_conflicts=True)
+        nodes = {node.name: node for node in Node.objects.filter(name__in=node_names)}
     ready = dict(MirroredNode.objects.filter(node__name__in=node_names).values_list("node__name", "ready"))
     slices = {
         s.name: s for s in MirroredSlice.objects.filter(cluster=cluster, name__in=[o["metadata"]["name"] for o in objs])

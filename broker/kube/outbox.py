@@ -1,6 +1,7 @@
 """The outbox's writer: the cycle's commit announces its decisions (broker.events.decisions_made) inside its
 own transaction, and this writes one entry per admitted or preempted workload that mirrors a PodGroup, in
-that same transaction. Once it commits, the applier is asked to drain the outbox at once."""
+that same transaction. Once it commits, the applier is asked to drain the outbox at once; after every
+committed cycle it is asked too, so each PodGroup's condition follows the cycle's explanation."""
 
 from django.conf import settings
 from django.db import transaction
@@ -30,6 +31,13 @@ def write_outbox(sender, cycle_id, admitted, preempted, **kwargs):
     if entries:
         transaction.on_commit(drain_soon, robust=True)
     return entries
+
+
+@receiver(events.cycle_committed, dispatch_uid="kube-conditions")
+def conditions_after_cycle(sender, **kwargs):
+    """After every committed cycle the PodGroups' conditions follow its explanations."""
+    if settings.KUBE_ENABLED and MirroredPodGroup.objects.exists():
+        drain_soon()
 
 
 def drain_soon():
