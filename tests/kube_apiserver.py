@@ -372,7 +372,7 @@ class ApiServer(kmock.KubernetesScaffold):
         while True:
             changed = self.changed
             start = bisect.bisect_right(self.history_revisions, seen)
-            for revision, plural, event in self.history[start:]:
+            for _revision, plural, event in self.history[start:]:
                 if plural == kind.plural:
                     meta = event["object"]["metadata"]
                     if (namespace is None or meta.get("namespace") == namespace) and selected(event["object"], params):
