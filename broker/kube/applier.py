@@ -18,6 +18,7 @@ same words as the dashboard (`write_conditions`).
 
 import json
 import logging
+from concurrent.futures import ThreadPoolExecutor
 
 from django.conf import settings
 from django.db import transaction
@@ -36,6 +37,18 @@ log = logging.getLogger(__name__)
 CONFLICT = 409
 MERGE_PATCH = "application/merge-patch+json"
 CONDITION = "PodGroupScheduled"
+PARALLEL_PODS = 16
+
+
+def request_name(claim, device_class=None):
+    """The request an allocation result names: for firstAvailable, the subrequest of the device class the
+    cycle chose (`request/subrequest`)."""
+    request = claim["spec"]["devices"]["requests"][0]
+    if request.get("firstAvailable"):
+        subs = request["firstAvailable"]
+        chosen = next((sub for sub in subs if sub.get("deviceClassName") == device_class), subs[0])
+        return f"{request['name']}/{chosen['name']}"
+    return request["name"]
 
 
 class ApplyFailed(Exception):
@@ -111,6 +124,8 @@ class Applier:
         if workload is None or workload.state not in HOLDING_STATES or workload.eviction_requested_at is not None:
             return {"skipped": f"workload is {workload.state if workload else 'gone'}"}
         placement = self.placement(group)
+        if workload.chosen_device_class_id:
+            workload.chosen_device_class  # read once here, not in each pod's thread  # noqa: B018
         present = set(
             MirroredPod.objects.filter(cluster=group.cluster_id, namespace=group.namespace, pod_group=group.name)
             .filter(name__in=list(placement))
@@ -120,27 +135,33 @@ class Applier:
         if missing:
             # Gone since it was taken (evicted, deleted); its controller recreates it: try again then.
             raise ApplyFailed(f"pods {', '.join(missing)} of {group} do not exist (yet)")
-        for pod, (node, devices) in placement.items():
-            self.allocate_claim(group.namespace, group.claims[pod], pod, node, devices)
-            self.bind_pod(group.namespace, pod, node)
+        # Pod by pod in parallel, as kube-scheduler binds in goroutines: each pod's calls are its own.
+        with ThreadPoolExecutor(max_workers=min(PARALLEL_PODS, len(placement) or 1)) as pool:
+            list(pool.map(lambda item: self.place(group, *item), placement.items()))
         if workload.state == State.ADMITTED:
             move([workload.pk], State.ADMITTED, State.RUNNING, timezone.now(), "its pods were bound in the cluster")
         return {"pods": {pod: node for pod, (node, _) in placement.items()}}
 
-    def allocate_claim(self, namespace, name, pod, node, devices):
-        results = [
-            {"request": self.request_name(namespace, name), "driver": driver, "pool": pool, "device": device}
-            for driver, pool, device in devices
-        ]
+    def place(self, group, pod, placed):
+        node, devices = placed
+        pod_object = self.read(self.core.read_namespaced_pod, pod, group.namespace)
+        chosen = group.workload.chosen_device_class.name if group.workload.chosen_device_class_id else None
+        self.allocate_claim(group.namespace, group.claims[pod], pod_object, node, devices, chosen)
+        self.bind_pod(group.namespace, pod, node, pod_object)
+
+    def allocate_claim(self, namespace, name, pod, node, devices, device_class=None):
         for _ in range(settings.KUBE_CONFLICT_RETRIES):
             claim = self.read(self.resource.read_namespaced_resource_claim, name, namespace)
+            results = [
+                {"request": request_name(claim, device_class), "driver": driver, "pool": pool, "device": device}
+                for driver, pool, device in devices
+            ]
             allocation = (claim.get("status") or {}).get("allocation")
             if allocation:
                 have = [(r["driver"], r["pool"], r["device"]) for r in allocation["devices"]["results"]]
                 if sorted(have) == sorted(devices):
                     return False  # allocated already (by an applier that died before marking its entry done)
                 raise ApplyFailed(f"claim {namespace}/{name} is allocated other devices: {have}")
-            pod_uid = self.read(self.core.read_namespaced_pod, pod, namespace)["metadata"]["uid"]
             status = {
                 "allocation": {
                     "devices": {"results": results},
@@ -150,7 +171,7 @@ class Applier:
                         ]
                     },
                 },
-                "reservedFor": [{"resource": "pods", "name": pod, "uid": pod_uid}],
+                "reservedFor": [{"resource": "pods", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}],
             }
             body = {
                 "metadata": {"name": name, "resourceVersion": claim["metadata"]["resourceVersion"]},
@@ -164,16 +185,9 @@ class Applier:
                     raise
         raise ApplyFailed(f"claim {namespace}/{name}: still conflicting after {settings.KUBE_CONFLICT_RETRIES} tries")
 
-    def request_name(self, namespace, name):
-        claim = self.read(self.resource.read_namespaced_resource_claim, name, namespace)
-        request = claim["spec"]["devices"]["requests"][0]
-        if request.get("firstAvailable"):
-            return f"{request['name']}/{request['firstAvailable'][0]['name']}"
-        return request["name"]
-
-    def bind_pod(self, namespace, name, node):
+    def bind_pod(self, namespace, name, node, pod=None):
         for _ in range(settings.KUBE_CONFLICT_RETRIES):
-            pod = self.read(self.core.read_namespaced_pod, name, namespace)
+            pod = pod or self.read(self.core.read_namespaced_pod, name, namespace)
             bound = (pod.get("spec") or {}).get("nodeName")
             if bound == node:
                 return False  # bound already
@@ -190,6 +204,7 @@ class Applier:
             except ApiException as error:
                 if error.status != CONFLICT:
                     raise
+                pod = None  # read it again
         raise ApplyFailed(f"pod {namespace}/{name}: still conflicting after {settings.KUBE_CONFLICT_RETRIES} tries")
 
     # --- evict ---------------------------------------------------------------------------------------

@@ -266,7 +266,6 @@ def slices_changed(cluster, objs):
     """Create or update the devices of ResourceSlices; devices a slice no longer lists go (or vanish, held).
     Slices of devices not bound to one node (allNodes, a node selector) are left out: the broker's devices
     sit on nodes. Returns how many device rows changed."""
-    count = 0
     rules = list(TaintRule.objects.filter(cluster=cluster))
     node_names = {(obj.get("spec") or {}).get("nodeName") for obj in objs} - {None, ""}
     nodes = {node.name: node for node in Node.objects.filter(name__in=node_names)}
@@ -278,8 +277,15 @@ def slices_changed(cluster, objs):
         nodes = {node.name: node for node in Node.objects.filter(name__in=node_names)}
     ready = dict(MirroredNode.objects.filter(node__name__in=node_names).values_list("node__name", "ready"))
     slices = {
-        s.name: s for s in MirroredSlice.objects.filter(cluster=cluster, name__in=[o["metadata"]["name"] for o in objs])
+        mirrored.name: mirrored
+        for mirrored in MirroredSlice.objects.filter(cluster=cluster, name__in=[o["metadata"]["name"] for o in objs])
     }
+    # One read of every device these slices' nodes hold, one insert and one update for all of them.
+    existing = {
+        (device.node_id, device.driver, device.pool, device.name): device
+        for device in Device.objects.filter(node__in=list(nodes.values()))
+    }
+    new, updated, dropped, mirrors = [], [], [], []
     for obj in objs:
         spec = obj.get("spec") or {}
         node = nodes.get(spec.get("nodeName") or "")
@@ -287,9 +293,8 @@ def slices_changed(cluster, objs):
             continue
         driver, pool = spec["driver"], (spec.get("pool") or {}).get("name", "")
         wanted = {device["name"]: device for device in spec.get("devices") or []}
-        existing = {device.name: device for device in Device.objects.filter(node=node, driver=driver, pool=pool)}
         health = health_of(ready.get(node.name, "Unknown"))
-        new, updated, own_taints = [], [], {}
+        own_taints = {}
         for name, device in wanted.items():
             taints = taints_of(device)
             own_taints[name] = taints
@@ -299,7 +304,7 @@ def slices_changed(cluster, objs):
                 "taints": taints + [rule_taint(rule) for rule in rules if rule_matches(rule, driver, pool, name)],
                 "health": health,
             }
-            row = existing.get(name)
+            row = existing.get((node.pk, driver, pool, name))
             if row is None:
                 new.append(Device(node=node, driver=driver, pool=pool, name=name, **fields))
             elif any(getattr(row, key) != value for key, value in fields.items()):
@@ -307,24 +312,32 @@ def slices_changed(cluster, objs):
                     setattr(row, key, value)
                 updated.append(row)
         previous = slices.get(obj["metadata"]["name"])
-        dropped = [
-            existing[name] for name in (previous.devices if previous else []) if name in existing and name not in wanted
+        dropped += [
+            existing[(node.pk, driver, pool, name)]
+            for name in (previous.devices if previous else [])
+            if name not in wanted and (node.pk, driver, pool, name) in existing
         ]
-        Device.objects.bulk_create(new)
-        Device.objects.bulk_update(updated, ["attributes", "capacity", "taints", "health"])
-        count += len(new) + len(updated) + remove_devices(dropped)
-        MirroredSlice.objects.update_or_create(
-            cluster=cluster,
-            name=obj["metadata"]["name"],
-            defaults={
-                "driver": driver,
-                "pool": pool,
-                "node": node,
-                "devices": sorted(wanted),
-                "taints": own_taints,
-                "shared_counters": spec.get("sharedCounters") or [],
-            },
+        mirrors.append(
+            MirroredSlice(
+                cluster=cluster,
+                name=obj["metadata"]["name"],
+                driver=driver,
+                pool=pool,
+                node=node,
+                devices=sorted(wanted),
+                taints=own_taints,
+                shared_counters=spec.get("sharedCounters") or [],
+            )
         )
+    Device.objects.bulk_create(new, batch_size=2000)
+    Device.objects.bulk_update(updated, ["attributes", "capacity", "taints", "health"], batch_size=1000)
+    MirroredSlice.objects.bulk_create(
+        mirrors,
+        update_conflicts=True,
+        unique_fields=["cluster", "name"],
+        update_fields=["driver", "pool", "node", "devices", "taints", "shared_counters"],
+    )
+    count = len(new) + len(updated) + remove_devices(dropped)
     if count:
         changed(f"{count} devices changed in cluster {cluster.name}")
     return count

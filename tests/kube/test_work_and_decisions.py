@@ -58,7 +58,7 @@ def test_it_resumes_a_half_applied_entry_without_binding_a_pod_twice(sync, lab):
     assert Applier().drain() == []
     entry = OutboxEntry.objects.get(pod_group=group)
     assert entry.done_at is None and entry.attempts == 1 and "500" in entry.last_error
-    assert sum(1 for node in bound_nodes(lab, "train-").values() if node) == 4
+    assert sum(1 for node in bound_nodes(lab, "train-").values() if node) == 7, "the other pods bound in parallel"
     assert Applier().drain() == [entry.pk]
     assert sum(1 for node in bound_nodes(lab, "train-").values() if node) == 8
     assert len(lab.requests("POST", "binding")) == 9, "8 bindings, and the one that failed; none twice"
