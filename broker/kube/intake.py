@@ -231,9 +231,25 @@ class Refused(Exception):
         self.reason, self.message = reason, message
 
 
-def reconcile(pk):
-    """Bring one PodGroup's workload up to what the cluster says; returns 1 if anything changed."""
-    group = MirroredPodGroup.objects.select_related("cluster").get(pk=pk)
+def reconcile(pk, again=True):
+    """Bring one PodGroup's workload up to what the cluster says; returns 1 if anything changed.
+
+    The pods, the claims and the group come in on three watches, each committing on its own: two of them
+    can each decide in their transaction that the other's row is missing. So a group left waiting is looked
+    at once more after the transaction commits, when whichever committed last sees both; the group's row
+    lock keeps two of these from submitting it twice."""
+    with transaction.atomic():
+        changed = reconcile_locked(pk)
+        group = MirroredPodGroup.objects.filter(pk=pk).values_list("workload_id", flat=True).first()
+    if again and group is None and MirroredPodGroup.objects.filter(pk=pk).exists():
+        transaction.on_commit(lambda: reconcile(pk, again=False), robust=True)
+    return changed
+
+
+def reconcile_locked(pk):
+    group = MirroredPodGroup.objects.select_for_update(of=("self",)).select_related("cluster").filter(pk=pk).first()
+    if group is None:
+        return 0
     pods = list(MirroredPod.objects.filter(cluster=group.cluster, namespace=group.namespace, pod_group=group.name))
     if group.workload_id is not None:
         return follow_pods(group, pods)
