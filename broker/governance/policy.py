@@ -18,6 +18,8 @@ SNAPSHOT_FIELDS = (
     "topology_preferred",
     "sharing",
     "preemptible",
+    "preempts_across_queues",
+    "checkpoint_restart_seconds",
     "max_devices",
     "max_devices_per_pod",
     "max_duration_seconds",

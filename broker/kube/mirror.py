@@ -236,6 +236,25 @@ def quantity(text):
     return int(value) if value == value.to_integral_value() else float(Decimal(value))
 
 
+def counter_sets_of(shared_counters):
+    """DRA sharedCounters ([{name, counters: {counter: {value}}}]) as the node's {set: {counter: value}}."""
+    return {
+        counter_set["name"]: {
+            name: (counter or {}).get("value", "0") for name, counter in counter_set["counters"].items()
+        }
+        for counter_set in shared_counters
+    }
+
+
+def consumption_of(device):
+    """DRA consumesCounters as the device's {counter set: {counter: amount}}, None when it consumes none."""
+    consumed = device.get("consumesCounters") or []
+    return {
+        usage["counterSet"]: {name: (counter or {}).get("value", "0") for name, counter in usage["counters"].items()}
+        for usage in consumed
+    } or None
+
+
 def capacity_of(device):
     return {
         name: quantity((capacity or {}).get("value", "0")) for name, capacity in (device.get("capacity") or {}).items()
@@ -301,6 +320,7 @@ def slices_changed(cluster, objs):
             fields = {
                 "attributes": attributes_of(driver, device),
                 "capacity": capacity_of(device),
+                "consumes_counters": consumption_of(device),
                 "taints": taints + [rule_taint(rule) for rule in rules if rule_matches(rule, driver, pool, name)],
                 "health": health,
             }
@@ -330,7 +350,20 @@ def slices_changed(cluster, objs):
             )
         )
     Device.objects.bulk_create(new, batch_size=2000)
-    Device.objects.bulk_update(updated, ["attributes", "capacity", "taints", "health"], batch_size=1000)
+    Device.objects.bulk_update(
+        updated, ["attributes", "capacity", "consumes_counters", "taints", "health"], batch_size=1000
+    )
+    counter_sets = {}
+    for mirrored in mirrors:
+        if mirrored.shared_counters:
+            counter_sets.setdefault(mirrored.node.pk, {}).update(counter_sets_of(mirrored.shared_counters))
+    for node in nodes.values():
+        if node.pk in counter_sets and node.shared_counters != {
+            **(node.shared_counters or {}),
+            **counter_sets[node.pk],
+        }:
+            node.shared_counters = {**(node.shared_counters or {}), **counter_sets[node.pk]}
+            Node.objects.filter(pk=node.pk).update(shared_counters=node.shared_counters)
     MirroredSlice.objects.bulk_create(
         mirrors,
         update_conflicts=True,

@@ -165,3 +165,21 @@ def test_it_refuses_to_run_with_the_bridge_off(db):
 
     with pytest.raises(CommandError, match="KUBE_ENABLED"):
         call_command("kube_sync", "--once")
+
+
+def test_it_maps_shared_counters_and_their_consumption(sync, apiserver):
+    from kubernetes import client
+
+    apiserver.create(objects.node("mig"))
+    mig = objects.resource_slice("mig", devices=2)
+    mig.spec.shared_counters = [client.V1CounterSet(name="gpu-0", counters={"memory": client.V1Counter(value="80Gi")})]
+    for device in mig.spec.devices:
+        device.consumes_counters = [
+            client.V1DeviceCounterConsumption(counter_set="gpu-0", counters={"memory": client.V1Counter(value="40Gi")})
+        ]
+    apiserver.create(mig)
+    sync.list_all(INVENTORY)
+    node = Node.objects.get(name="mig")
+    assert node.shared_counters == {"gpu-0": {"memory": "80Gi"}}
+    assert Device.objects.get(node=node, name="gpu-1").consumes_counters == {"gpu-0": {"memory": "40Gi"}}
+    node.full_clean()
