@@ -153,7 +153,8 @@ def test_it_refuses_to_serve_a_shape_the_client_does_not_know(apiserver):
         )
 
 
-def test_it_runs_the_sync_command_once(kube_settings, apiserver, four_nodes, transactional_db):
+@pytest.mark.django_db(transaction=True, serialized_rollback=True)
+def test_it_runs_the_sync_command_once(kube_settings, apiserver, four_nodes):
     from django.core.management import call_command
 
     call_command("kube_sync", "--once")
