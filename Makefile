@@ -13,7 +13,7 @@ TEST_REDIS_URL ?= redis://127.0.0.1:6379/14
 # Its own Redis database, so a concurrent `make test` (which flushes its database) cannot disturb it.
 BENCH_REDIS_URL ?= redis://127.0.0.1:6379/5
 
-.PHONY: install run test lint bench system-deps clean docker-config
+.PHONY: install run test lint bench docs system-deps clean docker-config
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -47,9 +47,14 @@ lint: install
 bench: install
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(BENCH_REDIS_URL) $(PY) -m bench.run --out bench/results/report.json
 
+# The documentation site from docs/ into site/, offline; --strict makes a broken link or anchor, or a page
+# left out of the nav, an error (mkdocs.yml's validation settings).
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --clean
+
 docker-config:
 	@if docker compose version >/dev/null 2>&1; then SECRET_KEY=check docker compose -f docker/compose.yaml config --quiet; \
 	else SECRET_KEY=check docker-compose -f docker/compose.yaml config --quiet; fi && echo "docker/compose.yaml is valid"
 
 clean:
-	rm -rf $(VENV) var .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) var site .pytest_cache .ruff_cache .hypothesis

@@ -1,6 +1,6 @@
 """How fast this machine runs Python like the decision core's, measured inside the bench run, so reports
 from different machines (and the start and end of one noisy run) can be compared: these machines differ
-by a factor of two from one session to the next, which no absolute target survives.
+by a factor of two from one day to the next, which no absolute target survives.
 
 The reference workload is fixed: small objects with __slots__, dict lookups by string key, counters,
 small tuples and a sort, about as the cycle spends its time. Its CPU time is taken as the best of a few
@@ -10,7 +10,7 @@ The bench reads it in a fresh interpreter (`fresh_reference_seconds`): inside th
 Django's migrations or a few 100k-device cycles, the same workload took 1.5-2.2x as long as in a new
 process at the same moment, with the collector off too (its objects land in the holes that the freed ones
 left across a large heap, not in fresh memory). That reading measured the bench's own heap and was taken
-for the machine's speed in sessions 8-14."""
+for the machine's speed in the reports made before commit ada71a8 (2026-12-01)."""
 
 from __future__ import annotations
 
