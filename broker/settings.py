@@ -64,6 +64,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # Refuses an oversized body from its Content-Length, and NUL in a query string, before anything reads them.
+    "broker.api.middleware.RequestLimitsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     # Pages and JSON (the rack heatmap is ~500 KB of JSON at 100k devices). Below WhiteNoise, so static
@@ -233,7 +235,16 @@ def vendor_cache_headers(headers, path, url):
 
 WHITENOISE_ADD_HEADERS_FUNCTION = vendor_cache_headers
 
+# The largest request body any page or API call takes (the largest real one, a resource class with its
+# entitled teams, is a few KB); a larger one is answered 413 from its Content-Length before it is read.
+DATA_UPLOAD_MAX_MEMORY_SIZE = envint("MAX_REQUEST_BODY_BYTES", str(1024 * 1024))
+
 REST_FRAMEWORK = {
+    "DEFAULT_PARSER_CLASSES": [
+        "broker.api.parsers.BoundedJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.SessionAuthentication",
         "rest_framework.authentication.TokenAuthentication",

@@ -7,6 +7,7 @@ from django.http import Http404, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
+from broker import limits
 from broker.inventory import services as inventory_services
 from broker.inventory.models import Device, Domain, Health, Node
 from broker.policy.roles import is_operator, sees_all_workloads, team_ids
@@ -14,15 +15,12 @@ from broker.workloads import services as workload_services
 from broker.workloads.models import Workload
 from broker.workloads.states import FINAL_STATES, WAITING_STATES
 from dashboard import broadcast, queries
-from dashboard.forms import SubmitForm, entitled_resource_classes, plain_words
+from dashboard.forms import PriorityForm, SubmitForm, entitled_resource_classes, plain_words
 from dashboard.whatif import would_start
 
 
 def page_number(request):
-    try:
-        return max(1, int(request.GET.get("page", "1")))
-    except ValueError:
-        return 1
+    return limits.page_number(request.GET.get("page"))
 
 
 # --- pages -----------------------------------------------------------------------------------------------
@@ -177,13 +175,13 @@ def workload_cancel(request, pk):
 def workload_priority(request, pk):
     require_operator(request.user)
     workload = visible_workload_or_404(request.user, pk)
-    try:
-        priority = int(request.POST.get("priority", ""))
-    except ValueError:
-        messages.error(request, "The priority must be a whole number.")
+    form = PriorityForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, f"The priority was not changed. {form.error_text()}")
         return redirect("dashboard:workload", pk=workload.pk)
+    priority = form.cleaned_data["priority"]
     try:
-        workload_services.change_priority(workload, request.user, priority, reason=request.POST.get("reason", ""))
+        workload_services.change_priority(workload, request.user, priority, reason=form.cleaned_data["reason"])
     except workload_services.ActionRefused as error:
         messages.error(request, str(error))
     else:

@@ -1,0 +1,66 @@
+"""The API's JSON parser (settings.REST_FRAMEWORK["DEFAULT_PARSER_CLASSES"]): bounded before it parses.
+
+DRF's own reads the whole body, however large, and hands Python's decoder a body of any depth (100,000
+nested arrays raised RecursionError, a 500). This one reads at most the body limit, refuses NaN and
+Infinity (not JSON), bodies nested deeper than broker.limits.JSON_DEPTH_MAX, and NUL characters, which
+PostgreSQL cannot store in text or jsonb.
+"""
+
+import json
+
+from django.conf import settings
+from rest_framework import status
+from rest_framework.exceptions import APIException, ParseError
+from rest_framework.parsers import JSONParser
+
+from broker.limits import JSON_DEPTH_MAX
+
+
+class RequestTooLarge(APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_code = "too_large"
+
+
+def too_large_message(limit):
+    return f"The request body is larger than the {limit:,} bytes the broker accepts."
+
+
+def refuse_constant(name):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def body_refusal(data):
+    """Why a parsed body is refused, or "" when it is not; walks it without recursion."""
+    stack = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict | list):
+            if depth > JSON_DEPTH_MAX:
+                return f"JSON nested deeper than {JSON_DEPTH_MAX} levels is not accepted."
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, item in items:
+                if isinstance(key, str) and "\x00" in key:
+                    return "Text cannot contain NUL (\\u0000) characters."
+                stack.append((item, depth + 1))
+        elif isinstance(value, str) and "\x00" in value:
+            return "Text cannot contain NUL (\\u0000) characters."
+    return ""
+
+
+class BoundedJSONParser(JSONParser):
+    def parse(self, stream, media_type=None, parser_context=None):
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        raw = stream.read(limit + 1) if stream is not None else b""
+        if len(raw) > limit:
+            raise RequestTooLarge(too_large_message(limit))
+        encoding = (parser_context or {}).get("encoding", settings.DEFAULT_CHARSET)
+        try:
+            data = json.loads(raw.decode(encoding), parse_constant=refuse_constant)
+        except RecursionError as error:
+            raise ParseError(f"JSON nested deeper than {JSON_DEPTH_MAX} levels is not accepted.") from error
+        except ValueError as error:
+            raise ParseError(f"JSON parse error - {error}") from error
+        refusal = body_refusal(data)
+        if refusal:
+            raise ParseError(refusal)
+        return data
