@@ -202,8 +202,10 @@ GC_FREEZE_MIN_DEVICES = int(os.getenv("GC_FREEZE_MIN_DEVICES", "10000"))
 # every full pass too (50-150 ms at 100k devices). 0 = never.
 GC_FREEZE_MIN_RECORDS = int(os.getenv("GC_FREEZE_MIN_RECORDS", "10000"))
 APPROVAL_ESCALATION_SECONDS = envfloat("APPROVAL_ESCALATION_SECONDS", "86400")
-# GET /metrics wants `Authorization: Bearer <this>` when set; unset, the page is open.
+# GET /metrics takes `Authorization: Bearer <this>` when set, or an operator's, finance's or staff session;
+# METRICS_PUBLIC=True opens it to anyone (its figures name every team's pending work).
 METRICS_TOKEN = os.getenv("METRICS_TOKEN", "")
+METRICS_PUBLIC = envbool("METRICS_PUBLIC", "False")
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
