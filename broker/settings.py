@@ -6,6 +6,7 @@ production stack (PostgreSQL through psycopg 3, Redis for Celery and Channels).
 """
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -61,6 +62,7 @@ INSTALLED_APPS = [
     "broker.metrics",
     "broker.governance",
     "dashboard",
+    "axes",
 ]
 
 MIDDLEWARE = [
@@ -78,6 +80,8 @@ MIDDLEWARE = [
     "broker.governance.access.RolePagesMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last: turns a login refused for a lockout into broker.governance.lockouts.lockout_response.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "broker.urls"
@@ -211,6 +215,17 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
+# Failed logins (the login page, the API's token endpoint, the admin) are counted per username and address;
+# after LOGIN_FAILURE_LIMIT of them that pair is refused for LOGIN_LOCKOUT_MINUTES, or until an operator
+# lifts it on /governance/lockouts/ (broker.governance.lockouts; both audited).
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = envint("LOGIN_FAILURE_LIMIT", "5")
+AXES_COOLOFF_TIME = timedelta(minutes=envfloat("LOGIN_LOCKOUT_MINUTES", "15"))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "broker.governance.lockouts.lockout_response"
+AXES_VERBOSE = False
+
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard:overview"
 LOGOUT_REDIRECT_URL = "login"

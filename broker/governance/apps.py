@@ -5,3 +5,10 @@ class GovernanceConfig(AppConfig):
     name = "broker.governance"
     label = "governance"
     verbose_name = "Governance: menu, approvals, audit"
+
+    def ready(self):
+        from axes.signals import user_locked_out
+
+        from broker.governance.lockouts import on_locked_out
+
+        user_locked_out.connect(on_locked_out, dispatch_uid="broker.governance.lockouts")
