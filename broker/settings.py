@@ -12,6 +12,7 @@ from pathlib import Path
 import dj_database_url
 import plotly
 from celery.schedules import crontab
+from csp.constants import NONCE, NONE, SELF, UNSAFE_INLINE
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -52,6 +53,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "channels",
+    "csp",
     "broker.inventory",
     "broker.policy",
     "broker.workloads",
@@ -69,6 +71,7 @@ MIDDLEWARE = [
     # Refuses an oversized body from its Content-Length, and NUL in a query string, before anything reads them.
     "broker.api.middleware.RequestLimitsMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     # Pages and JSON (the rack heatmap is ~500 KB of JSON at 100k devices). Below WhiteNoise, so static
     # files are not compressed again on every request: browsers cache them instead (vendor_cache_headers).
@@ -100,6 +103,7 @@ TEMPLATES = [
                 "django.contrib.messages.context_processors.messages",
                 "dashboard.context_processors.site",
                 "dashboard.context_processors.navigation",
+                "csp.context_processors.nonce",
             ],
         },
     },
@@ -255,6 +259,24 @@ WHITENOISE_ADD_HEADERS_FUNCTION = vendor_cache_headers
 # The largest request body any page or API call takes (the largest real one, a resource class with its
 # entitled teams, is a few KB); a larger one is answered 413 from its Content-Length before it is read.
 DATA_UPLOAD_MAX_MEMORY_SIZE = envint("MAX_REQUEST_BODY_BYTES", str(1024 * 1024))
+
+# Content-Security-Policy on every response (django-csp): scripts only from this host, or inline with this
+# response's nonce (templates write nonce="{{ CSP_NONCE }}"); nothing framed, posted or loaded elsewhere.
+# Styles may be inline: Plotly and the admin set style attributes, which cannot carry a nonce.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF, NONCE],
+        "style-src": [SELF, UNSAFE_INLINE],
+        "img-src": [SELF, "data:"],
+        "font-src": [SELF, "data:"],
+        "connect-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    },
+}
 
 REST_FRAMEWORK = {
     "DEFAULT_PARSER_CLASSES": [

@@ -5,6 +5,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import Http404, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
 from broker import limits
@@ -17,6 +18,16 @@ from broker.workloads.states import FINAL_STATES, WAITING_STATES
 from dashboard import broadcast, queries
 from dashboard.forms import PriorityForm, SubmitForm, entitled_resource_classes, plain_words
 from dashboard.whatif import would_start
+
+
+def back_to(request, view_name, **kwargs):
+    """Where a POST action returns: its `next` when that is a path on this host, else `view_name`. Any
+    other `next` (another host, a scheme, //host) is ignored: a crafted form must not send an operator
+    off-site after a real action."""
+    target = request.POST.get("next", "")
+    if target and url_has_allowed_host_and_scheme(target, {request.get_host()}, require_https=request.is_secure()):
+        return redirect(target)
+    return redirect(view_name, **kwargs)
 
 
 def page_number(request):
@@ -137,7 +148,7 @@ def node_cordon(request, pk):
     workload_services.request_cycle_after_commit(f"node {node.name} {'cordoned' if cordon else 'uncordoned'}")
     broadcast.inventory_changed(domain_ids=[node.domain_id])
     messages.success(request, f"{node.name} is {'cordoned' if cordon else 'schedulable again'}.")
-    return redirect(request.POST.get("next") or "dashboard:topology")
+    return back_to(request, "dashboard:topology")
 
 
 @login_required
@@ -152,7 +163,7 @@ def device_health(request, pk):
     workload_services.request_cycle_after_commit(f"device {device.qualified_name} marked {health}")
     broadcast.inventory_changed(domain_ids=[device.node.domain_id])
     messages.success(request, f"{device.qualified_name} marked {health}.")
-    return redirect(request.POST.get("next") or "dashboard:topology")
+    return back_to(request, "dashboard:topology")
 
 
 @login_required
@@ -167,7 +178,7 @@ def workload_cancel(request, pk):
         messages.error(request, str(error))
     else:
         messages.success(request, f"Cancelled {workload.name}.")
-    return redirect(request.POST.get("next") or "dashboard:workload", pk=workload.pk)
+    return back_to(request, "dashboard:workload", pk=workload.pk)
 
 
 @login_required

@@ -186,7 +186,7 @@ def test_it_links_in_the_top_bar_exactly_the_pages_a_persona_opens(request, clus
 
 
 def socket_connects(user, route):
-    headers = [(b"origin", b"http://testserver")]
+    headers = [(b"origin", b"http://testserver"), (b"host", b"testserver")]
     if user is not None:
         client = Client()
         client.force_login(user)
