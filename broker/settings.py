@@ -103,6 +103,7 @@ TEMPLATES = [
                 "django.contrib.messages.context_processors.messages",
                 "dashboard.context_processors.site",
                 "dashboard.context_processors.navigation",
+                "dashboard.context_processors.live_updates",
                 "csp.context_processors.nonce",
             ],
         },
@@ -137,7 +138,14 @@ else:
 # The dashboard's shared aggregates (dashboard.inventory_state.cached): one process in the embedded
 # default, every web process and worker through Redis otherwise.
 if REDIS_URL:
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+    # Short timeouts: with Redis cut off, a page waits a second for the cache, then reads the database.
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 1},
+        }
+    }
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 CELERY_TASK_ALWAYS_EAGER = envbool("CELERY_TASK_ALWAYS_EAGER", "False" if REDIS_URL else "True")

@@ -15,7 +15,7 @@ from broker.policy.roles import is_operator, sees_all_workloads, team_ids
 from broker.workloads import services as workload_services
 from broker.workloads.models import Workload
 from broker.workloads.states import FINAL_STATES, WAITING_STATES
-from dashboard import broadcast, queries
+from dashboard import broadcast, live_health, queries
 from dashboard.forms import PriorityForm, SubmitForm, entitled_resource_classes, plain_words
 from dashboard.whatif import would_start
 
@@ -213,6 +213,7 @@ def api_overview(request):
             "pending": data["pending"],
             "series": data["series"],
             "counters": data["counters"],
+            "live_paused": not live_health.redis_up(),
         }
     )
 
