@@ -1,6 +1,6 @@
 """`make bench`: every benchmark in one run, one JSON report, a short summary on stdout.
 
-    python -m bench.run [--out bench/results/report.json] [--quick] [--only decide,cycle,pages,browser,replay]
+    python -m bench.run [--out bench/results/report.json] [--quick] [--only decide,cycle,pages,browser,replay,soak]
 
 Sections (docs/benchmarks.md says how each is measured):
   decide   the pure core's decision time and memory at 1k / 10k / 100k devices (target 0.5 s at 100k/20k)
@@ -9,9 +9,12 @@ Sections (docs/benchmarks.md says how each is measured):
   browser  heatmap first paint in Chromium (<= 2 s) and commit-to-browser latency (<= 1 s)
   replay   Philly trace replay through the core, backfill protection on and off (issue 5; issue 4's
            estimated-start error)
+  soak     20 users reading and submitting for SOAK_SECONDS (180) on daphne, a Celery worker and beat while
+           the worker is killed twice and the database's backends are terminated once; the invariants
+           checked afterwards (issue 30)
 
-cycle, pages and browser need DATABASE_URL (a PostgreSQL server: the bench creates and drops its own
-database, BENCH_DATABASE_NAME, default bench_capacity_broker); browser also needs REDIS_URL. Targets
+cycle, pages, browser and soak need DATABASE_URL (a PostgreSQL server: the bench creates and drops its own
+database, BENCH_DATABASE_NAME, default bench_capacity_broker); browser and soak also need REDIS_URL. Targets
 are reported with pass flags; the exit status is 0 even when a target is missed (a report, not a gate).
 """
 
@@ -31,8 +34,8 @@ from pathlib import Path
 from bench.cycle import CYCLE_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("decide", "cycle", "pages", "browser", "replay")
-DB_SECTIONS = {"cycle", "pages", "browser"}
+SECTIONS = ("decide", "cycle", "pages", "browser", "replay", "soak")
+DB_SECTIONS = {"cycle", "pages", "browser", "soak"}
 LARGEST = (12_500, 20_000)
 QUICK_SIZE = (125, 1_000)
 
@@ -103,6 +106,10 @@ def run_section(name: str, args, report: dict) -> None:
             from bench import browser
 
             result = browser.section(args.quick, size, Path(args.out).parent)
+        elif name == "soak":
+            from bench import soak
+
+            result = soak.section(args.quick, Path(args.out).parent)
         else:
             from bench import replay
 
@@ -174,6 +181,17 @@ def summary_line(name: str, result: dict) -> str:
             f"max {latency['max_ms']} (target 1000) [{'PASS' if latency['target']['pass'] else 'FAIL'}]"
         )
         return f"{name:<8} {text} ({seconds} s)"
+    elif name == "soak":
+        latency, checks = result["latency_ms"], result["invariants"]
+        broken = result["target"]["broken"]
+        text = (
+            f"soak {result['users']} users {result['seconds']} s, {len(result['faults'])} faults: "
+            f"{result['requests_per_second']} req/s, "
+            f"p50/p95/p99 {latency['p50']}/{latency['p95']}/{latency['p99']} ms, "
+            f"errors {result['errors']} ({result['errors_outside_fault_windows']} outside fault windows), "
+            f"cycles committed {result['cycles_committed']}, submissions {result['submissions_accepted']} "
+            f"(lost {checks['submissions_lost']}), invariants {broken or 'all hold'}"
+        )
     else:
         on, off = result["protection_on"], result["protection_off"]
         text = (

@@ -19,8 +19,8 @@
   /* Plotly draws its labels from a subset of HTML (<a href>, <span style>, <b>): a rack or node named
    * "<a href=...>" by an operator would be a link for everyone. Names are escaped to text first. */
   function plain(value) {
-    return String(value).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;")
-      .replace(/"/g, "&quot;").replace(/'/g, "&#39;");
+    // Without a "<" no tag starts; Plotly decodes &amp; &lt; &gt; back to the characters (not &quot;).
+    return String(value).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
   }
 
   /* On the topology page Plotly is only preloaded (<link rel="preload">, downloading while the page and
