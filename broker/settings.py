@@ -289,7 +289,7 @@ CONTENT_SECURITY_POLICY = {
 REST_FRAMEWORK = {
     # JSON, and the form encoding of the browsable API's forms. No multipart: the API takes no files, and
     # daphne (Twisted) answers a malformed multipart body itself with a bare 400 before Django sees it.
-    "DEFAULT_PARSER_CLASSES": ["broker.api.parsers.BoundedJSONParser", "rest_framework.parsers.FormParser"],
+    "DEFAULT_PARSER_CLASSES": ["broker.api.parsers.BoundedJSONParser", "broker.api.parsers.NulFreeFormParser"],
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.SessionAuthentication",
         "rest_framework.authentication.TokenAuthentication",

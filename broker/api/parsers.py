@@ -1,4 +1,4 @@
-"""The API's JSON parser (settings.REST_FRAMEWORK["DEFAULT_PARSER_CLASSES"]): bounded before it parses.
+"""The API's parsers (settings.REST_FRAMEWORK["DEFAULT_PARSER_CLASSES"]): bounded before they parse.
 
 DRF's own reads the whole body, however large, and hands Python's decoder a body of any depth (100,000
 nested arrays raised RecursionError, a 500). This one reads at most the body limit, refuses NaN and
@@ -11,7 +11,7 @@ import json
 from django.conf import settings
 from rest_framework import status
 from rest_framework.exceptions import APIException, ParseError
-from rest_framework.parsers import JSONParser
+from rest_framework.parsers import FormParser, JSONParser
 
 from broker.limits import JSON_DEPTH_MAX
 
@@ -63,4 +63,15 @@ class BoundedJSONParser(JSONParser):
         refusal = body_refusal(data)
         if refusal:
             raise ParseError(refusal)
+        return data
+
+
+class NulFreeFormParser(FormParser):
+    """The browsable API's form encoding, with the JSON parser's refusal of NUL characters (a name
+    reference with one reached the database as a lookup and failed there)."""
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        data = super().parse(stream, media_type, parser_context)
+        if any("\x00" in key or any("\x00" in value for value in values) for key, values in data.lists()):
+            raise ParseError("Text cannot contain NUL (\\u0000) characters.")
         return data

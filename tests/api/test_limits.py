@@ -167,6 +167,13 @@ class TestNames:
         assert response.status_code == 400
         assert not Workload.objects.exists()
 
+    def test_it_refuses_a_nul_in_a_form_encoded_body(self, cluster, api_client, alice):
+        body = "name=job&queue=team-a%00&resource_class=small-inference"
+        client = signed_in(api_client, alice)
+        response = client.post(URL, body, content_type="application/x-www-form-urlencoded")
+        assert response.status_code == 400
+        assert "NUL" in response.json()["detail"]
+
     def test_it_refuses_a_nul_deep_in_a_body(self, cluster, api_client, olivia):
         body = {"name": "n9", "attributes": {"model\x00": "H100"}}
         response = signed_in(api_client, olivia).post("/api/nodes/", body, format="json")
