@@ -91,6 +91,6 @@ def test_an_operator_sees_and_lifts_a_lockout_with_a_reason(client, alice, olivi
 
 
 @pytest.mark.parametrize("persona", ["alice", "fiona", "april"])
-def test_only_operators_open_the_lockouts(client, request, persona):
+def test_only_operators_open_the_lockouts(client, cluster, request, persona):
     client.force_login(request.getfixturevalue(persona))
     assert client.get(reverse("governance:lockouts")).status_code == 403
