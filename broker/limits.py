@@ -84,6 +84,35 @@ class UtcIsoDateTimeFilter(django_filters.IsoDateTimeFilter):
     field_class = UtcIsoDateTimeField
 
 
+NUL_REFUSED = "Text cannot contain NUL (\\u0000) characters."
+
+
+def json_refusal(data):
+    """Why parsed JSON is refused, or "": nested deeper than JSON_DEPTH_MAX, or NUL in a key or string
+    (PostgreSQL stores neither in text nor jsonb). Walks without recursion."""
+    stack = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict | list):
+            if depth > JSON_DEPTH_MAX:
+                return f"JSON nested deeper than {JSON_DEPTH_MAX} levels is not accepted."
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, item in items:
+                if isinstance(key, str) and "\x00" in key:
+                    return NUL_REFUSED
+                stack.append((item, depth + 1))
+        elif isinstance(value, str) and "\x00" in value:
+            return NUL_REFUSED
+    return ""
+
+
+def validate_json_value(value):
+    """The admin's JSON fields refuse what the API's parser refuses."""
+    refusal = json_refusal(value)
+    if refusal:
+        raise forms.ValidationError(refusal, code="invalid")
+
+
 def page_number(raw):
     """A list page's ?page=: a whole number from 1 to PAGE_MAX; anything else is the first or last page."""
     try:

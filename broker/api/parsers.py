@@ -13,7 +13,7 @@ from rest_framework import status
 from rest_framework.exceptions import APIException, ParseError
 from rest_framework.parsers import FormParser, JSONParser
 
-from broker.limits import JSON_DEPTH_MAX
+from broker.limits import JSON_DEPTH_MAX, NUL_REFUSED, json_refusal
 
 
 class RequestTooLarge(APIException):
@@ -29,24 +29,6 @@ def refuse_constant(name):
     raise ValueError(f"{name} is not a JSON number")
 
 
-def body_refusal(data):
-    """Why a parsed body is refused, or "" when it is not; walks it without recursion."""
-    stack = [(data, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if isinstance(value, dict | list):
-            if depth > JSON_DEPTH_MAX:
-                return f"JSON nested deeper than {JSON_DEPTH_MAX} levels is not accepted."
-            items = value.items() if isinstance(value, dict) else enumerate(value)
-            for key, item in items:
-                if isinstance(key, str) and "\x00" in key:
-                    return "Text cannot contain NUL (\\u0000) characters."
-                stack.append((item, depth + 1))
-        elif isinstance(value, str) and "\x00" in value:
-            return "Text cannot contain NUL (\\u0000) characters."
-    return ""
-
-
 class BoundedJSONParser(JSONParser):
     def parse(self, stream, media_type=None, parser_context=None):
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
@@ -60,7 +42,7 @@ class BoundedJSONParser(JSONParser):
             raise ParseError(f"JSON nested deeper than {JSON_DEPTH_MAX} levels is not accepted.") from error
         except ValueError as error:
             raise ParseError(f"JSON parse error - {error}") from error
-        refusal = body_refusal(data)
+        refusal = json_refusal(data)
         if refusal:
             raise ParseError(refusal)
         return data
@@ -73,5 +55,5 @@ class NulFreeFormParser(FormParser):
     def parse(self, stream, media_type=None, parser_context=None):
         data = super().parse(stream, media_type, parser_context)
         if any("\x00" in key or any("\x00" in value for value in values) for key, values in data.lists()):
-            raise ParseError("Text cannot contain NUL (\\u0000) characters.")
+            raise ParseError(NUL_REFUSED)
         return data

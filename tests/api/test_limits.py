@@ -161,6 +161,21 @@ class TestIntegerBounds:
 
 
 class TestNames:
+    def test_the_admin_refuses_a_nul_in_a_json_field(self, cluster, client, adam):
+        adam.is_staff = adam.is_superuser = True
+        adam.save()
+        client.force_login(adam)
+        node = cluster.nodes[0]
+        url = reverse("admin:inventory_node_change", args=[node.pk])
+        form = client.get(url).context["adminform"].form
+        body = {name: form.initial.get(name) or "" for name in form.fields}
+        body.update({"name": node.name, "domain": node.domain_id, "labels": '{"zone\\u0000": "a"}'})
+        response = client.post(url, {k: v for k, v in body.items() if v is not None})
+        assert response.status_code == 200
+        assert "labels" in response.context["adminform"].form.errors
+        node.refresh_from_db()
+        assert node.labels == {}
+
     @pytest.mark.parametrize("field", ["queue", "resource_class", "name"])
     def test_it_refuses_a_nul_in_a_name_or_reference(self, cluster, api_client, alice, field):
         response = signed_in(api_client, alice).post(URL, submission(**{field: "team\x00a"}), format="json")
