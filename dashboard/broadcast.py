@@ -16,6 +16,7 @@ from channels.layers import get_channel_layer
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
+from broker import live
 from broker.workloads.models import Allocation
 from broker.workloads.states import WAITING_STATES
 from dashboard import queries
@@ -23,7 +24,7 @@ from dashboard.inventory_state import state_key
 
 log = logging.getLogger(__name__)
 
-CYCLE_GROUP = "cycle"
+CYCLE_GROUP = live.CYCLE_GROUP
 INVENTORY_GROUP = "inventory"
 GROUPS = (CYCLE_GROUP, INVENTORY_GROUP)
 MAX_ROWS = 500

@@ -9,7 +9,7 @@ from django.db import models, transaction
 from django.forms.models import model_to_dict
 
 from broker.audit.models import record
-from broker.cycle.triggers import request_cycle_after_commit
+from broker.events import request_cycle_after_commit
 from broker.inventory.models import ClusterState
 from broker.limits import validate_json_value
 
