@@ -1,7 +1,7 @@
 """`make bench`: every benchmark in one run, one JSON report, a short summary on stdout.
 
     python -m bench.run [--out bench/results/report.json] [--quick]
-        [--only decide,cycle,pages,browser,replay,waits,soak]
+        [--only decide,cycle,pages,browser,replay,waits,kube,soak]
 
 Sections (docs/benchmarks.md says how each is measured):
   decide   the pure core's decision time and memory at 1k / 10k / 100k devices (target 0.5 s at 100k/20k)
@@ -12,6 +12,8 @@ Sections (docs/benchmarks.md says how each is measured):
            estimated-start error)
   waits    the same slice under today's rules and the short-waits policy (issue 31): JCT, waits per
            size, preemptions and lost work, gangs spread over extra racks; at a 300 s and a 60 s tick
+  kube     the Kubernetes bridge against the mock API server at 10,000 nodes x 8 devices: initial sync
+           (<= 60 s), watch event to database (<= 1 s), 64-pod PodGroup to bound (<= 3 s p99) (issue 28)
   soak     20 users reading and submitting for SOAK_SECONDS (180) on daphne, a Celery worker and beat while
            the worker is killed twice and the database's backends are terminated once; the invariants
            checked afterwards (issue 30)
@@ -37,8 +39,8 @@ from pathlib import Path
 from bench.cycle import CYCLE_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("decide", "cycle", "pages", "browser", "replay", "waits", "soak")
-DB_SECTIONS = {"cycle", "pages", "browser", "soak"}
+SECTIONS = ("decide", "cycle", "pages", "browser", "replay", "waits", "kube", "soak")
+DB_SECTIONS = {"cycle", "pages", "browser", "kube", "soak"}
 LARGEST = (12_500, 20_000)
 QUICK_SIZE = (125, 1_000)
 
@@ -109,6 +111,10 @@ def run_section(name: str, args, report: dict) -> None:
             from bench import browser
 
             result = browser.section(args.quick, size, Path(args.out).parent)
+        elif name == "kube":
+            from bench import kube
+
+            result = kube.section(args.quick)
         elif name == "waits":
             from bench import waits
 
@@ -188,6 +194,14 @@ def summary_line(name: str, result: dict) -> str:
             f"max {latency['max_ms']} (target 1000) [{'PASS' if latency['target']['pass'] else 'FAIL'}]"
         )
         return f"{name:<8} {text} ({seconds} s)"
+    elif name == "kube":
+        bound = result["pod_group_to_bound"]
+        text = (
+            f"{result['nodes']} nodes x 8: initial sync {result['initial_sync']['seconds']} s (target 60); "
+            f"watch event -> database max {result['watch_event_to_database']['max_ms']} ms (target 1000); "
+            f"{bound['runs']}/{bound['of']} PodGroups of 64 bound, p99 {bound.get('p99_ms')} ms (target 3000), "
+            f"cycle median {bound['cycle_ms_median']} ms"
+        )
     elif name == "waits":
         cells = []
         for comparison in result["comparisons"]:

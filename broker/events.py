@@ -7,6 +7,10 @@ layer above connects its receivers when its app is ready (broker.cycle.apps, bro
 - `cycle_wanted(reason)`: a committed change needs a scheduling cycle soon (a submission, a cancellation,
   a completion, an inventory change). The cycle's trigger debounces them (broker.cycle.triggers).
 - `cycle_committed(message)`: a cycle committed; `message` is the compact delta for the live pages.
+- `decisions_made(cycle_id, admitted, preempted)`: sent by the cycle's commit *inside* its transaction,
+  after its decisions are written and before it commits, so a receiver's writes (the Kubernetes bridge's
+  outbox of decisions to apply, broker.kube.outbox) commit or roll back with them. A receiver that raises
+  fails the commit: a decision is never committed without what must follow it.
 - `approval_changed(kind, workload_id)`: an approval request was opened, decided, escalated or updated
   (`kind`: "approval.requested", "approval.decided", "approval.updated", "approval.escalated").
 """
@@ -16,6 +20,7 @@ from django.dispatch import Signal
 
 cycle_wanted = Signal()
 cycle_committed = Signal()
+decisions_made = Signal()
 approval_changed = Signal()
 
 

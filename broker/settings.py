@@ -63,6 +63,7 @@ INSTALLED_APPS = [
     "broker.costs",
     "broker.metrics",
     "broker.governance",
+    "broker.kube",
     "dashboard",
     "axes",
 ]
@@ -198,6 +199,37 @@ EVICTION_GRACE_SECONDS = envfloat("EVICTION_GRACE_SECONDS", "10")
 # that moved by less than this many seconds is not a change (it drifts with the cycle's clock).
 EXPLANATION_ESTIMATE_TOLERANCE_SECONDS = envfloat("EXPLANATION_ESTIMATE_TOLERANCE_SECONDS", "60")
 DEMO_REPLAY = envbool("DEMO_REPLAY", "False")
+
+# The Kubernetes bridge (broker/kube/): off in the embedded default. On, `manage.py kube_sync` mirrors the
+# cluster's inventory and PodGroups, and Celery beat runs the applier that binds what the cycle admits.
+KUBE_ENABLED = envbool("KUBE_ENABLED", "False")
+# How to reach the API server: an explicit URL (no credentials), else KUBECONFIG (the client reads it),
+# else the pod's service account (KUBE_IN_CLUSTER).
+KUBE_API_URL = os.getenv("KUBE_API_URL", "")
+KUBE_IN_CLUSTER = envbool("KUBE_IN_CLUSTER", "False")
+KUBE_CLUSTER_NAME = os.getenv("KUBE_CLUSTER_NAME", "kubernetes")
+# Pods with this schedulerName are the broker's to bind.
+KUBE_SCHEDULER_NAME = os.getenv("KUBE_SCHEDULER_NAME", "capacity-broker")
+# Topology levels, coarse to fine, each `level=node label key` (Kueue's Topology levels).
+KUBE_TOPOLOGY_LABELS = os.getenv(
+    "KUBE_TOPOLOGY_LABELS", "block=cloud.provider.com/topology-block,rack=cloud.provider.com/topology-rack"
+)
+# A PodGroup's queue: this label on it, else its namespace's name; its resource class: this label.
+KUBE_QUEUE_LABEL = os.getenv("KUBE_QUEUE_LABEL", "broker.capacity.io/queue")
+KUBE_RESOURCE_CLASS_LABEL = os.getenv("KUBE_RESOURCE_CLASS_LABEL", "broker.capacity.io/resource-class")
+# A DeviceClass first seen in the cluster is priced at this per device-hour until an operator sets one.
+KUBE_DEFAULT_DEVICE_PRICE = os.getenv("KUBE_DEFAULT_DEVICE_PRICE", "0")
+# Each watch request ends after this many seconds and is renewed from the last resourceVersion.
+KUBE_WATCH_TIMEOUT_SECONDS = envint("KUBE_WATCH_TIMEOUT_SECONDS", "300")
+# The sync is unhealthy once no list, event or bookmark has arrived for this long.
+KUBE_SYNC_STALE_SECONDS = envfloat("KUBE_SYNC_STALE_SECONDS", "120")
+# Attempts of one API write that meets 409 Conflict (re-read, then retried) before the applier gives up.
+KUBE_CONFLICT_RETRIES = envint("KUBE_CONFLICT_RETRIES", "5")
+if KUBE_ENABLED:
+    CELERY_BEAT_SCHEDULE["kube-applier"] = {
+        "task": "broker.kube.tasks.apply_outbox",
+        "schedule": CYCLE_INTERVAL_SECONDS,
+    }
 if DEMO_REPLAY:
     # Celery mode's Philly replay; the embedded default replays inside `manage.py serve` instead.
     CELERY_BEAT_SCHEDULE["philly-replay"] = {

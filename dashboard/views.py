@@ -80,7 +80,8 @@ def workload_detail(request, pk):
 
 @login_required
 def topology(request):
-    return render(request, "dashboard/topology.html", {"is_operator": is_operator(request.user)})
+    context = {"is_operator": is_operator(request.user), "clusters": queries.kube_clusters()}
+    return render(request, "dashboard/topology.html", context)
 
 
 @login_required

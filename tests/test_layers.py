@@ -87,6 +87,10 @@ LAYERS = (
     ("broker.governance.*", SERVICES),
     ("broker.costs.*", SERVICES),
     ("broker.metrics.*", SERVICES),
+    # The Kubernetes bridge is an edge (its models, matched above, are models); the cycle reaches its
+    # outbox only through the decisions_made hook.
+    ("broker.kube", EDGES),
+    ("broker.kube.**", EDGES),
 )
 
 

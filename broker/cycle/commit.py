@@ -132,6 +132,10 @@ def write_result(decider, snapshot, loaded, cycle):
                     check_devices(writer.devices, loaded)
                 check_counters(writer.devices, loaded, devices_held)
                 delta = apply(result, loaded, cycle, admitted)
+                if delta.admitted or delta.preempted:
+                    events.decisions_made.send(
+                        sender=None, cycle_id=cycle.pk, admitted=delta.admitted, preempted=delta.preempted
+                    )
                 check_constraints_now()
             except IntegrityError as error:
                 raise StaleSnapshot(

@@ -10,7 +10,8 @@ workload has run `expected_duration_seconds` on a clock SIMULATION_SPEED times f
 clock, releasing its devices. It keeps no state of its own: completion is derived from `started_at`
 in the database, so a restarted process picks up exactly where the last one stopped.
 
-The Kubernetes seam (not built; settings.EXECUTOR selects an implementation):
+ExternalExecutor (EXECUTOR=external) is the seam the Kubernetes bridge (broker/kube/) uses; the design
+it follows (settings.EXECUTOR selects an implementation):
 - start: for each admitted workload create a scheduling.k8s.io PodGroup (minMember = gang size) and
   one resource.k8s.io/v1 ResourceClaim per pod whose `devices.requests[].exactly` names the chosen
   DeviceClass and whose status.allocation is pre-filled with the devices in the Allocation rows (the
@@ -325,7 +326,27 @@ def ids_updated(cursor, sql, params):
     return [row[0] for row in cursor.fetchall()]
 
 
-EXECUTORS = {"simulated": SimulatedExecutor}
+class ExternalExecutor(Executor):
+    """Work runs somewhere that reports back through the workloads' states (EXECUTOR=external): with the
+    Kubernetes bridge, the applier binds an admitted workload's pods and marks it Running, evicts a victim's
+    pods, and the sync ends a workload when its pods end and completes an eviction when its pods are gone
+    (broker/kube/). The cycle's calls only acknowledge: what to do was written to the bridge's outbox in the
+    cycle's own transaction, so it is done once even if this process dies right after the commit."""
+
+    def wall_seconds(self, duration):
+        return duration
+
+    def start(self, workload_ids, now):
+        return []
+
+    def advance(self, now):
+        return Progress()
+
+    def stop(self, workload_ids, now):
+        return list(workload_ids)
+
+
+EXECUTORS = {"simulated": SimulatedExecutor, "external": ExternalExecutor}
 
 
 def get_executor():
