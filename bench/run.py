@@ -1,7 +1,7 @@
 """`make bench`: every benchmark in one run, one JSON report, a short summary on stdout.
 
     python -m bench.run [--out bench/results/report.json] [--quick]
-        [--only decide,cycle,pages,browser,replay,waits,kube]
+        [--only decide,cycle,pages,browser,replay,waits,kube,soak]
 
 Sections (docs/benchmarks.md says how each is measured):
   decide   the pure core's decision time and memory at 1k / 10k / 100k devices (target 0.5 s at 100k/20k)
@@ -14,9 +14,12 @@ Sections (docs/benchmarks.md says how each is measured):
            size, preemptions and lost work, gangs spread over extra racks; at a 300 s and a 60 s tick
   kube     the Kubernetes bridge against the mock API server at 10,000 nodes x 8 devices: initial sync
            (<= 60 s), watch event to database (<= 1 s), 64-pod PodGroup to bound (<= 3 s p99) (issue 28)
+  soak     20 users reading and submitting for SOAK_SECONDS (180) on daphne, a Celery worker and beat while
+           the worker is killed twice and the database's backends are terminated once; the invariants
+           checked afterwards (issue 30)
 
-cycle, pages and browser need DATABASE_URL (a PostgreSQL server: the bench creates and drops its own
-database, BENCH_DATABASE_NAME, default bench_capacity_broker); browser also needs REDIS_URL. Targets
+cycle, pages, browser and soak need DATABASE_URL (a PostgreSQL server: the bench creates and drops its own
+database, BENCH_DATABASE_NAME, default bench_capacity_broker); browser and soak also need REDIS_URL. Targets
 are reported with pass flags; the exit status is 0 even when a target is missed (a report, not a gate).
 """
 
@@ -36,8 +39,8 @@ from pathlib import Path
 from bench.cycle import CYCLE_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("decide", "cycle", "pages", "browser", "replay", "waits", "kube")
-DB_SECTIONS = {"cycle", "pages", "browser", "kube"}
+SECTIONS = ("decide", "cycle", "pages", "browser", "replay", "waits", "kube", "soak")
+DB_SECTIONS = {"cycle", "pages", "browser", "kube", "soak"}
 LARGEST = (12_500, 20_000)
 QUICK_SIZE = (125, 1_000)
 
@@ -116,6 +119,10 @@ def run_section(name: str, args, report: dict) -> None:
             from bench import waits
 
             result = waits.section(args.quick)
+        elif name == "soak":
+            from bench import soak
+
+            result = soak.section(args.quick, Path(args.out).parent)
         else:
             from bench import replay
 
@@ -205,6 +212,17 @@ def summary_line(name: str, result: dict) -> str:
                 f"({short['lost_device_hours']} device-h lost), spread {short['gangs_spread_over_extra_racks']}"
             )
         text = "today -> short waits: " + "; ".join(cells)
+    elif name == "soak":
+        latency, checks = result["latency_ms"], result["invariants"]
+        broken = result["target"]["broken"]
+        text = (
+            f"soak {result['users']} users {result['seconds']} s, {len(result['faults'])} faults: "
+            f"{result['requests_per_second']} req/s, "
+            f"p50/p95/p99 {latency['p50']}/{latency['p95']}/{latency['p99']} ms, "
+            f"errors {result['errors']} ({result['errors_outside_fault_windows']} outside fault windows), "
+            f"cycles committed {result['cycles_committed']}, submissions {result['submissions_accepted']} "
+            f"(lost {checks['submissions_lost']}), invariants {broken or 'all hold'}"
+        )
     else:
         on, off = result["protection_on"], result["protection_off"]
         text = (

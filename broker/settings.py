@@ -6,11 +6,13 @@ production stack (PostgreSQL through psycopg 3, Redis for Celery and Channels).
 """
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
 import plotly
 from celery.schedules import crontab
+from csp.constants import NONCE, NONE, SELF, UNSAFE_INLINE
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -51,6 +53,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "channels",
+    "csp",
     "broker.inventory",
     "broker.policy",
     "broker.workloads",
@@ -62,10 +65,14 @@ INSTALLED_APPS = [
     "broker.governance",
     "broker.kube",
     "dashboard",
+    "axes",
 ]
 
 MIDDLEWARE = [
+    # Refuses an oversized body from its Content-Length, and NUL in a query string, before anything reads them.
+    "broker.api.middleware.RequestLimitsMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     # Pages and JSON (the rack heatmap is ~500 KB of JSON at 100k devices). Below WhiteNoise, so static
     # files are not compressed again on every request: browsers cache them instead (vendor_cache_headers).
@@ -77,6 +84,8 @@ MIDDLEWARE = [
     "broker.governance.access.RolePagesMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last: turns a login refused for a lockout into broker.governance.lockouts.lockout_response.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "broker.urls"
@@ -95,6 +104,8 @@ TEMPLATES = [
                 "django.contrib.messages.context_processors.messages",
                 "dashboard.context_processors.site",
                 "dashboard.context_processors.navigation",
+                "dashboard.context_processors.live_updates",
+                "csp.context_processors.nonce",
             ],
         },
     },
@@ -128,7 +139,14 @@ else:
 # The dashboard's shared aggregates (dashboard.inventory_state.cached): one process in the embedded
 # default, every web process and worker through Redis otherwise.
 if REDIS_URL:
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+    # Short timeouts: with Redis cut off, a page waits a second for the cache, then reads the database.
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 1},
+        }
+    }
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 CELERY_TASK_ALWAYS_EAGER = envbool("CELERY_TASK_ALWAYS_EAGER", "False" if REDIS_URL else "True")
@@ -241,13 +259,26 @@ GC_FREEZE_MIN_DEVICES = int(os.getenv("GC_FREEZE_MIN_DEVICES", "10000"))
 # every full pass too (50-150 ms at 100k devices). 0 = never.
 GC_FREEZE_MIN_RECORDS = int(os.getenv("GC_FREEZE_MIN_RECORDS", "10000"))
 APPROVAL_ESCALATION_SECONDS = envfloat("APPROVAL_ESCALATION_SECONDS", "86400")
-# GET /metrics wants `Authorization: Bearer <this>` when set; unset, the page is open.
+# GET /metrics takes `Authorization: Bearer <this>` when set, or an operator's, finance's or staff session;
+# METRICS_PUBLIC=True opens it to anyone (its figures name every team's pending work).
 METRICS_TOKEN = os.getenv("METRICS_TOKEN", "")
+METRICS_PUBLIC = envbool("METRICS_PUBLIC", "False")
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
+# Failed logins (the login page, the API's token endpoint, the admin) are counted per username and address;
+# after LOGIN_FAILURE_LIMIT of them that pair is refused for LOGIN_LOCKOUT_MINUTES, or until an operator
+# lifts it on /governance/lockouts/ (broker.governance.lockouts; both audited).
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = envint("LOGIN_FAILURE_LIMIT", "5")
+AXES_COOLOFF_TIME = timedelta(minutes=envfloat("LOGIN_LOCKOUT_MINUTES", "15"))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "broker.governance.lockouts.lockout_response"
+AXES_VERBOSE = False
+
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard:overview"
 LOGOUT_REDIRECT_URL = "login"
@@ -274,7 +305,32 @@ def vendor_cache_headers(headers, path, url):
 
 WHITENOISE_ADD_HEADERS_FUNCTION = vendor_cache_headers
 
+# The largest request body any page or API call takes (the largest real one, a resource class with its
+# entitled teams, is a few KB); a larger one is answered 413 from its Content-Length before it is read.
+DATA_UPLOAD_MAX_MEMORY_SIZE = envint("MAX_REQUEST_BODY_BYTES", str(1024 * 1024))
+
+# Content-Security-Policy on every response (django-csp): scripts only from this host, or inline with this
+# response's nonce (templates write nonce="{{ CSP_NONCE }}"); nothing framed, posted or loaded elsewhere.
+# Styles may be inline: Plotly and the admin set style attributes, which cannot carry a nonce.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF, NONCE],
+        "style-src": [SELF, UNSAFE_INLINE],
+        "img-src": [SELF, "data:"],
+        "font-src": [SELF, "data:"],
+        "connect-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    },
+}
+
 REST_FRAMEWORK = {
+    # JSON, and the form encoding of the browsable API's forms. No multipart: the API takes no files, and
+    # daphne (Twisted) answers a malformed multipart body itself with a bare 400 before Django sees it.
+    "DEFAULT_PARSER_CLASSES": ["broker.api.parsers.BoundedJSONParser", "broker.api.parsers.NulFreeFormParser"],
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.SessionAuthentication",
         "rest_framework.authentication.TokenAuthentication",
@@ -322,5 +378,6 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": os.getenv("LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    # axes logs every login and logout at INFO; its warnings (failures, lockouts) stay.
+    "loggers": {"django.db.backends": {"level": "WARNING"}, "axes": {"level": "WARNING"}},
 }

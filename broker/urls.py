@@ -3,7 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.shortcuts import redirect
 from django.templatetags.static import static
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerSplitView
 
 from broker.metrics.views import metrics
 
@@ -21,7 +21,8 @@ urlpatterns = [
     path("api/", include("broker.api.urls")),
     path("metrics", metrics, name="metrics"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
+    # The split view serves Swagger UI's start-up script as a file, which the CSP lets run (no inline script).
+    path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="swagger-ui"),
     path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="redoc"),
     path("finance/", include("broker.costs.urls")),
     path("governance/", include("broker.governance.urls")),

@@ -9,6 +9,8 @@ read, bare counts for the rest.
 
 from __future__ import annotations
 
+import logging
+
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.contrib.auth import get_user_model
@@ -19,6 +21,8 @@ from broker.workloads.models import Allocation
 from broker.workloads.states import WAITING_STATES
 from dashboard import queries
 from dashboard.inventory_state import state_key
+
+log = logging.getLogger(__name__)
 
 CYCLE_GROUP = live.CYCLE_GROUP
 INVENTORY_GROUP = "inventory"
@@ -35,8 +39,13 @@ def inventory_changed(domain_ids):
 
     def send():
         layer = get_channel_layer()
-        if layer is not None:
+        if layer is None:
+            return
+        try:
             async_to_sync(layer.group_send)(INVENTORY_GROUP, {"type": "inventory.changed", "racks": racks})
+        except Exception:
+            # The change is committed; with Redis down the pages say live updates are paused.
+            log.warning("could not tell the sockets that racks %s changed", racks, exc_info=True)
 
     transaction.on_commit(send)
 

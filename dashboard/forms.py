@@ -1,6 +1,7 @@
 from django import forms
 from django.db.models import Q
 
+from broker import limits
 from broker.policy.models import Queue, ResourceClass
 from broker.policy.roles import is_admin, team_ids
 from broker.workloads.services import PodSetRequest, Submission
@@ -46,12 +47,21 @@ class SubmitForm(forms.Form):
     name = forms.SlugField(max_length=100, help_text="Unique within your team, e.g. llama-finetune-7.")
     queue = forms.ModelChoiceField(queryset=Queue.objects.none(), empty_label=None)
     resource_class = forms.ModelChoiceField(queryset=ResourceClass.objects.none(), empty_label=None)
-    replicas = forms.IntegerField(min_value=1, initial=1, help_text="Pods in the gang.")
-    devices_per_pod = forms.IntegerField(min_value=1, initial=1)
+    replicas = forms.IntegerField(min_value=1, max_value=limits.REPLICAS_MAX, initial=1, help_text="Pods in the gang.")
+    devices_per_pod = forms.IntegerField(min_value=1, max_value=limits.DEVICES_PER_POD_MAX, initial=1)
     min_count = forms.IntegerField(
-        min_value=1, required=False, help_text="Pods that must start together; empty means all of them."
+        min_value=1,
+        max_value=limits.REPLICAS_MAX,
+        required=False,
+        help_text="Pods that must start together; empty means all of them.",
     )
-    expected_hours = forms.FloatField(min_value=0, required=False, help_text="Helps estimate when others start.")
+    # A float field takes "1e20" and "inf": the bound keeps the seconds an integer the database holds.
+    expected_hours = forms.FloatField(
+        min_value=0,
+        max_value=limits.EXPECTED_HOURS_MAX,
+        required=False,
+        help_text="Helps estimate when others start.",
+    )
 
     def __init__(self, user, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -98,3 +108,13 @@ class SubmitForm(forms.Form):
                         self.add_error(None, per_pod_set)
             else:
                 self.add_error(field if field in self.fields else None, found)
+
+
+class PriorityForm(forms.Form):
+    """An operator's priority override on the workload page: a manual intervention, so it says why."""
+
+    priority = forms.IntegerField(min_value=limits.PRIORITY_MIN, max_value=limits.PRIORITY_MAX)
+    reason = forms.CharField(max_length=limits.REASON_MAX_LENGTH, error_messages={"required": "Say why."})
+
+    def error_text(self):
+        return " ".join(f"{field}: {' '.join(texts)}" for field, texts in self.errors.items())

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -45,6 +46,9 @@ from broker.scheduler.accounting import HELD_BY_POLICY, add_demand, strands, wor
 from broker.scheduler.selectors import ClassMatcher
 from broker.workloads.models import Allocation, Explanation, PodSet, Workload
 from broker.workloads.states import State
+from dashboard import live_health
+
+log = logging.getLogger(__name__)
 
 STATES = ("busy", "unhealthy", "reserved", "stranded", "free")
 DEMAND_STATES = (State.PENDING, State.AWAITING_APPROVAL)  # what the cycle loads (broker.cycle.loader)
@@ -393,11 +397,30 @@ def cached(name, build, key=None):
     if found is not None:
         return found
     cache_key = f"dashboard:{name}:{key}"
-    found = cache.get(cache_key)
+    found = shared_get(cache_key)
     if found is None:
         found = build(key)
-        cache.set(cache_key, found, CACHE_SECONDS)
+        shared_set(cache_key, found)
     return _keep(local_key, found)
+
+
+def shared_get(cache_key):
+    """The shared cache's copy, or None; an unreachable Redis is a miss (the page computes it from the
+    database) and pauses live updates rather than answering 500."""
+    try:
+        return cache.get(cache_key)
+    except Exception:
+        log.warning("the shared cache cannot be read; computing %s from the database", cache_key, exc_info=True)
+        live_health.note(False)
+        return None
+
+
+def shared_set(cache_key, found):
+    try:
+        cache.set(cache_key, found, CACHE_SECONDS)
+    except Exception:
+        log.warning("the shared cache cannot be written (%s)", cache_key, exc_info=True)
+        live_health.note(False)
 
 
 def current_state(key=None):

@@ -28,6 +28,7 @@ SECTIONS = (
     Section("Menu", "governance:menu", ("governance:class-new", "governance:class-edit")),
     Section("Approvals", "governance:approvals"),
     Section("Audit", "governance:audit"),
+    Section("Lockouts", "governance:lockouts"),
     Section("Finance", "costs:finance"),
 )
 

@@ -5,24 +5,33 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import Http404, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
+from broker import limits
 from broker.inventory import services as inventory_services
 from broker.inventory.models import Device, Domain, Health, Node
 from broker.policy.roles import is_operator, sees_all_workloads, team_ids
 from broker.workloads import services as workload_services
 from broker.workloads.models import Workload
 from broker.workloads.states import FINAL_STATES, WAITING_STATES
-from dashboard import broadcast, queries
-from dashboard.forms import SubmitForm, entitled_resource_classes, plain_words
+from dashboard import broadcast, live_health, queries
+from dashboard.forms import PriorityForm, SubmitForm, entitled_resource_classes, plain_words
 from dashboard.whatif import would_start
 
 
+def back_to(request, view_name, **kwargs):
+    """Where a POST action returns: its `next` when that is a path on this host, else `view_name`. Any
+    other `next` (another host, a scheme, //host) is ignored: a crafted form must not send an operator
+    off-site after a real action."""
+    target = request.POST.get("next", "")
+    if target and url_has_allowed_host_and_scheme(target, {request.get_host()}, require_https=request.is_secure()):
+        return redirect(target)
+    return redirect(view_name, **kwargs)
+
+
 def page_number(request):
-    try:
-        return max(1, int(request.GET.get("page", "1")))
-    except ValueError:
-        return 1
+    return limits.page_number(request.GET.get("page"))
 
 
 # --- pages -----------------------------------------------------------------------------------------------
@@ -140,7 +149,7 @@ def node_cordon(request, pk):
     workload_services.request_cycle_after_commit(f"node {node.name} {'cordoned' if cordon else 'uncordoned'}")
     broadcast.inventory_changed(domain_ids=[node.domain_id])
     messages.success(request, f"{node.name} is {'cordoned' if cordon else 'schedulable again'}.")
-    return redirect(request.POST.get("next") or "dashboard:topology")
+    return back_to(request, "dashboard:topology")
 
 
 @login_required
@@ -155,7 +164,7 @@ def device_health(request, pk):
     workload_services.request_cycle_after_commit(f"device {device.qualified_name} marked {health}")
     broadcast.inventory_changed(domain_ids=[device.node.domain_id])
     messages.success(request, f"{device.qualified_name} marked {health}.")
-    return redirect(request.POST.get("next") or "dashboard:topology")
+    return back_to(request, "dashboard:topology")
 
 
 @login_required
@@ -170,7 +179,7 @@ def workload_cancel(request, pk):
         messages.error(request, str(error))
     else:
         messages.success(request, f"Cancelled {workload.name}.")
-    return redirect(request.POST.get("next") or "dashboard:workload", pk=workload.pk)
+    return back_to(request, "dashboard:workload", pk=workload.pk)
 
 
 @login_required
@@ -178,13 +187,13 @@ def workload_cancel(request, pk):
 def workload_priority(request, pk):
     require_operator(request.user)
     workload = visible_workload_or_404(request.user, pk)
-    try:
-        priority = int(request.POST.get("priority", ""))
-    except ValueError:
-        messages.error(request, "The priority must be a whole number.")
+    form = PriorityForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, f"The priority was not changed. {form.error_text()}")
         return redirect("dashboard:workload", pk=workload.pk)
+    priority = form.cleaned_data["priority"]
     try:
-        workload_services.change_priority(workload, request.user, priority, reason=request.POST.get("reason", ""))
+        workload_services.change_priority(workload, request.user, priority, reason=form.cleaned_data["reason"])
     except workload_services.ActionRefused as error:
         messages.error(request, str(error))
     else:
@@ -205,6 +214,7 @@ def api_overview(request):
             "pending": data["pending"],
             "series": data["series"],
             "counters": data["counters"],
+            "live_paused": not live_health.redis_up(),
         }
     )
 

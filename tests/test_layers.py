@@ -35,6 +35,7 @@ LAYERS = (
     ("broker.wsgi", EDGES),
     ("broker.urls", EDGES),
     ("broker.live", EDGES),
+    ("broker.sockets", EDGES),
     ("broker.api", EDGES),
     ("broker.api.**", EDGES),
     ("broker.*.api", EDGES),
@@ -67,6 +68,7 @@ LAYERS = (
     # Models and what they need to keep their own invariants.
     ("broker.events", MODELS),
     ("broker.flat_rows", MODELS),
+    ("broker.limits", MODELS),
     ("broker.*.models", MODELS),
     ("broker.workloads.states", MODELS),
     ("broker.workloads.fields", MODELS),

@@ -10,7 +10,8 @@ operation that can give them (`document_errors`, a postprocessing hook):
 - 403: not signed in, a bad token, or a role that may not do this (session authentication comes first
   and sends no challenge, so DRF answers 403 rather than 401);
 - 404: no such object, or one the caller may not see;
-- 409: the object's state does not allow the action, or it is still in use and cannot be deleted.
+- 409: the object's state does not allow the action, or it is still in use and cannot be deleted;
+- 413: a body larger than the limit (broker.api.middleware), refused before it is read.
 """
 
 ERROR_DETAIL = {
@@ -35,6 +36,7 @@ ERRORS = {
     "403": ("ErrorDetail", "Not signed in, a bad token, or a role that may not do this."),
     "404": ("ErrorDetail", "No such object, or one the caller may not see."),
     "409": ("ErrorDetail", "Its state does not allow this, or it is still in use; nothing was changed."),
+    "413": ("ErrorDetail", "The body is larger than the broker accepts (MAX_REQUEST_BODY_BYTES); it was not read."),
 }
 WITH_BODY = ("post", "put", "patch")
 UNSAFE = (*WITH_BODY, "delete")
@@ -52,6 +54,8 @@ def error_statuses(path, method, operation):
         statuses.append("404")
         if method in UNSAFE:
             statuses.append("409")
+    if method in WITH_BODY:
+        statuses.append("413")
     return statuses
 
 

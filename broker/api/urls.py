@@ -1,8 +1,7 @@
 from django.urls import include, path
-from rest_framework.authtoken.views import obtain_auth_token
 from rest_framework.routers import DefaultRouter
 
-from broker.api.views import StatusView
+from broker.api.views import StatusView, TokenView
 from broker.audit.api.views import AuditEventViewSet
 from broker.inventory.api.views import DeviceViewSet, DomainViewSet, NodeViewSet, TopologyLevelViewSet
 from broker.metrics.api.explanations import WorkloadExplanationView
@@ -42,7 +41,7 @@ router.register("audit-events", AuditEventViewSet)
 
 urlpatterns = [
     path("status/", StatusView.as_view(), name="api-status"),
-    path("auth/token/", obtain_auth_token, name="api-token"),
+    path("auth/token/", TokenView.as_view(), name="api-token"),
     path("costs/", include("broker.costs.api.urls")),
     path("metrics/", MetricsView.as_view(), name="api-metrics"),
     path("workloads/<int:pk>/explanation/", WorkloadExplanationView.as_view(), name="workload-explanation"),

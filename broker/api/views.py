@@ -1,11 +1,14 @@
 from django.conf import settings
 from django.db.models import Count
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers
+from rest_framework.authtoken.views import ObtainAuthToken
+from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from broker.api.permissions import IsBrokerUser
+from broker.governance.lockouts import lockout_response
 from broker.inventory.models import ClusterState, Device, Node
 from broker.workloads.api.serializers import SchedulingCycleSerializer
 from broker.workloads.api.views import visible_to
@@ -43,3 +46,23 @@ class StatusView(APIView):
             "last_cycle": SchedulingCycleSerializer(last_cycle).data if last_cycle else None,
         }
         return Response(StatusSerializer(status).data)
+
+
+class TokenView(ObtainAuthToken):
+    """POST username and password for the API token. Failed attempts count towards the login lockout
+    (django-axes, broker.governance.lockouts) as the login page's do; a locked-out username is answered
+    429 saying so, not "Unable to log in", which would send its owner guessing passwords again."""
+
+    @extend_schema(
+        responses={
+            200: inline_serializer("Token", {"token": serializers.CharField()}),
+            429: OpenApiResponse(description="Locked out after too many failed logins; see Retry-After."),
+        }
+    )
+    def post(self, request, *args, **kwargs):
+        try:
+            return super().post(request, *args, **kwargs)
+        except ValidationError:
+            if getattr(request, "axes_locked_out", False):
+                return lockout_response(request)
+            raise

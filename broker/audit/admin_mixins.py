@@ -5,12 +5,13 @@ import json
 
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import transaction
+from django.db import models, transaction
 from django.forms.models import model_to_dict
 
 from broker.audit.models import record
 from broker.events import request_cycle_after_commit
 from broker.inventory.models import ClusterState
+from broker.limits import validate_json_value
 
 
 def admin_snapshot(instance):
@@ -24,6 +25,13 @@ class AuditedAdminMixin:
 
     def audit_action(self, verb):
         return f"{self.model._meta.model_name}.{verb}"
+
+    def formfield_for_dbfield(self, db_field, request, **kwargs):
+        # A NUL in a JSON field (labels, attributes, quotas) failed in PostgreSQL with a 500.
+        formfield = super().formfield_for_dbfield(db_field, request, **kwargs)
+        if formfield is not None and isinstance(db_field, models.JSONField):
+            formfield.validators = [*formfield.validators, validate_json_value]
+        return formfield
 
     def after_write(self, reason):
         ClusterState.bump(settings.CLUSTER_NAME)

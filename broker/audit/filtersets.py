@@ -1,13 +1,14 @@
 import django_filters
 
 from broker.audit.models import AuditEvent
+from broker.limits import UtcIsoDateTimeFilter
 
 
 class AuditEventFilterSet(django_filters.FilterSet):
     action = django_filters.CharFilter()
     action_prefix = django_filters.CharFilter(field_name="action", lookup_expr="startswith", help_text="e.g. workload.")
-    after = django_filters.IsoDateTimeFilter(field_name="at", lookup_expr="gte")
-    before = django_filters.IsoDateTimeFilter(field_name="at", lookup_expr="lt")
+    after = UtcIsoDateTimeFilter(field_name="at", lookup_expr="gte")
+    before = UtcIsoDateTimeFilter(field_name="at", lookup_expr="lt")
 
     class Meta:
         model = AuditEvent

@@ -26,6 +26,8 @@ PAGE_ROLES = {
     "governance:reject": (roles.APPROVER,),
     "governance:audit": (roles.OPERATOR, roles.APPROVER),
     "governance:audit-export": (roles.OPERATOR, roles.APPROVER),
+    "governance:lockouts": (roles.OPERATOR,),
+    "governance:lockout-lift": (roles.OPERATOR,),
     "costs:finance": (roles.FINANCE, roles.OPERATOR),
 }
 

@@ -1,6 +1,7 @@
 from django import forms
 
 from broker.governance.approvals import cost_threshold
+from broker.limits import UtcDateTimeField
 from broker.policy.models import DeviceClass, ResourceClass, Team
 
 
@@ -73,10 +74,10 @@ class ResourceClassForm(forms.ModelForm):
 
 class DecisionForm(forms.Form):
     comment = forms.CharField(max_length=5000, widget=forms.Textarea(attrs={"rows": 2}), help_text="Say why.")
-    not_before = forms.DateTimeField(
+    not_before = UtcDateTimeField(
         required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}), label="Not before"
     )
-    not_after = forms.DateTimeField(
+    not_after = UtcDateTimeField(
         required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}), label="Not after"
     )
     reserve = forms.BooleanField(required=False, label="Reserve the devices for the team over the window")
@@ -97,5 +98,5 @@ class AuditFilterForm(forms.Form):
     manual = forms.ChoiceField(
         required=False, choices=[("", "any"), ("yes", "manual interventions"), ("no", "not manual")]
     )
-    after = forms.DateTimeField(required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
-    before = forms.DateTimeField(required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
+    after = UtcDateTimeField(required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
+    before = UtcDateTimeField(required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))

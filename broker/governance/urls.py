@@ -14,4 +14,6 @@ urlpatterns = [
     path("approvals/<int:pk>/reject/", views.decide, {"verdict": "reject"}, name="reject"),
     path("audit/", views.audit_page, name="audit"),
     path("audit/export.csv", views.audit_export, name="audit-export"),
+    path("lockouts/", views.lockouts_page, name="lockouts"),
+    path("lockouts/<int:pk>/lift/", views.lockout_lift, name="lockout-lift"),
 ]

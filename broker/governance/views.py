@@ -1,8 +1,10 @@
-"""Governance pages: the resource-class menu and its editor, the approvals inbox, the audit trail.
+"""Governance pages: the resource-class menu and its editor, the approvals inbox, the audit trail, the
+login lockouts.
 
 Who may open which page is in broker.governance.access (one table for every page); the views check
 again where an action needs it, so a page is safe even if it is routed around the middleware."""
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -15,7 +17,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from broker.audit.api.views import csv_rows
 from broker.audit.models import AuditEvent
-from broker.governance import menu, policy
+from broker.governance import lockouts, menu, policy
 from broker.governance.forms import AuditFilterForm, DecisionForm, ResourceClassForm
 from broker.policy import roles
 from broker.policy.models import ResourceClass
@@ -201,3 +203,33 @@ def audit_export(request):
     response = StreamingHttpResponse(csv_rows(filtered_events(data)), content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="audit-{timezone.now():%Y%m%d-%H%M%S}.csv"'
     return response
+
+
+# --- login lockouts ------------------------------------------------------------------------------------------
+
+
+@login_required
+@require_GET
+def lockouts_page(request):
+    require(roles.is_operator(request.user), "Operators and admins see and lift login lockouts.")
+    context = {
+        "locked": lockouts.current_lockouts(),
+        "failing": lockouts.recent_failures(),
+        "limit": settings.AXES_FAILURE_LIMIT,
+        "minutes": lockouts.cool_off_minutes(),
+    }
+    return render(request, "governance/lockouts.html", context)
+
+
+@login_required
+@require_POST
+def lockout_lift(request, pk):
+    require(roles.is_operator(request.user), "Operators and admins see and lift login lockouts.")
+    attempt = get_object_or_404(lockouts.attempts(), pk=pk)
+    reason = request.POST.get("reason", "").strip()[:2000]
+    if not reason:
+        messages.error(request, "Say why the lockout is lifted.")
+    else:
+        lockouts.lift(attempt, request.user, reason)
+        messages.success(request, f"{attempt.username} may log in from {attempt.ip_address} again.")
+    return redirect("governance:lockouts")

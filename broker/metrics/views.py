@@ -1,7 +1,9 @@
 """GET /metrics: the Prometheus text exposition of broker.metrics.collector.
 
-Scrapers carry no session, so this is not behind the login: set METRICS_TOKEN and the scraper sends it as
-`Authorization: Bearer <token>`; leave it unset and the page is open (a private network, the embedded demo).
+The figures name every team's pending work, reasons and manual interventions, which members may not
+see, so the page is closed by default. A scraper carries no session: set METRICS_TOKEN and it sends
+`Authorization: Bearer <token>`. A signed-in session that may read /api/metrics/ (operators, finance,
+admins) or a staff session reads it too. METRICS_PUBLIC=True opens it to anyone (a private network).
 """
 
 import hmac
@@ -13,6 +15,7 @@ from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from broker.metrics.collector import build_registry
+from broker.policy import roles
 
 REGISTRY = build_registry()
 
@@ -22,12 +25,18 @@ def bearer_token(request):
     return token.strip() if scheme.lower() == "bearer" else ""
 
 
+def token_matches(request):
+    expected = settings.METRICS_TOKEN
+    # Constant-time comparison: the token is what guards the page from scrapers.
+    return bool(expected) and hmac.compare_digest(bearer_token(request).encode(), expected.encode())
+
+
+def session_may_read(user):
+    return user.is_authenticated and (user.is_staff or roles.is_operator(user) or roles.is_finance(user))
+
+
 def scrape_allowed(request):
-    expected = getattr(settings, "METRICS_TOKEN", "")
-    if not expected:
-        return True
-    # Constant-time comparison: the token is the only thing guarding the page.
-    return hmac.compare_digest(bearer_token(request).encode(), expected.encode())
+    return settings.METRICS_PUBLIC or token_matches(request) or session_may_read(request.user)
 
 
 @never_cache

@@ -1,6 +1,7 @@
 from django.contrib import admin
 
 from broker.audit.admin_mixins import AuditedAdminMixin
+from broker.limits import BoundedFieldsAdminMixin
 from broker.policy.models import (
     Cohort,
     DeviceClass,
@@ -21,7 +22,7 @@ class TeamAdmin(AuditedAdminMixin, admin.ModelAdmin):
 
 
 @admin.register(PriorityClass)
-class PriorityClassAdmin(AuditedAdminMixin, admin.ModelAdmin):
+class PriorityClassAdmin(BoundedFieldsAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
     list_display = ("name", "value", "preemptible")
     list_filter = ("preemptible",)
     search_fields = ("name",)

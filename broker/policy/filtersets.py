@@ -1,6 +1,7 @@
 import django_filters
 from django.db.models import Q
 
+from broker.limits import UtcIsoDateTimeFilter
 from broker.policy.models import Cohort, DeviceClass, PriorityClass, Queue, Reservation, ResourceClass, Team
 
 
@@ -64,7 +65,7 @@ class ResourceClassFilterSet(django_filters.FilterSet):
 class ReservationFilterSet(django_filters.FilterSet):
     team = django_filters.CharFilter(field_name="team__name")
     device_class = django_filters.CharFilter(field_name="device_class__name")
-    active_at = django_filters.IsoDateTimeFilter(method="filter_active_at", help_text="Held at this instant.")
+    active_at = UtcIsoDateTimeFilter(method="filter_active_at", help_text="Held at this instant.")
 
     class Meta:
         model = Reservation

@@ -1,6 +1,7 @@
 from django.contrib import admin
 
 from broker.audit.admin_mixins import AuditedAdminMixin
+from broker.limits import BoundedFieldsAdminMixin
 from broker.workloads.models import (
     Allocation,
     Explanation,
@@ -12,7 +13,7 @@ from broker.workloads.models import (
 )
 
 
-class PodSetInline(admin.TabularInline):
+class PodSetInline(BoundedFieldsAdminMixin, admin.TabularInline):
     model = PodSet
     extra = 0
 
@@ -28,7 +29,7 @@ class TransitionInline(admin.TabularInline):
 
 
 @admin.register(Workload)
-class WorkloadAdmin(AuditedAdminMixin, admin.ModelAdmin):
+class WorkloadAdmin(BoundedFieldsAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
     # A workload changed by hand (its priority, its pod sets) is an intervention like one in the dashboard,
     # and moves the cluster's generation: a cycle that read it before is refused, and the dashboard's
     # state (which reads pending pod sets) is read again.

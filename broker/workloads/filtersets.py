@@ -1,5 +1,6 @@
 import django_filters
 
+from broker.limits import UtcIsoDateTimeFilter
 from broker.workloads.models import Allocation, ApprovalState, Explanation, SchedulingCycle, Workload
 from broker.workloads.states import State
 
@@ -11,8 +12,8 @@ class WorkloadFilterSet(django_filters.FilterSet):
     queue = django_filters.CharFilter(field_name="queue__name")
     resource_class = django_filters.CharFilter(field_name="resource_class__name")
     submitted_by = django_filters.CharFilter(field_name="submitted_by__username")
-    submitted_after = django_filters.IsoDateTimeFilter(field_name="submitted_at", lookup_expr="gte")
-    submitted_before = django_filters.IsoDateTimeFilter(field_name="submitted_at", lookup_expr="lt")
+    submitted_after = UtcIsoDateTimeFilter(field_name="submitted_at", lookup_expr="gte")
+    submitted_before = UtcIsoDateTimeFilter(field_name="submitted_at", lookup_expr="lt")
 
     class Meta:
         model = Workload
@@ -45,8 +46,8 @@ class ExplanationFilterSet(django_filters.FilterSet):
 
 class SchedulingCycleFilterSet(django_filters.FilterSet):
     outcome = django_filters.ChoiceFilter(choices=SchedulingCycle.Outcome.choices)
-    started_after = django_filters.IsoDateTimeFilter(field_name="started_at", lookup_expr="gte")
-    started_before = django_filters.IsoDateTimeFilter(field_name="started_at", lookup_expr="lt")
+    started_after = UtcIsoDateTimeFilter(field_name="started_at", lookup_expr="gte")
+    started_before = UtcIsoDateTimeFilter(field_name="started_at", lookup_expr="lt")
 
     class Meta:
         model = SchedulingCycle

@@ -16,6 +16,7 @@ from broker.audit.models import record
 from broker.events import request_cycle_after_commit
 from broker.governance import approvals, guidance
 from broker.inventory.models import TopologyLevel
+from broker.limits import PRIORITY_MAX, PRIORITY_MIN
 from broker.policy import roles
 from broker.policy.models import DeviceClass, Queue, ResourceClass
 from broker.workloads.models import Allocation, ApprovalState, PodSet, Workload
@@ -303,7 +304,16 @@ def reject_workload(workload, actor, comment):
 
 
 def change_priority(workload, actor, priority, reason=""):
-    """An operator's priority override, counted as a manual intervention; returns the workload."""
+    """An operator's priority override, counted as a manual intervention; returns the workload. Like
+    every manual intervention it needs a reason, and the priority must lie inside broker.limits' range."""
+    errors = {}
+    if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        errors["priority"] = [f"The priority must lie between {PRIORITY_MIN:,} and {PRIORITY_MAX:,}."]
+    if not (reason or "").strip():
+        errors["reason"] = ["A reason is required: a manual intervention says why."]
+    if errors:
+        raise ValidationError(errors)
+    reason = reason.strip()
     with transaction.atomic():
         workload = locked(workload)
         if workload.state in FINAL_STATES:

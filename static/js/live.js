@@ -109,7 +109,9 @@
     socket.onmessage = function (event) {
       try { apply(JSON.parse(event.data)); } catch (e) { if (window.console) console.error(e); }
     };
-    socket.onclose = function () {
+    socket.onclose = function (event) {
+      // 4401: the session ended (logout here or in another tab, or expiry); retrying cannot help.
+      if (event.code === 4401) { setStatus("down", "signed out — log in again"); return; }
       var delay = Math.min(30000, 500 * Math.pow(2, attempt)) * (0.8 + Math.random() * 0.4);
       attempt += 1;
       setStatus("down", "offline — retrying in " + Math.round(delay / 1000) + " s");

@@ -16,6 +16,13 @@
   var RACK_MARGIN = { l: 130, r: 20, t: 10, b: 30 };  // the rack chart's, kept by its preview too
   var COLORBAR_WIDTH = 90;
 
+  /* Plotly draws its labels from a subset of HTML (<a href>, <span style>, <b>): a rack or node named
+   * "<a href=...>" by an operator would be a link for everyone. Names are escaped to text first. */
+  function plain(value) {
+    // Without a "<" no tag starts; Plotly decodes &amp; &lt; &gt; back to the characters (not &quot;).
+    return String(value).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+  }
+
   /* On the topology page Plotly is only preloaded (<link rel="preload">, downloading while the page and
    * the heatmap JSON load): running its 4.6 MB bundle blocks the page for seconds on a slow client, so
    * it runs once the rack map has drawn its preview (or when a chart is wanted first). Pages that load
@@ -116,7 +123,7 @@
           value = cell.total ? cell.counts[metric] / cell.total : 0;
         }
         zr.push(value);
-        tr.push("<b>" + cell.name + "</b> · " + r + "<br>" + cell.nodes + " nodes, " + cell.total + " devices<br>" + describeCounts(cell));
+        tr.push("<b>" + plain(cell.name) + "</b> · " + plain(r) + "<br>" + cell.nodes + " nodes, " + cell.total + " devices<br>" + describeCounts(cell));
         ir.push(cell.id);
       }
       z.push(zr); text.push(tr); ids.push(ir);
@@ -149,11 +156,11 @@
     var scale = this.scale();
     var trace = {
       type: "heatmap", z: m.z, text: m.text, hoverinfo: "text", xgap: 2, ygap: 2,
-      y: g.rows, x: Array.from({ length: g.width }, function (_, i) { return i + 1; }),
+      y: g.rows.map(plain), x: Array.from({ length: g.width }, function (_, i) { return i + 1; }),
       colorscale: scale.colorscale, zmin: scale.zmin, zmax: scale.zmax,
     };
     if (metric === "team") {
-      trace.colorbar = { tickvals: [0].concat(teams.map(function (_, i) { return i + 1; })), ticktext: ["idle"].concat(teams) };
+      trace.colorbar = { tickvals: [0].concat(teams.map(function (_, i) { return i + 1; })), ticktext: ["idle"].concat(teams.map(plain)) };
     } else {
       trace.colorbar = { title: { text: METRICS[metric].label }, tickformat: ".0%" };
     }
@@ -264,21 +271,21 @@
         if (!d) { zr.push(null); tr.push(""); ir.push(null); continue; }
         var value = d.state === "busy" ? (d.highlight ? 4 : 5 + teams.indexOf(d.team)) : code[d.state];
         zr.push(value);
-        var who = d.team ? "<br>" + d.team + (d.workload ? " · " + d.workload.name : " (another team's workload)") : "";
-        tr.push("<b>" + d.node + "/" + d.name + "</b> · " + d.state + who + "<br>" + d.health + (d.cordoned ? " · node cordoned" : "") +
-          (d.taints && d.taints.length ? " · tainted" : "") + "<br>" + d.classes.join(", "));
+        var who = d.team ? "<br>" + plain(d.team) + (d.workload ? " · " + plain(d.workload.name) : " (another team's workload)") : "";
+        tr.push("<b>" + plain(d.node) + "/" + plain(d.name) + "</b> · " + d.state + who + "<br>" + plain(d.health) + (d.cordoned ? " · node cordoned" : "") +
+          (d.taints && d.taints.length ? " · tainted" : "") + "<br>" + plain(d.classes.join(", ")));
         ir.push(d);
       }
       z.push(zr); text.push(tr); ids.push(ir);
     });
     var trace = {
       type: "heatmap", z: z, text: text, hoverinfo: "text", xgap: 3, ygap: 3, showscale: false,
-      y: nodes, x: Array.from({ length: width }, function (_, i) { return "dev " + i; }),
+      y: nodes.map(plain), x: Array.from({ length: width }, function (_, i) { return "dev " + i; }),
       colorscale: discreteScale(palette), zmin: -0.5, zmax: palette.length - 0.5,
     };
     var layout = {
       margin: { l: 90, r: 10, t: 26, b: 30 }, height: Math.max(160, 34 * nodes.length + 70),
-      title: { text: "rack " + data.rack.name + " <span style='color:#667085'>" + data.rack.path + "</span>", font: { size: 13 }, x: 0 },
+      title: { text: "rack " + plain(data.rack.name) + " <span style='color:#667085'>" + plain(data.rack.path) + "</span>", font: { size: 13 }, x: 0 },
       yaxis: { autorange: "reversed", type: "category" }, xaxis: { type: "category" },
       paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
     };

@@ -161,7 +161,7 @@ def action_request(endpoint, operation, cluster, n, who, alice):
     if operation in ("approve", "reject"):
         return f"/api/workloads/{awaiting(cluster, f'big-{who}', alice).pk}/{operation}/", {"comment": "matrix"}
     workload = team_a_workload(cluster, f"{operation}-{who}")
-    body = {"priority": 7} if operation == "priority" else {}
+    body = {"priority": 7, "reason": "matrix check"} if operation == "priority" else {}
     return f"/api/workloads/{workload.pk}/{operation}/", body
 
 

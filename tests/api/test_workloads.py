@@ -449,7 +449,8 @@ class TestPriorityChange:
     def test_it_refuses_to_reprioritise_a_finished_workload(self, cluster, api_client, olivia):
         workload = pending(cluster)
         workload.transition(State.CANCELLED)
-        assert signed_in(api_client, olivia).post(f"{URL}{workload.pk}/priority/", {"priority": 1}).status_code == 409
+        body = {"priority": 1, "reason": "too late"}
+        assert signed_in(api_client, olivia).post(f"{URL}{workload.pk}/priority/", body).status_code == 409
 
 
 class TestAuditEvents:

@@ -45,7 +45,9 @@ def socket_for(user):
     client.force_login(user)
     cookie = f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
     return WebsocketCommunicator(
-        application, "/ws/costs/", headers=[(b"cookie", cookie.encode()), (b"origin", b"http://testserver")]
+        application,
+        "/ws/costs/",
+        headers=[(b"cookie", cookie.encode()), (b"origin", b"http://testserver"), (b"host", b"testserver")],
     )
 
 

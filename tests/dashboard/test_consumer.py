@@ -34,7 +34,9 @@ def session_communicator(user):
     client.force_login(user)
     cookie = f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
     return WebsocketCommunicator(
-        application, "/ws/live/", headers=[(b"cookie", cookie.encode()), (b"origin", b"http://testserver")]
+        application,
+        "/ws/live/",
+        headers=[(b"cookie", cookie.encode()), (b"origin", b"http://testserver"), (b"host", b"testserver")],
     )
 
 
@@ -69,7 +71,9 @@ def test_it_rejects_an_anonymous_socket(scene):
         connected, code = await communicator.connect()
         assert connected is False
         assert code == 4401
-        anonymous = WebsocketCommunicator(application, "/ws/live/", headers=[(b"origin", b"http://testserver")])
+        anonymous = WebsocketCommunicator(
+            application, "/ws/live/", headers=[(b"origin", b"http://testserver"), (b"host", b"testserver")]
+        )
         connected, _ = await anonymous.connect()
         assert connected is False
 

@@ -56,6 +56,8 @@ PAGES = [
     ("governance:reject", "post", (302, 403, 403, 403, 403, 302, 302, 403)),
     ("governance:audit", "get", AUDIT_READERS),
     ("governance:audit-export", "get", AUDIT_READERS),
+    ("governance:lockouts", "get", OPERATORS),
+    ("governance:lockout-lift", "post", (302, 403, 403, 302, 403, 403, 302, 403)),
     ("costs:finance", "get", COST_READERS),
     ("admin:index", "get", (302, 302, 302, 302, 302, 302, 302, 302)),
 ]
@@ -79,6 +81,7 @@ DESTINATIONS = (
     "governance:menu",
     "governance:approvals",
     "governance:audit",
+    "governance:lockouts",
     "costs:finance",
 )
 
@@ -98,6 +101,7 @@ def url_args(name, objects):
         "governance:approval-row": [objects["awaiting"]],
         "governance:approve": [objects["awaiting"]],
         "governance:reject": [objects["awaiting"]],
+        "governance:lockout-lift": [objects["lockout"]],
     }
     return by_param.get(name, [])
 
@@ -114,6 +118,8 @@ def post_body(name):
 
 @pytest.fixture
 def objects(cluster, alice, bob):
+    from axes.models import AccessAttempt
+
     from broker.inventory.models import Domain
     from tests.governance.helpers import submit
 
@@ -125,6 +131,10 @@ def objects(cluster, alice, bob):
         "device": cluster.nodes[0].devices.first().pk,
         "rack": Domain.objects.get(name="r1").pk,
         "resource_class": cluster.training.pk,
+        # A blank reason lifts nothing: the lockout stays for the next persona.
+        "lockout": AccessAttempt.objects.create(
+            username="bob", ip_address="10.0.0.9", user_agent="", failures_since_start=9, get_data="", post_data=""
+        ).pk,
     }
 
 
@@ -176,7 +186,7 @@ def test_it_links_in_the_top_bar_exactly_the_pages_a_persona_opens(request, clus
 
 
 def socket_connects(user, route):
-    headers = [(b"origin", b"http://testserver")]
+    headers = [(b"origin", b"http://testserver"), (b"host", b"testserver")]
     if user is not None:
         client = Client()
         client.force_login(user)

@@ -127,3 +127,15 @@ def test_it_offers_no_write_on_the_audit_pages(client, trail, adam):
         assert client.post(reverse(name), {"reason": "x"}).status_code == 405
         assert client.delete(reverse(name)).status_code == 405
     assert AuditEvent.objects.count() == count
+
+
+@pytest.mark.parametrize(
+    "reason", ["=cmd|' /C calc'!A0", "+1+1", "-2+3", "@SUM(A1)", "\t=cmd", "\r=cmd", "\n=1+1", "\uff1d1+1"]
+)
+def test_it_quotes_every_cell_a_spreadsheet_would_run(client, cluster, olivia, reason):
+    record("node.cordon", cluster.nodes[0], actor=olivia, reason=reason, manual_intervention=True)
+    client.force_login(olivia)
+
+    exported = rows(client.get(reverse("governance:audit-export"), {"action": "node.cordon"}))
+
+    assert exported[0]["reason"] == "'" + reason

@@ -19,7 +19,9 @@ def communicator(user):
     client.force_login(user)
     cookie = f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
     return WebsocketCommunicator(
-        application, "/ws/approvals/", headers=[(b"cookie", cookie.encode()), (b"origin", b"http://testserver")]
+        application,
+        "/ws/approvals/",
+        headers=[(b"cookie", cookie.encode()), (b"origin", b"http://testserver"), (b"host", b"testserver")],
     )
 
 

@@ -18,8 +18,19 @@ def key(**labels):
     return tuple(sorted(labels.items()))
 
 
+def series(samples, name):
+    return {labels: value for (sample_name, labels), value in samples.items() if sample_name == name}
+
+
+@pytest.fixture(autouse=True)
+def scraper_token(settings):
+    """The figures below are scraped as Prometheus does, with the bearer token."""
+    settings.METRICS_TOKEN = "s3cret-scrape-token"
+    settings.METRICS_PUBLIC = False
+
+
 def scrape(client, **headers):
-    response = client.get("/metrics", **headers)
+    response = client.get("/metrics", **{"HTTP_AUTHORIZATION": "Bearer s3cret-scrape-token", **headers})
     assert response.status_code == 200, response.content
     assert response["Content-Type"].startswith("text/plain")
     samples = {}
@@ -27,10 +38,6 @@ def scrape(client, **headers):
         for sample in family.samples:
             samples[(sample.name, key(**sample.labels))] = sample.value
     return samples
-
-
-def series(samples, name):
-    return {labels: value for (sample_name, labels), value in samples.items() if sample_name == name}
 
 
 @pytest.fixture
@@ -217,21 +224,42 @@ def test_it_scrapes_a_cluster_with_no_history(client, cluster):
     assert samples[("capacity_broker_cycle_decide_seconds_count", ())] == 0
 
 
-def test_it_is_open_without_a_token_configured(client, cluster, settings):
+def test_it_is_closed_to_strangers_by_default(client, cluster, settings):
     settings.METRICS_TOKEN = ""
+    refused = client.get("/metrics")
+    assert refused.status_code == 401
+    assert b"capacity_broker" not in refused.content
+    # No token configured: an empty bearer matches nothing.
+    assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer ").status_code == 401
+
+
+def test_it_is_open_when_made_public(client, cluster, settings):
+    settings.METRICS_PUBLIC = True
     assert client.get("/metrics").status_code == 200
 
 
-def test_it_wants_the_bearer_token_when_one_is_configured(client, cluster, settings):
-    settings.METRICS_TOKEN = "s3cret-scrape-token"
+def test_it_wants_the_bearer_token_when_one_is_configured(client, cluster):
     refused = client.get("/metrics")
     assert refused.status_code == 401
     assert refused["WWW-Authenticate"].startswith("Bearer")
     assert b"capacity_broker" not in refused.content
     assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer wrong").status_code == 401
     assert client.get("/metrics", HTTP_AUTHORIZATION="Token s3cret-scrape-token").status_code == 401
-    samples = scrape(client, HTTP_AUTHORIZATION="Bearer s3cret-scrape-token")
+    samples = scrape(client)
     assert series(samples, "capacity_broker_devices") == {key(health="Healthy"): 16}
+
+
+@pytest.mark.parametrize(("persona", "status"), [("olivia", 200), ("fiona", 200), ("adam", 200), ("alice", 401)])
+def test_it_opens_to_the_sessions_that_read_the_metrics_api(client, cluster, request, persona, status):
+    client.force_login(request.getfixturevalue(persona))
+    assert client.get("/metrics").status_code == status
+
+
+def test_it_opens_to_a_staff_session(client, cluster, alice):
+    alice.is_staff = True
+    alice.save()
+    client.force_login(alice)
+    assert client.get("/metrics").status_code == 200
 
 
 def test_it_refuses_writes(client, cluster):

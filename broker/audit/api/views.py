@@ -37,12 +37,17 @@ class Echo:
         return value
 
 
+# Spreadsheets run a cell that starts like a formula, and skip a leading TAB, CR or LF to find one
+# (OWASP's CSV injection list, with the full-width signs some spreadsheets read as the ASCII ones).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r", "\n", "\uff1d", "\uff0b", "\uff0d", "\uff20")
+
+
 def csv_cell(value):
     if isinstance(value, dict | list):
         value = json.dumps(value, sort_keys=True)
     text = "" if value is None else str(value)
-    # Spreadsheets run cells that start like a formula; an audit trail must never execute.
-    return "'" + text if text[:1] in ("=", "+", "-", "@") else text
+    # An audit trail must never execute: such a cell is quoted as text with a leading apostrophe.
+    return "'" + text if text.startswith(FORMULA_STARTS) else text
 
 
 def csv_rows(events):

@@ -2,6 +2,7 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from rest_framework import serializers
 
+from broker import limits
 from broker.api.serializers import ValidatedModelSerializer
 from broker.governance.approvals import cost_threshold
 from broker.governance.policy import set_cost_threshold
@@ -32,6 +33,7 @@ class PriorityClassSerializer(ValidatedModelSerializer):
     class Meta:
         model = PriorityClass
         fields = ["id", "name", "value", "description", "preemptible"]
+        extra_kwargs = {"value": {"min_value": limits.PRIORITY_MIN, "max_value": limits.PRIORITY_MAX}}
 
 
 class DeviceClassSerializer(ValidatedModelSerializer):

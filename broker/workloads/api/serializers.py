@@ -4,6 +4,8 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from broker import limits
+from broker.api.serializers import StrictSerializer
 from broker.policy.models import Queue, ResourceClass
 from broker.workloads import services
 from broker.workloads.models import Allocation, DisruptionMode, Explanation, PodSet, SchedulingCycle, Workload
@@ -127,20 +129,28 @@ class SubmittedWorkloadSerializer(WorkloadSerializer):
         read_only_fields = fields
 
 
-class PodSetRequestSerializer(serializers.Serializer):
+class PodSetRequestSerializer(StrictSerializer):
     name = serializers.SlugField(max_length=63, default="main")
-    replicas = serializers.IntegerField(min_value=1)
+    replicas = serializers.IntegerField(min_value=1, max_value=limits.REPLICAS_MAX)
     min_count = serializers.IntegerField(
-        min_value=1, required=False, allow_null=True, help_text="Gang size: pods that must start together."
+        min_value=1,
+        max_value=limits.REPLICAS_MAX,
+        required=False,
+        allow_null=True,
+        help_text="Gang size: pods that must start together.",
     )
-    devices_per_pod = serializers.IntegerField(min_value=1)
+    devices_per_pod = serializers.IntegerField(min_value=1, max_value=limits.DEVICES_PER_POD_MAX)
     device_classes = serializers.ListField(
-        child=serializers.SlugField(), required=False, default=list, help_text="Fallback order; default: the class's."
+        child=serializers.SlugField(max_length=63),
+        required=False,
+        default=list,
+        max_length=limits.DEVICE_CLASSES_PER_POD_SET_MAX,
+        help_text="Fallback order; default: the class's.",
     )
     match_attribute = serializers.CharField(max_length=100, required=False, default="", allow_blank=True)
 
 
-class WorkloadSubmissionSerializer(serializers.Serializer):
+class WorkloadSubmissionSerializer(StrictSerializer):
     """A request for capacity: a gang of pod sets in a resource class, submitted to a queue."""
 
     name = serializers.SlugField(max_length=100)
@@ -153,12 +163,19 @@ class WorkloadSubmissionSerializer(serializers.Serializer):
     resource_class = serializers.SlugRelatedField(
         slug_field="name", queryset=ResourceClass.objects.select_related("priority_class")
     )
-    pod_sets = PodSetRequestSerializer(many=True, allow_empty=False)
-    priority = serializers.IntegerField(required=False, help_text="Default: the class's priority.")
+    pod_sets = PodSetRequestSerializer(many=True, allow_empty=False, max_length=limits.POD_SETS_MAX)
+    priority = serializers.IntegerField(
+        min_value=limits.PRIORITY_MIN,
+        max_value=limits.PRIORITY_MAX,
+        required=False,
+        help_text="Default: the class's priority.",
+    )
     disruption_mode = serializers.ChoiceField(choices=DisruptionMode.choices, required=False)
     topology_required = serializers.CharField(max_length=50, required=False, allow_blank=True)
     topology_preferred = serializers.CharField(max_length=50, required=False, allow_blank=True)
-    expected_duration_seconds = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+    expected_duration_seconds = serializers.IntegerField(
+        min_value=1, max_value=limits.EXPECTED_DURATION_MAX_SECONDS, required=False, allow_null=True
+    )
 
     def validate(self, attrs):
         actor = self.context["request"].user
@@ -188,13 +205,15 @@ class WorkloadSubmissionSerializer(serializers.Serializer):
         return services.submit_workload(validated_data["submission"], self.context["request"].user)
 
 
-class DecisionSerializer(serializers.Serializer):
+class DecisionSerializer(StrictSerializer):
     comment = serializers.CharField(max_length=5000, help_text="Mandatory: why it was approved or rejected.")
 
 
-class PriorityChangeSerializer(serializers.Serializer):
-    priority = serializers.IntegerField()
-    reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
+class PriorityChangeSerializer(StrictSerializer):
+    priority = serializers.IntegerField(min_value=limits.PRIORITY_MIN, max_value=limits.PRIORITY_MAX)
+    reason = serializers.CharField(
+        max_length=limits.REASON_MAX_LENGTH, help_text="Mandatory: a manual intervention says why."
+    )
 
 
 class AllocationSerializer(serializers.ModelSerializer):
