@@ -19,9 +19,10 @@ distinct shape, not once per workload.
 from __future__ import annotations
 
 from dataclasses import replace
+from heapq import nlargest
 
 from broker.scheduler import estimate, preemption
-from broker.scheduler.capacity import BLOCKED, NODE_LEVEL, TAINTED, CapacityState, View
+from broker.scheduler.capacity import BLOCKED, NODE_LEVEL, ROOT, TAINTED, CapacityState, View
 from broker.scheduler.placement import place_gang
 from broker.scheduler.requests import Request, approval_problem, entitlement_problem
 from broker.scheduler.snapshot import REASON_CODES, PendingDecision, PodSet, Snapshot, Suggestion, made
@@ -313,21 +314,22 @@ class Assessor:
         needs = _needs_text(request, focus["device_class"])
         fits_unheld = self._fits_any(request, classes, access)
         if not fits_unheld:
+            binding = _binding_domain_text(request, focus)
             if self._fits_any(request, classes, request.access(healed=True)):
                 codes["DeviceUnhealthy"] = (
-                    f"{needs}; {_free_text(focus)} free; it would fit if the "
+                    f"{needs}; {_free_text(focus)} free{binding}; it would fit if the "
                     f"{focus['unhealthy']} unhealthy, tainted or cordoned ones were healthy"
                 )
             if self._fits_any(request, classes, request.access(unreserved=True)):
                 codes["Reserved"] = (
-                    f"{needs}; {_free_text(focus)} free for team {request.team}; "
+                    f"{needs}; {_free_text(focus)} free for team {request.team}{binding}; "
                     f"it would fit without the {focus['reserved']} free devices reserved for other teams"
                     f" ({_owners_text(focus['reserved_by'])})"
                 )
             if all(n["free"] < request.needed for n in numbers):
                 codes["InsufficientCapacity"] = f"{needs}; {_free_text(focus, 'only ')} free in the cluster"
             else:
-                codes["TopologyFragmented"] = _fragmented_text(needs, focus)
+                codes["TopologyFragmented"] = _fragmented_text(request, needs, focus)
         elif excluded and not self._fits_any(request, classes, access, excluded):
             protection = self.cycle.protection
             codes["Priority"] = f"{needs}; it fits now, but {protection.describe(self.state)}"
@@ -553,14 +555,38 @@ def _free_text(focus: dict, few: str = "") -> str:
     return f"{few}{focus['free']} {focus['device_class']}"
 
 
-def _fragmented_text(needs: str, focus: dict) -> str:
+def _fragmented_text(request: Request, needs: str, focus: dict) -> str:
     largest = focus["largest_free_domain"]
-    where = f"any {largest['level']}" if largest["level"] != NODE_LEVEL else "any node"
-    name = f" ({largest['name']})" if largest["name"] else ""
-    return (
-        f"{needs}; {focus['free']} {focus['device_class']} free in the cluster, "
-        f"at most {largest['free']} free in {where}{name}"
-    )
+    free = f"{needs}; {focus['free']} {focus['device_class']} free in the cluster"
+    if largest["level"] == NODE_LEVEL:
+        biggest_pod = max(demand.per_pod for demand in request.demands)
+        if largest["free"] >= biggest_pod:
+            # Every pod fits some node: the binding constraint is the arrangement, never "at most N".
+            matched = " sharing the matched attribute" if any(d.match_attribute for d in request.demands) else ""
+            return f"{free}, but the nodes' free devices ({_node_counts_text(largest)}) cannot hold its pods{matched}"
+        name = f" ({largest['name']})" if largest["name"] else ""
+        return f"{free}, at most {largest['free']} free in any node{name}"
+    if largest["free"] >= request.needed:
+        # Enough devices in the best domain, in the wrong shape: say so, never "at most N" with N >= needed.
+        return (
+            f"{free}; {largest['level']} {largest['name']} has the most ({largest['free']}), but its nodes' "
+            f"free devices ({_node_counts_text(largest)}) cannot hold the gang's pods"
+        )
+    return f"{free}, at most {largest['free']} free in any {largest['level']} ({largest['name']})"
+
+
+def _binding_domain_text(request: Request, focus: dict) -> str:
+    """For a gang bound to one domain: the best domain and what is free there, when it is short."""
+    largest = focus["largest_free_domain"]
+    if not request.required or largest["level"] == NODE_LEVEL or largest["free"] >= request.needed:
+        return ""
+    return f", at most {largest['free']} of {request.needed} in any {largest['level']} ({largest['name']})"
+
+
+def _node_counts_text(largest: dict) -> str:
+    counts = largest["nodes"]
+    more = largest["nodes_with_free"] - len(counts)
+    return ", ".join(map(str, counts)) + (f" and {more} more nodes" if more > 0 else "")
 
 
 def _owners_text(reserved_by: dict) -> str:
@@ -600,7 +626,14 @@ def _largest_domain(view: View, level_index: int, level: str) -> dict:
     # compared (at the node level there are as many domains as nodes).
     most = max(counts.values())
     key = min(key for key, count in counts.items() if count == most)
-    return {"level": level, "name": key[-1], "free": most}
+    largest = {"level": level, "name": key[-1], "free": most}
+    # Free devices per node there (every node at the node level), most first: the shape a gang's pods
+    # must fit; kept short, as the details are stored with every explanation.
+    nodes = view.state.nodes_of(key if level != NODE_LEVEL else ROOT)
+    counts = list(filter(None, map(view.node_count, nodes)))
+    largest["nodes"] = nlargest(8, counts)
+    largest["nodes_with_free"] = len(counts)
+    return largest
 
 
 def _why_never(view: View, request: Request, class_name: str) -> str:
@@ -617,6 +650,12 @@ def _why_never(view: View, request: Request, class_name: str) -> str:
     if request.required:
         level_index = state.levels.index(request.required)
         largest = _largest_domain(view, level_index, request.required)
+        if largest["free"] >= request.needed:
+            return (
+                f"{_needs_text(request, class_name)}: the largest {request.required} ({largest['name']}) has "
+                f"{largest['free']}, but its nodes ({_node_counts_text(largest)}) cannot hold the "
+                "gang's pods"
+            )
         return (
             f"needs {request.needed} {class_name} in one {request.required}; the largest "
             f"{request.required} ({largest['name']}) has {largest['free']}"
