@@ -162,7 +162,9 @@ def _load_snapshot(now, config):
         now=now.timestamp(),
         config=config
         or s.SchedulerConfig(
-            backfill_wait_seconds=settings.BACKFILL_WAIT_SECONDS, estimate_queue_depth=settings.ESTIMATE_QUEUE_DEPTH
+            backfill_wait_seconds=settings.BACKFILL_WAIT_SECONDS,
+            backfill_depth=settings.BACKFILL_DEPTH,
+            estimate_queue_depth=settings.ESTIMATE_QUEUE_DEPTH,
         ),
     )
     loaded.load_ms = (time.perf_counter() - started) * 1000

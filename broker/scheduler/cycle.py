@@ -28,6 +28,7 @@ from broker.scheduler.snapshot import (
     Snapshot,
     made,
 )
+from broker.scheduler.windows import Window, future_windows
 
 NOMINATED = "nominated:"  # slot holder prefix for devices held for a nominated preemptor
 
@@ -61,6 +62,7 @@ class Outcome:
     victims: tuple = ()
     waiting_for_evictions: tuple = ()
     protected: bool = False
+    victim_scope: tuple = ()  # the domain its victims make room in
 
 
 @dataclass
@@ -93,7 +95,10 @@ class Cycle:
         }
         self.running = {workload.id: workload for workload in snapshot.running}
         self.log = CycleLog()
-        self.protection: backfill.Protection | None = None
+        # Gangs ahead in line whose planned start work behind them may not delay, first in line first.
+        self.protections: list[backfill.Protection] = []
+        self._excluded_unions: dict[tuple, frozenset] = {}
+        self.windows: list[Window] = []
         self._failed: set = set()
         self._extras_cache: dict = {}
         self._access_keys: dict = {}
@@ -116,6 +121,8 @@ class Cycle:
         # 1. Index the snapshot: classes per distinct device description, free counts per node and
         #    domain, devices held by running work, reservations materialised on concrete devices.
         self.state = CapacityState.for_cycle(self.snapshot, self.matcher, self.class_names)
+        # 1b. Reservation windows opening later, and the nodes they will take (Slurm's rule).
+        self.windows = future_windows(self.state, self.snapshot)
         # Reserved and tainted devices are never plain: the extras hold all of them.
         self.reserved_teams = frozenset(slot.owner for slot in self.state.extras if slot.owner is not None)
         self.has_taints = any(slot.taints for slot in self.state.extras)
@@ -247,9 +254,17 @@ class Cycle:
             and not outcome.victims
             and not outcome.waiting_for_evictions
             and not outcome.protected
-            # Until a head is protected, the next one may be (its own wait and durations decide).
-            and (self.protection is not None or not self.config.enable_backfill_protection)
+            # Until enough heads are protected, the next one may be (its own wait and durations decide).
+            and (not self._protects_more() or not self.config.enable_backfill_protection)
         )
+
+    @property
+    def protection(self) -> backfill.Protection | None:
+        """The first protected gang in line (the head), None when none is."""
+        return self.protections[0] if self.protections else None
+
+    def _protects_more(self) -> bool:
+        return len(self.protections) < max(1, self.config.backfill_depth)
 
     def _charge(self, queue: str, device_class: str, amount: int) -> None:
         self.quota.add_usage(queue, device_class, amount)
@@ -370,15 +385,17 @@ class Cycle:
                 return
         if not self.entitled_classes(request):
             return
-        if self.config.enable_backfill_protection and self.protection is None:
-            self.protection = backfill.plan_protection(self, request)
-            if self.protection is not None:
+        if self.config.enable_backfill_protection and self._protects_more():
+            protection = backfill.plan_protection(self, request)
+            if protection is not None:
+                self.protections.append(protection)
                 self.log.outcomes[request.id].protected = True
 
     def _record_preemption(self, request: Request, found) -> None:
         outcome = self.log.outcomes[request.id]
         outcome.victims = found.victims
         outcome.waiting_for_evictions = found.evicting
+        outcome.victim_scope = found.scope
         for victim in found.victims:
             workload = victim.workload
             pods = tuple((pod.pod_set, pod.index) for pod in workload.pods) if workload.partial else ()
@@ -406,9 +423,46 @@ class Cycle:
         )
 
     def excluded_for(self, request: Request) -> frozenset:
-        if self.protection is None or self.protection.workload_id == request.id:
+        """Nodes `request` may not take now: those held for every protected gang ahead whose planned
+        start it would delay (it runs past that start, or no start is planned)."""
+        protections = self.protections
+        if self.windows:
+            held = [window.nodes for window in self.windows_blocking(request)]
+        elif not protections:
             return frozenset()
-        return self.protection.excluded_for(request, self.snapshot.now)
+        else:
+            held = []
+        now = self.snapshot.now
+        if len(protections) == 1 and not held:
+            protection = protections[0]
+            return frozenset() if protection.workload_id == request.id else protection.excluded_for(request, now)
+        held += [
+            nodes
+            for protection in protections
+            if protection.workload_id != request.id and (nodes := protection.excluded_for(request, now))
+        ]
+        if len(held) < 2:
+            return held[0] if held else frozenset()
+        key = tuple(map(id, held))  # the protections' own sets, alive for the cycle
+        union = self._excluded_unions.get(key)
+        if union is None:
+            union = self._excluded_unions[key] = frozenset().union(*held)
+        return union
+
+    def windows_blocking(self, request: Request) -> list[Window]:
+        """Reservation windows not open yet whose nodes `request` may not take: it would overrun them."""
+        workload = request.workload
+        now = self.snapshot.now
+        return [
+            window
+            for window in self.windows
+            if window.blocks(request.team, request.preemptible, workload.expected_duration, now)
+        ]
+
+    def protections_holding(self, request: Request) -> list[backfill.Protection]:
+        """The protected gangs whose held nodes `request` may not take now."""
+        now = self.snapshot.now
+        return [p for p in self.protections if p.workload_id != request.id and p.excluded_for(request, now)]
 
     def access_key(self, access: Access) -> tuple:
         """The parts of `access` that can change the answer on this cluster (more sharing of memos)."""

@@ -163,7 +163,7 @@ class Assessor:
         codes.update(capacity["codes"])
         if outcome.victims or outcome.waiting_for_evictions:
             running = self.cycle.running
-            codes["PreemptionPending"] = _preemption_message(outcome, running)
+            codes["PreemptionPending"] = _preemption_message(outcome, running, self.state.levels)
             details["victims"] = [victim.workload.id for victim in outcome.victims]
             evicting = outcome.waiting_for_evictions
             details["evicting"] = sorted({_whole_id(running, workload_id) for workload_id in evicting})
@@ -331,9 +331,26 @@ class Assessor:
             else:
                 codes["TopologyFragmented"] = _fragmented_text(request, needs, focus)
         elif excluded and not self._fits_any(request, classes, access, excluded):
-            protection = self.cycle.protection
-            codes["Priority"] = f"{needs}; it fits now, but {protection.describe(self.state)}"
-            details["held_for"] = protection.workload_id
+            holding = self.cycle.protections_holding(request)
+            windows = self.cycle.windows_blocking(request)
+            ahead = frozenset().union(*(protection.nodes for protection in holding))
+            if windows and (not holding or self._fits_any(request, classes, access, ahead)):
+                # The binding constraint is a window about to open, not the work ahead.
+                duration = request.workload.expected_duration
+                runs = (
+                    f"would run {duration:g} s, past its start"
+                    if duration is not None
+                    else ("has no expected duration, so it may run past its start")
+                )
+                opening = "; and of ".join(window.describe(self.state.levels) for window in windows[:2])
+                codes["Reserved"] = f"{needs}; it fits now, but only on the nodes of {opening}, and it {runs}"
+                details["reservation"] = windows[0].reservation.name
+                return {"codes": codes, "details": details}
+            described = "; and ".join(protection.describe(self.state) for protection in holding[:2])
+            more = f" (and {len(holding) - 2} more gangs ahead)" if len(holding) > 2 else ""
+            codes["Priority"] = f"{needs}; it fits now, but {described}{more}"
+            details["held_for"] = holding[0].workload_id
+            details["held_for_all"] = [protection.workload_id for protection in holding]
         return {"codes": codes, "details": details}
 
     def _numbers(self, request: Request, class_name: str) -> dict:
@@ -578,7 +595,7 @@ def _fragmented_text(request: Request, needs: str, focus: dict) -> str:
 def _binding_domain_text(request: Request, focus: dict) -> str:
     """For a gang bound to one domain: the best domain and what is free there, when it is short."""
     largest = focus["largest_free_domain"]
-    if not request.required or largest["level"] == NODE_LEVEL or largest["free"] >= request.needed:
+    if not request.required or largest["level"] == NODE_LEVEL or not 0 < largest["free"] < request.needed:
         return ""
     return f", at most {largest['free']} of {request.needed} in any {largest['level']} ({largest['name']})"
 
@@ -602,7 +619,7 @@ def _pods_text(count: int) -> str:
     return "1 pod" if count == 1 else f"{count} pods"
 
 
-def _preemption_message(outcome, running) -> str:
+def _preemption_message(outcome, running, levels) -> str:
     leaving = []
     for victim in outcome.victims:
         workload = victim.workload
@@ -615,7 +632,23 @@ def _preemption_message(outcome, running) -> str:
         else:
             leaving.append(f"{workload_id} (being evicted)")
     noun = "victim" if len(leaving) == 1 else "victims"
-    return f"waiting for {len(leaving)} {noun} to leave: {', '.join(leaving)}"
+    return f"waiting for {len(leaving)} {noun} to leave: {', '.join(leaving)}{_why_victims(outcome, levels)}"
+
+
+def _why_victims(outcome, levels) -> str:
+    """Why these victims (preemption.cost_key): the lowest priority first, then pods before groups, then
+    the fewest and smallest."""
+    if not outcome.victims:
+        return ""
+    scope = outcome.victim_scope
+    where = f"in {levels[len(scope) - 1]} {scope[-1]}" if scope else "in the cluster"
+    highest = max(victim.workload.priority for victim in outcome.victims)
+    shrunk = all(victim.workload.partial for victim in outcome.victims)
+    how = "by shrinking elastic work, " if shrunk else ""
+    return (
+        f"; chosen lowest priority first, {how}then fewest and smallest: no set of workloads below priority "
+        f"{highest} makes room {where}"
+    )
 
 
 def _largest_domain(view: View, level_index: int, level: str) -> dict:
