@@ -122,7 +122,7 @@ class Cycle:
         #    domain, devices held by running work, reservations materialised on concrete devices.
         self.state = CapacityState.for_cycle(self.snapshot, self.matcher, self.class_names)
         # 1b. Reservation windows opening later, and the nodes they will take (Slurm's rule).
-        self.windows = future_windows(self.state, self.snapshot)
+        self.windows = future_windows(self.state, self.snapshot) if self.config.reservations_ahead else []
         # Reserved and tainted devices are never plain: the extras hold all of them.
         self.reserved_teams = frozenset(slot.owner for slot in self.state.extras if slot.owner is not None)
         self.has_taints = any(slot.taints for slot in self.state.extras)

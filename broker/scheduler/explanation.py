@@ -419,7 +419,7 @@ class Assessor:
         return tuple(found)
 
     def _relax_topology(self, request: Request, codes) -> Suggestion | None:
-        if request.required is None:
+        if request.required is None or not _own_requirement(request):
             return None
         levels = self.state.levels
         for index in range(levels.index(request.required) - 1, -2, -1):
@@ -502,6 +502,15 @@ class Assessor:
             if _admitted_after(snapshot, request.id, suggestion):
                 return suggestion
         return None
+
+
+def _own_requirement(request: Request) -> bool:
+    """Whether the required level is the workload's own choice, which its submitter may change: one its
+    resource class sets is the class's promise (a training class keeps its gangs in one rack), and
+    relaxing it is no change the submit form or the API offers within the class."""
+    own = request.workload.topology_required
+    resource_class = request.resource_class
+    return bool(own) and (resource_class is None or own != resource_class.topology_required)
 
 
 def _admitted_after(snapshot: Snapshot, workload_id: str, suggestion: Suggestion) -> bool:
