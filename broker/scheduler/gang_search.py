@@ -261,3 +261,40 @@ def _assign_slots(finder: Search, found: dict, node_slots, attribute) -> dict:
                 pods.append((index, fitting))
         result[node] = pods
     return result
+
+
+class _Unit:
+    """A free device as the search sees it when only counts are known (no attributes to match)."""
+
+    attributes: dict = {}
+
+
+def fits_counts(demands, node_counts: list[int]) -> bool:
+    """Whether the gang's required pods fit nodes with these free device counts (no matchAttribute):
+    the search for gangs up to EXACT_PODS pods, whole pods per pod set and in all above it (a bound)."""
+    needed = sum(demand.min_count * demand.per_pod for demand in demands)
+    if needed > sum(node_counts):
+        return False
+    for demand in demands:
+        if sum(count // demand.per_pod for count in node_counts) < demand.min_count:
+            return False
+    if sum(demand.min_count for demand in demands) > EXACT_PODS:
+        return True
+    unit = _Unit()
+    node_slots = {node: [unit] * count for node, count in enumerate(node_counts) if count}
+    order = {node: (count, node) for node, count in enumerate(node_counts)}
+    try:
+        return (
+            Search(tuple(d._replace(match_attribute=None) for d in demands), node_slots, order, None).run() is not None
+        )
+    except OutOfSteps:
+        return True
+
+
+def domain_for_gang(domains: dict, demands) -> str | None:
+    """The domain a reservation for the gang should pin (issue 27: an approval's reservation must be
+    usable by the gang it was made for): among domains whose nodes, as built, hold the gang, the one
+    with the most devices free now, then by name. `domains`: name -> (devices per node as built, free
+    now). None when no domain holds it."""
+    fitting = [(-free, name) for name, (built, free) in domains.items() if fits_counts(demands, built)]
+    return min(fitting)[1] if fitting else None
