@@ -141,7 +141,10 @@ def pack(view: View, scope: tuple, demands: tuple[PodDemand, ...]) -> tuple[Plan
 
 
 def _searched(view: View, scope: tuple, demands: tuple[PodDemand, ...]) -> _Packer | None:
-    """A packer holding the min_count pods the exact search placed in `scope`, or None."""
+    """A packer holding the min_count pods the exact search placed in `scope`, or None. Devices that
+    consume shared counters (DRA partitions) keep the packer's answer: the search counts devices only."""
+    if getattr(view.state, "counted", False):
+        return None
     node_slots = search_nodes(view, scope, demands)
     order = {node: (view.node_rank(node), len(slots), node) for node, slots in node_slots.items()}
     found = gang_search.search(demands, node_slots, order)

@@ -5,7 +5,7 @@ from dataclasses import replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.scheduler.accounting import ClassCapacity, capacity_by_class, strands
+from broker.scheduler.accounting import ClassCapacity, capacity_by_class, strands, strands_by_shape
 from broker.scheduler.capacity import CapacityState
 from broker.scheduler.cycle import decide
 from broker.scheduler.selectors import ClassMatcher
@@ -271,3 +271,45 @@ def test_it_agrees_with_a_brute_force_and_the_parts_sum_to_the_total(snapshot):
     held |= {device_id for a in result.admissions for pod in a.pods for device_id in pod.device_ids}
     billed = sum(1 for device in snapshot.devices if device.id not in held) + len(held)
     assert sum(row.total for row in rows) == billed  # every device once (each one some class selects)
+
+
+def rack_scene(required):
+    """Two racks of two 4-device nodes, two devices busy on each node: 4 free per rack, 8 in all. One
+    gang of 3 pods × 2 waits, bound to one rack or not."""
+    from broker.scheduler.snapshot import DeviceClass, Node, PendingWorkload, PodSet, Queue, Snapshot
+
+    nodes = tuple(Node(f"n{i}", {"rack": f"r{i // 2}"}) for i in range(4))
+    devices = tuple(Device(f"n{i}/{d}", f"n{i}", attributes={"model": "H100"}) for i in range(4) for d in range(4))
+    busy = tuple(RunningPod("main", i, f"n{i}", (f"n{i}/0", f"n{i}/1")) for i in range(4))
+    gang = PendingWorkload(
+        "gang", "q1", (PodSet("main", 3, 3, 2, ("h100",)),), topology_required=required, approved=True
+    )
+    snapshot = Snapshot(
+        levels=("rack",),
+        nodes=nodes,
+        devices=devices,
+        device_classes=(DeviceClass("h100", match={"model": "H100"}),),
+        queues=(Queue("q1", "team1"),),
+        running=(RunningWorkload("busy", "q1", busy, "h100"),),
+        pending=(gang,),
+    )
+    return snapshot, CycleResult(pending=(PendingDecision("gang", "TopologyFragmented"),))
+
+
+def test_it_strands_what_a_gang_bound_to_one_rack_cannot_use():
+    """Issue 27: 8 devices free, 4 in each rack; a gang of 6 in one rack can use none of them (every
+    node has room for a pod of 2, so per-pod fit alone called them idle). Without the rack it could."""
+    (h100,) = capacity_by_class(*rack_scene("rack"))
+    assert (h100.stranded, h100.idle) == (8, 0)
+    (h100,) = capacity_by_class(*rack_scene(None))
+    assert (h100.stranded, h100.idle) == (0, 8)
+
+
+def test_it_strands_by_shape_only_where_no_wanted_shape_fits():
+    gangs = {"h100": {("rack", 2, 6)}}
+    assert strands_by_shape({"h100"}, {"h100": 2}, {}, gangs, {("h100", "rack"): 4}, {"h100": 8})
+    assert not strands_by_shape({"h100"}, {"h100": 2}, {}, gangs, {("h100", "rack"): 6}, {"h100": 8})
+    # The cluster has fewer than the gang needs: it waits for capacity, not for a shape.
+    assert not strands_by_shape({"h100"}, {"h100": 2}, {}, gangs, {("h100", "rack"): 4}, {"h100": 5})
+    # Other work with no required level fits the node: usable.
+    assert not strands_by_shape({"h100"}, {"h100": 2}, {"h100": 1}, gangs, {("h100", "rack"): 4}, {"h100": 8})
