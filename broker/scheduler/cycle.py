@@ -62,6 +62,7 @@ class Outcome:
     victims: tuple = ()
     waiting_for_evictions: tuple = ()
     protected: bool = False
+    unprotectable: bool = False  # no protection could be planned for it (or its quota rules one out)
     victim_scope: tuple = ()  # the domain its victims make room in
 
 
@@ -245,6 +246,8 @@ class Cycle:
             request.preemptible, request.tolerations, workload.priority,
             workload.submitted if queue.within_queue == "LowerOrNewerEqualPriority" else None,
             self.excluded_for(request), at_limit,
+            # Whether it has waited long enough to be protected without known durations (backfill).
+            self.snapshot.now - workload.submitted >= self.config.backfill_wait_seconds,
         )  # fmt: skip
 
     def _failed_outright(self, request: Request) -> bool:
@@ -254,8 +257,9 @@ class Cycle:
             and not outcome.victims
             and not outcome.waiting_for_evictions
             and not outcome.protected
-            # Until enough heads are protected, the next one may be (its own wait and durations decide).
-            and (not self._protects_more() or not self.config.enable_backfill_protection)
+            # Until enough gangs are protected, the next may be; not one like it whose protection could
+            # not be planned (the nodes held ahead only grow, and its wait is in the key).
+            and (not self._protects_more() or not self.config.enable_backfill_protection or outcome.unprotectable)
         )
 
     @property
@@ -383,13 +387,17 @@ class Cycle:
             if found is not None:
                 self._record_preemption(request, found)
                 return
+        outcome = self.log.outcomes[request.id]
         if not self.entitled_classes(request):
+            outcome.unprotectable = True
             return
         if self.config.enable_backfill_protection and self._protects_more():
             protection = backfill.plan_protection(self, request)
             if protection is not None:
                 self.protections.append(protection)
-                self.log.outcomes[request.id].protected = True
+                outcome.protected = True
+            else:
+                outcome.unprotectable = True
 
     def _record_preemption(self, request: Request, found) -> None:
         outcome = self.log.outcomes[request.id]
