@@ -1,6 +1,6 @@
 """`make bench`: every benchmark in one run, one JSON report, a short summary on stdout.
 
-    python -m bench.run [--out bench/results/report.json] [--quick] [--only decide,cycle,pages,browser,replay]
+    python -m bench.run [--out bench/results/report.json] [--quick] [--only decide,cycle,pages,browser,replay,waits]
 
 Sections (docs/benchmarks.md says how each is measured):
   decide   the pure core's decision time and memory at 1k / 10k / 100k devices (target 0.5 s at 100k/20k)
@@ -10,6 +10,8 @@ Sections (docs/benchmarks.md says how each is measured):
   replay   Philly trace replay through the core, backfill protection on and off (issue 5; issue 4's
            estimated-start error), and against the rules before issue 27 (backfill depth 1, reservation
            windows held only once open) with one reservation; the estimate error as a share of the wait
+  waits    the same slice under today's rules and the short-waits policy (issue 31): JCT, waits per
+           size, preemptions and lost work, gangs spread over extra racks; at a 300 s and a 60 s tick
 
 cycle, pages and browser need DATABASE_URL (a PostgreSQL server: the bench creates and drops its own
 database, BENCH_DATABASE_NAME, default bench_capacity_broker); browser also needs REDIS_URL. Targets
@@ -32,7 +34,7 @@ from pathlib import Path
 from bench.cycle import CYCLE_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("decide", "cycle", "pages", "browser", "replay")
+SECTIONS = ("decide", "cycle", "pages", "browser", "replay", "waits")
 DB_SECTIONS = {"cycle", "pages", "browser"}
 LARGEST = (12_500, 20_000)
 QUICK_SIZE = (125, 1_000)
@@ -104,6 +106,10 @@ def run_section(name: str, args, report: dict) -> None:
             from bench import browser
 
             result = browser.section(args.quick, size, Path(args.out).parent)
+        elif name == "waits":
+            from bench import waits
+
+            result = waits.section(args.quick)
         else:
             from bench import replay
 
@@ -175,6 +181,16 @@ def summary_line(name: str, result: dict) -> str:
             f"max {latency['max_ms']} (target 1000) [{'PASS' if latency['target']['pass'] else 'FAIL'}]"
         )
         return f"{name:<8} {text} ({seconds} s)"
+    elif name == "waits":
+        cells = []
+        for comparison in result["comparisons"]:
+            today, short = comparison["today"], comparison["short_waits"]
+            cells.append(
+                f"tick {comparison['tick_s']:.0f} s: p99 wait {today['wait']['p99_s']} -> {short['wait']['p99_s']} s, "
+                f"mean JCT {today['jct_mean_s']} -> {short['jct_mean_s']} s, {short['preemptions']} preemptions "
+                f"({short['lost_device_hours']} device-h lost), spread {short['gangs_spread_over_extra_racks']}"
+            )
+        text = "today -> short waits: " + "; ".join(cells)
     else:
         on, off = result["protection_on"], result["protection_off"]
         text = (

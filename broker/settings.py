@@ -194,6 +194,15 @@ BACKFILL_DEPTH = int(os.getenv("BACKFILL_DEPTH", "8"))
 # Estimated starts are simulated for the first this many waiting workloads in line (Slurm's
 # bf_max_job_test); the rest say they were not estimated.
 ESTIMATE_QUEUE_DEPTH = int(os.getenv("ESTIMATE_QUEUE_DEPTH", "1000"))
+# Protection from thrashing (issue 31): a workload runs at least this many seconds after each (re)start
+# before any rule may preempt it, and is never preempted more than this many times (0 = no bound).
+PREEMPTION_MIN_RUNTIME_SECONDS = envfloat("PREEMPTION_MIN_RUNTIME_SECONDS", "0")
+PREEMPTION_MAX_PER_WORKLOAD = envint("PREEMPTION_MAX_PER_WORKLOAD", "3") or None
+# Preemptive shortest-remaining-first among equal priorities: a pending workload may preempt preemptible
+# work of its priority in its cohort whose remaining device-time is at least this many times its own
+# (unset: off). And shortest-first order within a priority, aged by this many seconds (unset: by age).
+SHORTER_REMAINING_FACTOR = envfloat("SHORTER_REMAINING_FACTOR", "0") or None
+SHORTEST_FIRST_AGING_SECONDS = envfloat("SHORTEST_FIRST_AGING_SECONDS", "0") or None
 # Once an inventory of at least this many devices has been read (and indexed), a cycle ends by moving
 # everything then alive out of the cyclic collector's reach (gc.freeze): at 100k devices its full
 # passes over the kept inventory paused the process for 300 ms at a time. 0 = never.

@@ -22,26 +22,25 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from typing import NamedTuple
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.utils import timezone
 
+from broker import events
 from broker.audit.models import record
-from broker.costs.sampling import capacity_rows, record_capacity_sample, sample_capacity
+from broker.costs.sampling import capacity_rows, record_capacity_sample
 from broker.cycle.admissions import HISTORY_COLUMNS, AdmissionWriter
 from broker.cycle.bulk import JsonText, column_in, insert_rows, pk_in, upsert_rows
-from broker.cycle.loader import as_text
+from broker.cycle.loader import as_text, load_snapshot
 from broker.cycle.refusals import StaleSnapshot
 from broker.inventory.models import ClusterState, Device, Health, InventoryRevision
 from broker.scheduler.accounting import capacity_by_class
+from broker.scheduler.snapshot import CycleResult, PendingDecision
 from broker.workloads.models import Allocation, Explanation, ExplanationChange, SchedulingCycle, Workload
 from broker.workloads.states import HOLDING_STATES
 
 log = logging.getLogger(__name__)
 
-GROUP = "cycle"
 EVENT = "cycle.committed"
 # PostgreSQL: serialization_failure, deadlock_detected, lock_not_available.
 STALE_SQLSTATES = {"40001", "40P01", "55P03"}
@@ -186,6 +185,18 @@ def record_capacity(snapshot, result, loaded):
     else:
         rows = capacity_rows(capacity_by_class(snapshot, result), loaded.device_class_pks)
     return record_capacity_sample(loaded.now, rows)
+
+
+def sample_capacity(now):
+    """The rows of a sample at `now`, outside a cycle: the core's definition over a freshly loaded
+    snapshot. Nothing is decided here, so the pending workloads are taken as the last cycle left them:
+    the ones it explained as InvalidRequest want nothing."""
+    snapshot, loaded = load_snapshot(now)
+    pending = {workload.id for workload in snapshot.pending}
+    explained_invalid = Explanation.objects.filter(reason="InvalidRequest").values_list("workload_id", flat=True)
+    invalid = sorted(str(pk) for pk in explained_invalid if str(pk) in pending)
+    result = CycleResult(pending=tuple(PendingDecision(workload_id, "InvalidRequest") for workload_id in invalid))
+    return capacity_rows(capacity_by_class(snapshot, result), loaded.device_class_pks)
 
 
 def finish(cycle, outcome, started, loaded, detail=""):
@@ -707,21 +718,6 @@ def explain(decisions, admitted, cycle, now):
 
 
 def broadcast(message):
-    """Send the compact delta to the "cycle" group; a missing or broken channel layer costs nothing
-    but the live update (the dashboard also polls)."""
-    layer = get_channel_layer()
-    if layer is None:
-        return
-    try:
-        from broker.cycle import runner
-
-        loop = runner.event_loop()
-        if loop is not None:
-            # The embedded server's in-memory layer lives on daphne's loop; hand the send to it.
-            import asyncio
-
-            asyncio.run_coroutine_threadsafe(layer.group_send(GROUP, message), loop)
-        else:
-            async_to_sync(layer.group_send)(GROUP, message)
-    except Exception:
-        log.warning("could not broadcast cycle %s", message.get("cycle"), exc_info=True)
+    """Announce the committed cycle's compact delta to the live pages (broker.events.cycle_committed;
+    broker.live sends it to their channel group)."""
+    events.cycle_committed.send(sender=None, message=message)

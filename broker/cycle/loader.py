@@ -28,7 +28,7 @@ from broker.cycle import changes
 from broker.cycle.bulk import Background, column_in, pk_in
 from broker.cycle.executor import get_executor
 from broker.flat_rows import fetch_rows, fetch_sql
-from broker.governance.approvals import outside_window
+from broker.governance.models import ApprovalRequest
 from broker.inventory.models import ClusterState, Device, Domain, Health, InventoryRevision, Node, TopologyLevel
 from broker.policy.models import Cohort, DeviceClass, Queue, Reservation, ResourceClass, ResourceClassDeviceClass
 from broker.scheduler import snapshot as s
@@ -165,6 +165,10 @@ def _load_snapshot(now, config):
             backfill_wait_seconds=settings.BACKFILL_WAIT_SECONDS,
             backfill_depth=settings.BACKFILL_DEPTH,
             estimate_queue_depth=settings.ESTIMATE_QUEUE_DEPTH,
+            preemption_min_runtime_seconds=settings.PREEMPTION_MIN_RUNTIME_SECONDS,
+            max_preemptions_per_workload=settings.PREEMPTION_MAX_PER_WORKLOAD,
+            shorter_remaining_factor=settings.SHORTER_REMAINING_FACTOR,
+            shortest_first_aging_seconds=settings.SHORTEST_FIRST_AGING_SECONDS,
         ),
     )
     loaded.load_ms = (time.perf_counter() - started) * 1000
@@ -627,6 +631,8 @@ def load_resource_classes():
         priority,
         preemptible,
         max_devices,
+        preempts_across_queues,
+        checkpoint_restart_seconds,
     ) in ResourceClass.objects.order_by("name").values_list(
         "id",
         "name",
@@ -637,6 +643,8 @@ def load_resource_classes():
         "priority_class__value",
         "preemptible",
         "max_devices",
+        "preempts_across_queues",
+        "checkpoint_restart_seconds",
     ):
         rules[name] = ApprovalRule(approval, threshold)
         classes.append(
@@ -650,6 +658,8 @@ def load_resource_classes():
                 default_priority=priority,
                 preemptible=preemptible,
                 max_devices=max_devices,
+                preempts_across_queues=preempts_across_queues,
+                checkpoint_restart_seconds=float(checkpoint_restart_seconds),
             )
         )
     return tuple(classes), rules
@@ -727,7 +737,7 @@ def closed_windows(loaded):
     log to patch records with; else empty (the pending query leaves them out itself)."""
     if loaded.horizon is None:
         return frozenset()
-    return frozenset(outside_window(loaded.now).values_list("workload_id", flat=True))
+    return frozenset(ApprovalRequest.objects.outside_window(loaded.now).values_list("workload_id", flat=True))
 
 
 def fetch_pending_rows(loaded, pks=None):
@@ -738,7 +748,7 @@ def fetch_pending_rows(loaded, pks=None):
         workloads = workloads.filter(**pk_in(pks))
     rows = fetch_rows(
         # An approval granted for a window keeps the workload out of the cycle while the window is shut.
-        workloads.exclude(pk__in=outside_window(loaded.now))
+        workloads.exclude(pk__in=ApprovalRequest.objects.outside_window(loaded.now))
         .order_by("id")
         .values_list(
             "id",
@@ -1152,14 +1162,15 @@ def holder_rows(workloads):
         "expected_duration_seconds",
         epoch("eviction_requested_at"),
         "evicted_for_id",
+        "preemption_count",
     )
 
 
 def running_records(workload_id, rows, info, loaded, class_names, executor):
     """`running_workload`, or for a workload with pods being evicted the tuple `split_leaving` makes."""
     workload = running_workload(workload_id, rows, info, loaded, class_names, executor)
-    if len(info) > 10 and info[11]:
-        return s.split_leaving(workload, set(info[11]), None if info[12] is None else str(info[12]))
+    if len(info) > 11 and info[12]:
+        return s.split_leaving(workload, set(info[12]), None if info[13] is None else str(info[13]))
     return workload
 
 
@@ -1167,8 +1178,8 @@ def running_workload(workload_id, rows, info, loaded, class_names, executor):
     """One RunningWorkload from its active allocation rows (ordered) and its workload row (plus, in Pod
     disruption mode, what `shrinking_rows` adds)."""
     queue, priority, disruption, preemptible, state, admitted_at, started_at, duration = info[:8]
-    eviction_requested_at, evicted_for = info[8:10]
-    min_counts = info[10] if len(info) > 10 else ()
+    eviction_requested_at, evicted_for, preemptions = info[8:11]
+    min_counts = info[11] if len(info) > 11 else ()
     # Device and class names come from what was loaded already: no join per allocation.
     devices_by_pk = loaded.devices_by_pk
     if len(rows) == 1:  # most running work is one device: one pod, nothing to group or sort
@@ -1203,4 +1214,5 @@ def running_workload(workload_id, rows, info, loaded, class_names, executor):
         evicting=eviction_requested_at is not None,
         evicted_for=None if evicted_for is None else str(evicted_for),
         min_counts=min_counts,
+        preemptions=preemptions,
     )

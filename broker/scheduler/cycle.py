@@ -13,7 +13,7 @@ from operator import attrgetter
 
 from broker.scheduler import backfill, explanation, preemption
 from broker.scheduler.capacity import NODE_LEVEL, ROOT, Access, CapacityState, View
-from broker.scheduler.ordering import FairShareOrder, ShareBook
+from broker.scheduler.ordering import FairShareOrder, ShareBook, shortest_first_key
 from broker.scheduler.placement import GangPlan, PlannedPod, place_gang
 from broker.scheduler.quota import QuotaTree
 from broker.scheduler.requests import Request, all_levels, approval_problem, entitlement_problem, resolve
@@ -162,7 +162,9 @@ class Cycle:
         outcomes = self.log.outcomes
         nominated = self.nominated  # emptied, never replaced, as nominees take their turns
         hopeless_demands = self._hopeless_demands  # cleared, never replaced, by _release_nominated
-        for workload in FairShareOrder(by_queue, self.book):
+        aging = self.config.shortest_first_aging_seconds
+        within_queue = shortest_first_key(self.snapshot.now, aging) if aging else None
+        for workload in FairShareOrder(by_queue, self.book, within_queue):
             request = requests.get(workload.id) or resolve_now(workload)
             if request is None:
                 continue
@@ -183,7 +185,7 @@ class Cycle:
                     self._hopeless.add(hopeless)
                     self._hopeless_demands.add(id(request.demands))
         # 7. Explain every workload not admitted, against the state at the end of the cycle.
-        pending = explanation.explain_all(self)
+        pending = explanation.explain_all(self, rerun=decide)
         # 8. Assemble the result in a stable order.
         return CycleResult(
             admissions=tuple(self.log.admitted[key] for key in sorted(self.log.admitted)),
@@ -407,7 +409,12 @@ class Cycle:
         for victim in found.victims:
             workload = victim.workload
             pods = tuple((pod.pod_set, pod.index) for pod in workload.pods) if workload.partial else ()
-            self.log.preemptions.append(Preemption(workload.id, request.id, victim.rule, victim.message(request), pods))
+            self.log.preemptions.append(
+                Preemption(workload.id, request.id, victim.rule, self._victim_message(victim, request), pods)
+            )
+
+    def _victim_message(self, victim, request) -> str:
+        return victim.message(request, self.snapshot.now, self.config.shorter_remaining_factor or 0.0)
 
     # --- shared questions ---
 

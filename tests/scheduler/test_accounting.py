@@ -206,16 +206,32 @@ def brute_force(snapshot, result):
         for d in result.pending
         if d.reason in ("InvalidRequest", "NotEntitled", "AwaitingApproval", "QuotaExceeded")
     }
-    offered = {rc.name: rc.device_classes for rc in snapshot.resource_classes}
-    demand = {}
+    offered = {rc.name: rc for rc in snapshot.resource_classes}
+    shapes = []  # (classes wanted, smallest pod, required level or None, devices its gang needs)
     for workload in snapshot.pending:
         if workload.id in gone:
             continue
         declared = [pod_set.device_classes for pod_set in workload.pod_sets if pod_set.device_classes]
-        wanted = declared[0] if declared else offered.get(workload.resource_class, ())
+        rc = offered.get(workload.resource_class)
+        wanted = declared[0] if declared else (rc.device_classes if rc else ())
         per_pod = min(pod_set.devices_per_pod for pod_set in workload.pod_sets)
-        for name in wanted:
-            demand[name] = min(demand.get(name, per_pod), per_pod)
+        level = workload.topology_required
+        if level is None:
+            level = rc.topology_required if rc else None
+        needed = sum(pod_set.gang_size * pod_set.devices_per_pod for pod_set in workload.pod_sets)
+        shapes.append((tuple(wanted), per_pod, level or None, needed))
+    demand = {name for wanted, _, _, _ in shapes for name in wanted}
+    levels = tuple(snapshot.levels)
+    node_domains = {node.name: node.domains for node in snapshot.nodes}
+
+    def path(node, level):
+        if level == "node":
+            return (node,)
+        upto = levels[: levels.index(level) + 1] if level in levels else levels
+        return tuple(str(node_domains.get(node, {}).get(name, "-")) for name in upto)
+
+    def free_of(name, where=lambda device: True):
+        return sum(1 for other in snapshot.devices if name in classes[other.id] and plain_free(other) and where(other))
 
     rows = {name: {part: 0 for part in PARTS} | {"by_team": {}} for name in names}
     for device in snapshot.devices:
@@ -233,15 +249,22 @@ def brute_force(snapshot, result):
             row["by_team"][owner[device.id]] = row["by_team"].get(owner[device.id], 0) + 1
         else:
             wanted = [name for name in classes[device.id] if name in demand]
-            on_node = {
-                name: sum(
-                    1
-                    for other in snapshot.devices
-                    if other.node == device.node and name in classes[other.id] and plain_free(other)
-                )
+
+            def usable(name, per_pod, level, needed, device=device):
+                if free_of(name, lambda other: other.node == device.node) < per_pod:
+                    return False
+                if level is None or free_of(name) < needed:
+                    return True
+                here = path(device.node, level)
+                return free_of(name, lambda other: path(other.node, level) == here) >= needed
+
+            fits = any(
+                usable(name, per_pod, level, needed)
+                for want, per_pod, level, needed in shapes
                 for name in wanted
-            }
-            short = wanted and all(on_node[name] < demand[name] for name in wanted)
+                if name in want
+            )
+            short = wanted and not fits
             row["stranded" if short else "idle"] += 1
     return {
         name: ClassCapacity(
