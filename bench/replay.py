@@ -150,7 +150,7 @@ def simulate(
     backfill: bool,
     tick: float,
     horizon: float,
-    depth: int = 8,
+    depth: int = SchedulerConfig.backfill_depth,
     ahead: bool = True,
     reservations: tuple = (),
 ) -> Run:
@@ -357,7 +357,7 @@ def replay_section(quick: bool, days: float | None = None, density: float | None
     jobs = trace_jobs(DEFAULT_START, days, density, cluster)
     horizon = days * 86400.0 / density
     reservation = reservation_for(cluster, jobs, horizon)
-    # protection on (depth 8, windows held ahead: the rules now), the rules before issue 27 (the head of
+    # protection on (the default depth, windows held ahead: the rules now), the rules before issue 27 (the head of
     # the line only, a window holds nothing until it opens), and protection off; one reservation in all.
     variants = {
         "protection_on": {"backfill": True},
@@ -367,10 +367,12 @@ def replay_section(quick: bool, days: float | None = None, density: float | None
     runs = {}
     for name, options in variants.items():
         started = time.perf_counter()
-        run = simulate(cluster, jobs, options["backfill"], tick, horizon, options.get("depth", 8),
-                       options.get("ahead", True), (reservation,))  # fmt: skip
+        depth = options.get("depth", SchedulerConfig.backfill_depth)
+        run = simulate(
+            cluster, jobs, options["backfill"], tick, horizon, depth, options.get("ahead", True), (reservation,)
+        )
         runs[name] = summarise(run, cluster, jobs, horizon)
-        runs[name]["backfill_depth"] = options.get("depth", 8) if options["backfill"] else 0
+        runs[name]["backfill_depth"] = depth if options["backfill"] else 0
         runs[name]["reservations_ahead"] = options.get("ahead", True)
         runs[name]["reserved_team"] = reserved_team_wait(run, jobs, reservation)
         runs[name]["wall_seconds"] = round(time.perf_counter() - started, 1)

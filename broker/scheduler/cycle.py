@@ -99,6 +99,8 @@ class Cycle:
         # Gangs ahead in line whose planned start work behind them may not delay, first in line first.
         self.protections: list[backfill.Protection] = []
         self._excluded_unions: dict[tuple, frozenset] = {}
+        self._excluded_memo: dict[tuple, frozenset] = {}  # see excluded_for
+        self._protected_ids: set[str] = set()
         self.windows: list[Window] = []
         self._failed: set = set()
         self._extras_cache: dict = {}
@@ -397,6 +399,7 @@ class Cycle:
             protection = backfill.plan_protection(self, request)
             if protection is not None:
                 self.protections.append(protection)
+                self._protected_ids.add(protection.workload_id)
                 outcome.protected = True
             else:
                 outcome.unprotectable = True
@@ -439,26 +442,30 @@ class Cycle:
 
     def excluded_for(self, request: Request) -> frozenset:
         """Nodes `request` may not take now: those held for every protected gang ahead whose planned
-        start it would delay (it runs past that start, or no start is planned)."""
+        start it would delay (it runs past that start, or no start is planned), and those of reservation
+        windows it would overrun. Asked for every request, often twice: by what the answer depends on."""
         protections = self.protections
-        if self.windows:
-            held = [window.nodes for window in self.windows_blocking(request)]
-        elif not protections:
+        if not protections and not self.windows:
             return frozenset()
-        else:
-            held = []
+        workload = request.workload
+        own = request.id if request.id in self._protected_ids else None
+        key = (len(protections), workload.expected_duration, request.team, request.preemptible, own)
+        found = self._excluded_memo.get(key)
+        if found is None:
+            found = self._excluded_memo[key] = self._excluded_now(request)
+        return found
+
+    def _excluded_now(self, request: Request) -> frozenset:
         now = self.snapshot.now
-        if len(protections) == 1 and not held:
-            protection = protections[0]
-            return frozenset() if protection.workload_id == request.id else protection.excluded_for(request, now)
+        held = [window.nodes for window in self.windows_blocking(request)] if self.windows else []
         held += [
             nodes
-            for protection in protections
+            for protection in self.protections
             if protection.workload_id != request.id and (nodes := protection.excluded_for(request, now))
         ]
         if len(held) < 2:
             return held[0] if held else frozenset()
-        key = tuple(map(id, held))  # the protections' own sets, alive for the cycle
+        key = tuple(map(id, held))  # the protections' and windows' own sets, alive for the cycle
         union = self._excluded_unions.get(key)
         if union is None:
             union = self._excluded_unions[key] = frozenset().union(*held)

@@ -412,7 +412,7 @@ class SchedulerConfig:
     """
 
     enable_backfill_protection: bool = True
-    backfill_depth: int = 8
+    backfill_depth: int = 4
     reservations_ahead: bool = True
     backfill_wait_seconds: float = 3600.0
     enable_preemption: bool = True
