@@ -788,7 +788,7 @@ def _cheapest_feasible(candidates, gains, deficit, feasible, budget):
     one by adding the next candidate in `_cost_order` or by replacing its last by the next, so sets
     leave the heap in cost order and the first feasible one is the cheapest. A set (and all reached from
     it) is dropped when even every candidate after its last cannot free `deficit` devices; sets that
-    free fewer are not checked. Past `budget` placement checks, greedy."""
+    free fewer are not checked. Past `budget` sets examined, greedy."""
     ordered = sorted(candidates, key=lambda victim: _cost_order(victim.workload))
     gain = [gains[victim.workload.id] for victim in ordered]
     count = len(ordered)
@@ -805,16 +805,14 @@ def _cheapest_feasible(candidates, gains, deficit, feasible, budget):
             heappush(heap, (cost_key(chosen), members, gained, chosen))
 
     push((0,), gain[0])
-    checked = popped = 0
+    popped = 0
     while heap:
         _, members, gained, chosen = heappop(heap)
         popped += 1
-        if gained >= deficit:
-            checked += 1
-            if checked > budget or popped > 8 * budget:
-                return _greedy(ordered, gains, deficit, feasible)
-            if feasible(chosen):
-                return chosen
+        if popped > budget:  # sets examined, checked or not: the budget bounds the search either way
+            return _greedy(ordered, gains, deficit, feasible)
+        if gained >= deficit and feasible(chosen):
+            return chosen
         last = members[-1]
         if last + 1 < count:
             push(members + (last + 1,), gained + gain[last + 1])
