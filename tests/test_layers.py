@@ -70,6 +70,7 @@ LAYERS = (
     ("broker.*.models", MODELS),
     ("broker.workloads.states", MODELS),
     ("broker.workloads.fields", MODELS),
+    ("broker.inventory.quantities", MODELS),
     ("broker.policy.roles", MODELS),
     ("broker.inventory", MODELS),
     ("broker.policy", MODELS),

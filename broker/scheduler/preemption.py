@@ -43,7 +43,7 @@ from dataclasses import dataclass, replace
 from heapq import heappop, heappush
 from operator import attrgetter
 
-from broker.scheduler.capacity import PLAIN, RANK_PLAIN, ROOT
+from broker.scheduler.capacity import COUNTERS, PLAIN, RANK_PLAIN, ROOT
 from broker.scheduler.placement import place_within_scope
 from broker.scheduler.snapshot import RunningWorkload, leaving_id
 
@@ -733,7 +733,42 @@ def _freed_slots(cycle, workload: RunningWorkload, access) -> list:
                 rank = RANK_PLAIN if slot.category == PLAIN else access.rank(slot)
                 if rank is not None:
                     slots.append((rank, slot))
+    if cycle.state.counted:
+        slots += _unblocked_slots(cycle.state, [slot for _, slot in slots], access)
     return slots
+
+
+def _counters_given_back(cycle, workloads) -> dict:
+    """Counter position -> amount the devices of `workloads` consume, whatever their class: evicting a
+    partition's holder gives its counters back to the whole device too."""
+    credit: dict[int, float] = {}
+    slot_by_id = cycle.state.slot_by_id
+    for workload in workloads:
+        for pod in workload.pods:
+            for device_id in pod.device_ids:
+                slot = slot_by_id.get(device_id)
+                if slot is not None and slot.consumes is not None and slot.holder == workload.id:
+                    for counter, amount in slot.consumes:
+                        credit[counter] = credit.get(counter, 0) + amount
+    return credit
+
+
+def _unblocked_slots(state, freed, access) -> list:
+    """(rank, slot) of the devices that only the counters of the `freed` ones keep from being free (a
+    whole GPU while a partition of it runs): evicting their holder may free them. Placement checks the
+    counters again (View.counter_credit), so one named here that needs more victims is not taken."""
+    found = {}
+    for slot in freed:
+        if slot.consumes is None:
+            continue
+        for counter, _ in slot.consumes:
+            for order, _ in state.counter_consumers[counter]:
+                other = state.slots[order]
+                if other.holder == COUNTERS and order not in found:
+                    rank = RANK_PLAIN if other.category == PLAIN else access.rank(other)
+                    if rank is not None:
+                        found[order] = (rank, other)
+    return [found[order] for order in sorted(found)]
 
 
 class _ScopeSearch:
@@ -776,6 +811,10 @@ class _ScopeSearch:
         for victim in chosen:
             more.extend(self.freed[victim.workload.id][self.scope])
         view = self.cycle.view(self.class_name, self.request.default_access, more=more)
+        if self.cycle.state.counted:
+            view.counter_credit = _counters_given_back(
+                self.cycle, [victim.workload for victim in chosen] + self.evicting_workloads
+            )
         return place_within_scope(view, self.scope, self.request.demands, self.preferred) is not None
 
 

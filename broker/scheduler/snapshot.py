@@ -97,6 +97,11 @@ class Device:
     capacity: plain capacity names -> number (CEL: device.capacity[driver][name]).
     healthy: False for Unhealthy or Unknown health; such devices take no new work.
     taints: device taints; NoSchedule/NoExecute ones need a matching toleration.
+    consumes_counters: DRA consumesCounters, counter set name (a CounterSet of the same node) ->
+      {counter: amount} the device takes while allocated. A whole partitionable device and each of its
+      partitions consume the device's counters, so no allocation can exceed them: the whole device
+      excludes its partitions and partitions of several profiles pack onto one device. A device
+      naming a counter set or counter its node does not publish is never allocatable.
     """
 
     id: str
@@ -106,6 +111,20 @@ class Device:
     capacity: dict = field(default_factory=dict)
     healthy: bool = True
     taints: tuple[Taint, ...] = ()
+    consumes_counters: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CounterSet:
+    """DRA sharedCounters: a set of counters one node publishes (e.g. one per physical GPU: its memory
+    slices and compute units), which the devices consuming it share.
+
+    name: unique on its node (the ResourceSlice pool is the node). counters: counter -> value.
+    """
+
+    name: str
+    node: str
+    counters: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -441,6 +460,7 @@ class Snapshot:
     levels: tuple[str, ...] = ()
     nodes: tuple[Node, ...] = ()
     devices: tuple[Device, ...] = ()
+    counter_sets: tuple[CounterSet, ...] = ()
     device_classes: tuple[DeviceClass, ...] = ()
     cohorts: tuple[Cohort, ...] = ()
     queues: tuple[Queue, ...] = ()
@@ -494,6 +514,21 @@ class Preemption:
 
 
 @dataclass(frozen=True)
+class Eviction:
+    """Running work the cycle stops for a cause other than preemption (e.g. a failed device under it).
+
+    reason: "DeviceFailed". pods: (pod set, index) of the pods that leave (Pod disruption mode, its
+    gang minimum kept); empty: the whole workload. It keeps its devices while it shuts down, then goes
+    back to its queue.
+    """
+
+    workload_id: str
+    reason: str
+    message: str
+    pods: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True)
 class Suggestion:
     """A change that was verified to make the workload start on this snapshot.
 
@@ -534,3 +569,4 @@ class CycleResult:
     admissions: tuple[Admission, ...] = ()
     preemptions: tuple[Preemption, ...] = ()
     pending: tuple[PendingDecision, ...] = ()
+    evictions: tuple[Eviction, ...] = ()

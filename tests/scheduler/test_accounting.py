@@ -336,3 +336,32 @@ def test_it_strands_by_shape_only_where_no_wanted_shape_fits():
     assert not strands_by_shape({"h100"}, {"h100": 2}, {}, gangs, {("h100", "rack"): 4}, {"h100": 5})
     # Other work with no required level fits the node: usable.
     assert not strands_by_shape({"h100"}, {"h100": 2}, {"h100": 1}, gangs, {("h100", "rack"): 4}, {"h100": 8})
+
+
+def test_it_bills_a_partitionable_gpu_once_and_its_partitions_by_use():
+    from broker.scheduler.scenario import load_scenario
+
+    snapshot = load_scenario(
+        """
+device_classes:
+  whole: {match: {profile: whole}}
+  slice: {match: {profile: 1g}}
+  half: {match: {profile: 4g}}
+nodes:
+  - name: n1
+    devices: 2
+    counters: {memory: 8}
+    partitions:
+      - {profile: 1g, count: 8, consumes: {memory: 1}}
+      - {profile: 4g, count: 2, consumes: {memory: 4}}
+queues: [{name: q}]
+running:
+  - {name: r, queue: q, device_class: slice, pods: [{node: n1, devices: ["1:1g#0", "1:1g#1"]}]}
+"""
+    )
+    rows = {row.device_class: row for row in capacity_by_class(snapshot, CycleResult())}
+    # n1/0 is idle whole (one device, not eleven); on n1/1 two slices are busy and of what fits the
+    # rest (six slices, one 4g) only the largest, the 4g, is billed.
+    assert (rows["whole"].total, rows["whole"].idle) == (1, 1)
+    assert (rows["slice"].total, rows["slice"].busy) == (2, 2)
+    assert (rows["half"].total, rows["half"].idle) == (1, 1)
