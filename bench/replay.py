@@ -35,6 +35,7 @@ from broker.scheduler.snapshot import (
     PendingWorkload,
     PodSet,
     Queue,
+    Reservation,
     ResourceClass,
     RunningPod,
     RunningWorkload,
@@ -43,6 +44,7 @@ from broker.scheduler.snapshot import (
 )
 
 LARGE_GANG = 32  # GPUs: "the largest gangs" of the report
+LONG_WAIT = 300.0  # simulated seconds: estimates are judged on work that waited at least this long
 DEFAULT_START = datetime(2017, 10, 2)  # the busiest week of the trace's dense part (11k jobs)
 
 
@@ -142,11 +144,27 @@ class Run:
     reasons: dict = field(default_factory=dict)
 
 
-def simulate(cluster: Cluster, jobs: list[Job], backfill: bool, tick: float, horizon: float) -> Run:
-    """Replay `jobs` until `horizon` simulated seconds; returns what happened."""
+def simulate(
+    cluster: Cluster,
+    jobs: list[Job],
+    backfill: bool,
+    tick: float,
+    horizon: float,
+    depth: int = SchedulerConfig.backfill_depth,
+    ahead: bool = True,
+    reservations: tuple = (),
+) -> Run:
+    """Replay `jobs` until `horizon` simulated seconds; returns what happened. `depth`: backfill depth
+    (1 = the head of the line only, the rule before issue 27); `ahead`: reservation windows hold their
+    nodes before they open (Slurm's rule) or only once open (before issue 27)."""
     queues = tuple(Queue(name, name, cohort="philly") for name in sorted({job.queue for job in jobs}))
     config = SchedulerConfig(
-        enable_backfill_protection=backfill, enable_preemption=False, explain=True, suggestions=False
+        enable_backfill_protection=backfill,
+        backfill_depth=depth,
+        reservations_ahead=ahead,
+        enable_preemption=False,
+        explain=True,
+        suggestions=False,
     )
     by_id = {job.id: job for job in jobs}
     run = Run(backfill)
@@ -174,6 +192,7 @@ def simulate(cluster: Cluster, jobs: list[Job], backfill: bool, tick: float, hor
                 cohorts=(Cohort("philly"),),
                 queues=queues,
                 resource_classes=cluster.resource_classes,
+                reservations=reservations,
                 running=tuple(running.values()),
                 pending=tuple(pending.values()),
                 now=now,
@@ -236,6 +255,15 @@ def summarise(run: Run, cluster: Cluster, jobs: list[Job], horizon: float) -> di
         for job in arrived
         if run.first_estimate.get(job.id) is not None and job.id in run.started
     ]
+    # Issue 27: the error as a share of the actual wait, for work that waited at least 5 minutes.
+    shares = [
+        abs(run.first_estimate[job.id] - run.started[job.id]) / (run.started[job.id] - job.submit)
+        for job in arrived
+        if run.first_estimate.get(job.id) is not None
+        and job.id in run.started
+        and run.started[job.id] - job.submit >= LONG_WAIT
+    ]
+    long_waits = [job for job in arrived if job.id in run.started and run.started[job.id] - job.submit >= LONG_WAIT]
     pended = [job for job in arrived if job.id in run.first_estimate]
     with_estimate = [job for job in pended if run.first_estimate[job.id] is not None]
     return {
@@ -261,6 +289,11 @@ def summarise(run: Run, cluster: Cluster, jobs: list[Job], horizon: float) -> di
             "measured": len(errors),
             "abs_error_median_s": _round(statistics.median(errors) if errors else None),
             "abs_error_p90_s": _round(percentile(errors, 0.9)),
+            "waited_at_least_5_min": len(long_waits),
+            "measured_waited_at_least_5_min": len(shares),
+            "abs_error_share_of_wait_median": _round3(statistics.median(shares) if shares else None),
+            "abs_error_share_of_wait_p90": _round3(percentile(shares, 0.9)),
+            "target_median_share": 0.25,
         },
         "cycles": run.cycles,
         "decide_seconds_total": round(run.decide_seconds, 2),
@@ -274,6 +307,48 @@ def _round(value):
     return None if value is None else round(value, 1)
 
 
+def _round3(value):
+    return None if value is None else round(value, 3)
+
+
+def reservation_for(cluster: Cluster, jobs: list[Job], horizon: float) -> Reservation:
+    """The replay's reservation: the busiest virtual cluster (team) holds the devices of one block of the
+    largest device class from a quarter to a half of the slice."""
+    from collections import Counter
+
+    team = Counter(job.queue for job in jobs).most_common(1)[0][0]
+    block = sorted({node.domains["block"] for node in cluster.nodes})[0]
+    in_block = {node.name for node in cluster.nodes if node.domains["block"] == block}
+    count = sum(1 for device in cluster.devices if device.node in in_block) // 2
+    from broker.scheduler.selectors import ClassMatcher
+
+    matcher = ClassMatcher(cluster.device_classes)
+    in_block_classes = Counter(
+        name for device in cluster.devices if device.node in in_block for name in matcher.classes_of(device)
+    )
+    device_class = in_block_classes.most_common(1)[0][0]
+    return Reservation(
+        "replay-window", team, device_class, count, domain={"block": block}, start=horizon / 4, end=horizon / 2
+    )
+
+
+def reserved_team_wait(run: Run, jobs: list[Job], reservation: Reservation) -> dict:
+    """Waits of the reserving team's jobs submitted while its window was open."""
+    waits = [
+        run.started[job.id] - job.submit
+        for job in jobs
+        if job.queue == reservation.team and reservation.start <= job.submit < reservation.end and job.id in run.started
+    ]
+    return {
+        "team": reservation.team,
+        "jobs_in_window": sum(
+            1 for j in jobs if j.queue == reservation.team and reservation.start <= j.submit < reservation.end
+        ),
+        "wait_median_s": _round(statistics.median(waits) if waits else None),
+        "wait_p90_s": _round(percentile(waits, 0.9)),
+    }
+
+
 def replay_section(quick: bool, days: float | None = None, density: float | None = None, tick: float = 60.0):
     """Both runs (protection on and off) on the same slice, and the ratios between them."""
     days = days if days is not None else (1.0 if quick else 7.0)
@@ -281,15 +356,27 @@ def replay_section(quick: bool, days: float | None = None, density: float | None
     cluster = philly_cluster()
     jobs = trace_jobs(DEFAULT_START, days, density, cluster)
     horizon = days * 86400.0 / density
+    reservation = reservation_for(cluster, jobs, horizon)
+    # protection on (the default depth, windows held ahead: the rules now), the rules before issue 27 (the head of
+    # the line only, a window holds nothing until it opens), and protection off; one reservation in all.
+    variants = {
+        "protection_on": {"backfill": True},
+        "before_issue_27": {"backfill": True, "depth": 1, "ahead": False},
+        "protection_off": {"backfill": False},
+    }
     runs = {}
-    wall = {}
-    for backfill in (True, False):
+    for name, options in variants.items():
         started = time.perf_counter()
-        run = simulate(cluster, jobs, backfill, tick, horizon)
-        wall[backfill] = round(time.perf_counter() - started, 1)
-        runs[backfill] = summarise(run, cluster, jobs, horizon)
-        runs[backfill]["wall_seconds"] = wall[backfill]
-    on, off = runs[True], runs[False]
+        depth = options.get("depth", SchedulerConfig.backfill_depth)
+        run = simulate(
+            cluster, jobs, options["backfill"], tick, horizon, depth, options.get("ahead", True), (reservation,)
+        )
+        runs[name] = summarise(run, cluster, jobs, horizon)
+        runs[name]["backfill_depth"] = depth if options["backfill"] else 0
+        runs[name]["reservations_ahead"] = options.get("ahead", True)
+        runs[name]["reserved_team"] = reserved_team_wait(run, jobs, reservation)
+        runs[name]["wall_seconds"] = round(time.perf_counter() - started, 1)
+    on, off, before = runs["protection_on"], runs["protection_off"], runs["before_issue_27"]
     return {
         "slice": {
             "trace": "philly/philly.csv",
@@ -303,9 +390,24 @@ def replay_section(quick: bool, days: float | None = None, density: float | None
             "preemption": False,
             "quota": "none (fair share between virtual clusters only)",
         },
+        "reservation": {
+            "team": reservation.team,
+            "devices": reservation.count,
+            "domain": reservation.domain,
+            "window_s": [reservation.start, reservation.end],
+        },
         "protection_on": on,
+        "before_issue_27": before,
         "protection_off": off,
         "ratios": {
+            "utilisation_on_over_before": _ratio(on["utilisation"], before["utilisation"]),
+            "large_max_wait_on_over_before": _ratio(
+                on["large_gangs"]["max_wait_including_unstarted_s"],
+                before["large_gangs"]["max_wait_including_unstarted_s"],
+            ),
+            "reserved_team_wait_median_on_over_before": _ratio(
+                on["reserved_team"]["wait_median_s"], before["reserved_team"]["wait_median_s"]
+            ),
             "utilisation_on_over_off": _ratio(on["utilisation"], off["utilisation"]),
             "wait_median_on_over_off": _ratio(on["wait_median_s"], off["wait_median_s"]),
             "large_max_wait_on_over_off": _ratio(

@@ -9,7 +9,8 @@ Sections (docs/benchmarks.md says how each is measured):
   pages    server time of the operator pages and JSON calls at 100k/20k (target p95 <= 300 ms)
   browser  heatmap first paint in Chromium (<= 2 s) and commit-to-browser latency (<= 1 s)
   replay   Philly trace replay through the core, backfill protection on and off (issue 5; issue 4's
-           estimated-start error)
+           estimated-start error), and against the rules before issue 27 (backfill depth 1, reservation
+           windows held only once open) with one reservation; the estimate error as a share of the wait
   waits    the same slice under today's rules and the short-waits policy (issue 31): JCT, waits per
            size, preemptions and lost work, gangs spread over extra racks; at a 300 s and a 60 s tick
   kube     the Kubernetes bridge against the mock API server at 10,000 nodes x 8 devices: initial sync
@@ -231,6 +232,18 @@ def summary_line(name: str, result: dict) -> str:
             f"{off['large_gangs']['never_started']}; wait median on {on['wait_median_s']} s / off "
             f"{off['wait_median_s']} s; estimate error median {on['estimated_start']['abs_error_median_s']} s"
         )
+        before = result.get("before_issue_27")
+        if before:
+            estimate = on["estimated_start"]
+            longest = "max_wait_including_unstarted_s"
+            text += (
+                f"; vs the rules before issue 27 (depth 1, windows only once open): utilisation "
+                f"{before['utilisation']}, large-gang max wait {before['large_gangs'][longest]}"
+                f" / now {on['large_gangs'][longest]} s, reserved team's median wait "
+                f"{before['reserved_team']['wait_median_s']} / now {on['reserved_team']['wait_median_s']} s; "
+                f"estimate error share of waits >= 5 min: median {estimate['abs_error_share_of_wait_median']} "
+                f"(target <= 0.25), p90 {estimate['abs_error_share_of_wait_p90']}"
+            )
     return f"{name:<8} [{flag}] {text} ({seconds} s)"
 
 

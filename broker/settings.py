@@ -238,6 +238,9 @@ if DEMO_REPLAY:
     }
 TRACES_DIR = Path(os.getenv("TRACES_DIR", BASE_DIR.parent / "shared" / "data" / "traces"))
 BACKFILL_WAIT_SECONDS = envfloat("BACKFILL_WAIT_SECONDS", "600")
+# Waiting gangs, first in line first, whose planned start work behind them may not delay (Slurm's
+# bf_max_job_test for backfill); 1 = the head of the line only.
+BACKFILL_DEPTH = int(os.getenv("BACKFILL_DEPTH", "4"))
 # Estimated starts are simulated for the first this many waiting workloads in line (Slurm's
 # bf_max_job_test); the rest say they were not estimated.
 ESTIMATE_QUEUE_DEPTH = int(os.getenv("ESTIMATE_QUEUE_DEPTH", "1000"))

@@ -7,7 +7,9 @@ Every device is in exactly one state, first match wins:
              scheduler takes them);
   stranded   free, healthy, unreserved, wanted by pending work but unusable by it because of its shape:
              its node has fewer free devices of each wanted class than the smallest per-pod request among
-             the pending workloads wanting that class; a device no pending workload wants is free;
+             the pending workloads wanting that class, or the only work that wants it must stay in one
+             domain and the node's domain has fewer free devices than that gang needs (issue 27); a
+             device no pending workload wants is free;
   free       the rest.
 
 The stranded rule and what counts as pending demand are the decision core's
@@ -42,7 +44,14 @@ from broker.governance.models import ApprovalRequest
 from broker.inventory.models import ClusterState, Device, Domain, Health, InventoryRevision, Node
 from broker.policy.models import DeviceClass, Reservation, ResourceClassDeviceClass
 from broker.scheduler import snapshot as snap
-from broker.scheduler.accounting import HELD_BY_POLICY, add_demand, strands, workload_classes
+from broker.scheduler.accounting import (
+    HELD_BY_POLICY,
+    add_demand,
+    add_gang,
+    domain_totals,
+    strands_by_shape,
+    workload_classes,
+)
 from broker.scheduler.selectors import ClassMatcher
 from broker.workloads.models import Allocation, Explanation, PodSet, Workload
 from broker.workloads.states import State
@@ -133,6 +142,12 @@ class InventoryState:
     min_request: dict  # device class -> smallest pending per-pod request
     classifier: Classifier
     node_free: dict = field(default_factory=dict)  # node id -> {class: free healthy unreserved devices}
+    # The stranded rule's other inputs (accounting.strands_by_shape): pending work with no required level
+    # by class, work bound to one domain, free devices per node's domains and per class in the cluster.
+    plain: dict = field(default_factory=dict)
+    gangs: dict = field(default_factory=dict)
+    domain_free: dict = field(default_factory=dict)
+    class_free: dict = field(default_factory=dict)
 
     def by_class(self):
         out = {dc.name: dict.fromkeys(STATES, 0) for dc in self.classifier.classes}
@@ -159,12 +174,25 @@ class InventoryState:
         return out
 
     def device_is_stranded(self, node_id, classes):
-        return strands(classes, self.node_free.get(node_id, {}), self.min_request)
+        return strands_by_shape(
+            classes,
+            self.node_free.get(node_id, {}),
+            self.plain,
+            self.gangs,
+            self.domain_free.get(node_id, {}),
+            self.class_free,
+        )
 
 
 def pending_min_request(now=None):
     """{device class: smallest devices_per_pod among pending workloads that may use it}, as
     broker.scheduler.accounting.pending_demand counts it."""
+    return pending_min_request_of(*pending_demand_shapes(now))
+
+
+def pending_demand_shapes(now=None):
+    """(plain, gangs) as broker.scheduler.accounting.demand_shapes counts them: work with no required
+    level by its smallest per-pod request, work bound to one domain by (level, per pod, devices needed)."""
     now = now or timezone.now()
     ordered = defaultdict(list)
     for rc_id, name in ResourceClassDeviceClass.objects.order_by("rank").values_list(
@@ -178,29 +206,42 @@ def pending_min_request(now=None):
         .exclude(workload_id__in=ApprovalRequest.objects.outside_window(now))
         .order_by("workload_id", "id")
         .values_list(
-            "workload_id", Cast("device_classes", TextField()), "workload__resource_class_id", "devices_per_pod"
+            "workload_id",
+            Cast("device_classes", TextField()),
+            "workload__resource_class_id",
+            "devices_per_pod",
+            "workload__topology_required",
+            "replicas",
+            "min_count",
         )
     )
     # Plain tuples (fetch_rows): 20,000 pending gangs' pod sets, and the workloads' shapes repeat, so each
-    # distinct (resource class, ((classes text, per pod), ...)) is resolved once.
+    # distinct (resource class, level, ((classes text, per pod, gang size), ...)) is resolved once. The
+    # workload's level is its effective one (submission stores the class's default in it).
     shapes = set()
     for _, group in groupby(fetch_rows(rows), key=itemgetter(0)):
-        pod_sets = [(rc_id, text, per_pod) for _, text, rc_id, per_pod in group]
-        shapes.add((pod_sets[0][0], tuple((text, per_pod) for _, text, per_pod in pod_sets)))
+        pod_sets = [
+            (rc_id, level, text, per_pod, minimum or replicas)
+            for _, text, rc_id, per_pod, level, replicas, minimum in group
+        ]
+        rc_id, level = pod_sets[0][0], pod_sets[0][1]
+        shapes.add((rc_id, level or None, tuple((text, per_pod, size) for _, _, text, per_pod, size in pod_sets)))
     decoded = {}  # a few distinct class lists among thousands of pod sets: decode each once
-    wants = set()
-    for rc_id, pod_sets in shapes:
+    plain, gangs = {}, {}
+    for rc_id, level, pod_sets in shapes:
         declared = []
-        for text, _ in pod_sets:
+        for text, _, _ in pod_sets:
             classes = decoded.get(text)
             if classes is None:
                 classes = decoded[text] = tuple(json.loads(text) or ()) if text else ()
             declared.append(classes)
-        wants.add((workload_classes(declared, tuple(ordered.get(rc_id, ()))), min(n for _, n in pod_sets)))
-    out = {}
-    for classes, per_pod in wants:
-        add_demand(out, classes, per_pod)
-    return out
+        classes = workload_classes(declared, tuple(ordered.get(rc_id, ())))
+        per_pod = min(n for _, n, _ in pod_sets)
+        if level:
+            add_gang(gangs, classes, level, per_pod, sum(n * size for _, n, size in pod_sets))
+        else:
+            add_demand(plain, classes, per_pod)
+    return plain, gangs
 
 
 def finest_domains_under(domain_id):
@@ -279,7 +320,8 @@ def inventory_state(node_ids=None):
             .annotate(n=Count("id"))
         ):
             reserved_by_group[(row["node_id"], *(row[name] for name in DESCRIPTION_TEXT))] = row["n"]
-    min_request = pending_min_request()
+    plain, gangs = pending_demand_shapes()
+    min_request = pending_min_request_of(plain, gangs)
     groups = []
     free_per_node_class = defaultdict(int)
     described = {}  # (driver, attributes text, capacity text) -> (description key, classes)
@@ -303,16 +345,57 @@ def inventory_state(node_ids=None):
     node_free = defaultdict(dict)
     for (node_id, name), free in free_per_node_class.items():
         node_free[node_id][name] = free
+    domain_free, class_free = {}, {}
+    if gangs:
+        # A gang's domain counts every node of it: from the whole cluster's free devices when this state
+        # covers only some nodes.
+        whole = node_free if node_ids is None else current_state().node_free
+        domain_free, class_free = domain_totals(whole, node_domain_paths())
+
+    def stranded(classes, node_id):
+        return strands_by_shape(classes, node_free[node_id], plain, gangs, domain_free.get(node_id, {}), class_free)
+
     stranded_nodes = defaultdict(set)
     for (node_id, name), free in free_per_node_class.items():
-        if free > 0 and strands((name,), node_free[node_id], min_request):
+        if free > 0 and stranded((name,), node_id):
             stranded_nodes[node_id].add(name)
     for group in groups:
-        if group.counts["free"] and strands(group.classes, node_free[group.node_id], min_request):
+        if group.counts["free"] and stranded(group.classes, group.node_id):
             group.counts["stranded"] = group.counts["free"]
             group.counts["free"] = 0
     node_domain = dict(nodes.values_list("id", "domain_id"))
-    return InventoryState(groups, node_domain, reserved, dict(stranded_nodes), min_request, classifier, dict(node_free))
+    return InventoryState(
+        groups, node_domain, reserved, dict(stranded_nodes), min_request, classifier, dict(node_free),
+        plain, gangs, domain_free, class_free,
+    )  # fmt: skip
+
+
+def pending_min_request_of(plain, gangs):
+    out = dict(plain)
+    for name, shapes in gangs.items():
+        for _, per_pod, _ in shapes:
+            add_demand(out, (name,), per_pod)
+    return out
+
+
+def node_domain_paths():
+    """node id -> {level name: the id of its domain there, "node": the node}: each node's domains on
+    every level, for gangs bound to one (accounting.domain_totals)."""
+    domains = {
+        pk: (level, parent) for pk, level, parent in Domain.objects.values_list("id", "level__name", "parent_id")
+    }
+    finest = dict(Node.objects.order_by().values_list("id", "domain_id"))
+
+    def paths_of(node_id):
+        paths = {"node": node_id}
+        domain = finest.get(node_id)
+        while domain is not None and domain in domains:
+            level, parent = domains[domain]
+            paths[level] = domain
+            domain = parent
+        return paths
+
+    return paths_of
 
 
 # --- computed once per change, shared by every request and socket ------------------------------------------

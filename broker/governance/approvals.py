@@ -16,8 +16,13 @@ from django.utils import timezone
 from broker import events
 from broker.audit.models import record
 from broker.governance.models import ApprovalPolicy, ApprovalRequest
+from broker.inventory.models import Device, Domain, Health
 from broker.policy.models import Reservation
-from broker.workloads.models import ApprovalState, Explanation, ExplanationChange, Workload
+from broker.scheduler import snapshot as core
+from broker.scheduler.gang_search import domain_for_gang
+from broker.scheduler.placement import PodDemand
+from broker.scheduler.selectors import ClassMatcher
+from broker.workloads.models import Allocation, ApprovalState, Explanation, ExplanationChange, Workload
 from broker.workloads.states import State
 
 WINDOW_STATES = (State.PENDING, State.PREEMPTED)
@@ -99,18 +104,72 @@ def window_errors(not_before, not_after, reserve, now):
 
 
 def reserve_for(workload, actor, start, end, comment):
-    """A Reservation holding the workload's devices for its team over the window."""
+    """A Reservation holding the workload's devices for its team over the window; for a gang bound to
+    one domain, pinned to a domain of that level that holds it (else the reserved devices could lie
+    in several racks, usable by nobody)."""
     device_class = workload.resource_class.ordered_device_classes()[0]
     return Reservation.objects.create(
         name=f"approval-{workload.pk}",
         team=workload.team,
         device_class=device_class,
         count=workload.total_devices,
+        domain=reservation_domain(workload, device_class),
         start=start,
         end=end,
         reason=f"approved for {workload}: {comment}",
         created_by=actor,
     )
+
+
+def reservation_domain(workload, device_class):
+    """The Domain of the workload's required level whose healthy devices of `device_class` hold its
+    gang, the most free now first (gang_search.domain_for_gang); None without a required level."""
+    level = workload.topology_required
+    if not level:
+        return None
+    matcher = ClassMatcher((core.DeviceClass(device_class.name, selector=device_class.selector or None),))
+    domains = {domain.pk: domain for domain in Domain.objects.filter(level__name=level)}
+    if not domains:
+        return None
+    held = set(Allocation.objects.filter(released_at__isnull=True).values_list("device_id", flat=True))
+    counts: dict[int, dict[int, list[int]]] = {}  # domain pk -> node pk -> [as built, free now]
+    devices = Device.objects.filter(health=Health.HEALTHY, node__cordoned=False).select_related("node__domain")
+    for device in devices.iterator():
+        if _blocking(device.taints) or not matcher.classes_of(_core_device(device)):
+            continue
+        domain_pk = _domain_at(device.node.domain, level)
+        if domain_pk not in domains:
+            continue
+        node = counts.setdefault(domain_pk, {}).setdefault(device.node_id, [0, 0])
+        node[0] += 1
+        node[1] += device.pk not in held
+    demands = tuple(
+        PodDemand(pod_set.name, pod_set.replicas, pod_set.min_count or pod_set.replicas, pod_set.devices_per_pod)
+        for pod_set in workload.pod_sets.all()
+    )
+    by_name = {
+        domains[pk].name: ([built for built, _ in nodes.values()], sum(free for _, free in nodes.values()))
+        for pk, nodes in counts.items()
+    }
+    chosen = domain_for_gang(by_name, demands)
+    return next((domain for domain in domains.values() if domain.name == chosen), None)
+
+
+def _domain_at(domain, level):
+    """The pk of `domain` or of its ancestor on `level` (None when it has none there)."""
+    while domain is not None:
+        if domain.level.name == level:
+            return domain.pk
+        domain = domain.parent
+    return None
+
+
+def _core_device(device):
+    return core.Device(str(device.pk), str(device.node_id), device.driver, device.attributes or {})
+
+
+def _blocking(taints):
+    return any((taint or {}).get("effect", "NoSchedule") in core.NO_SCHEDULE_EFFECTS for taint in taints or ())
 
 
 def grant(workload, actor, comment, not_before=None, not_after=None, reserve=False, now=None):

@@ -26,9 +26,12 @@ selects is not counted (it has no price). Each class's parts sum to its total:
                    devices of that class than the class's smallest request (with disjoint classes: the
                    node has fewer free devices of the device's class than the smallest request for it).
                    A device no pending workload wants is idle, not stranded: it waits for demand, not for
-                   a shape. Simplification: per-pod fit on one node only; match_attribute, topology
-                   constraints, gang sizes, tolerated taints and a team's own reservations are not
-                   considered (a pod that fits on the node counts as "usable");
+                   a shape. Topology and gang shape count too (issue 27): work bound to one domain of a
+                   level can use a node only if the node's domain there has as many free devices of the
+                   class as the gang needs (or the whole cluster has fewer: then it waits for capacity,
+                   not for a shape); a device that only such work wants, in domains too small for it,
+                   is stranded (`strands_by_shape`). Simplification: match_attribute, tolerated taints
+                   and a team's own reservations are not considered;
   idle             the rest: free, healthy, unreserved and usable (or not wanted at all).
 
 Partitionable devices (DRA counter sets) are billed by what they use of the hardware: a held partition
@@ -137,20 +140,29 @@ def capacity_by_class(
             continue  # a taint that keeps no work off (PreferNoSchedule): plain
         groups[(device.node, classes)] -= 1
 
-    # 3. Stranded: wanted by pending work, but no wanted class has enough free devices on the node.
-    demand = pending_demand(snapshot, result)
+    # 3. Stranded: wanted by pending work, but no wanted shape can use the node's free devices.
+    plain, gangs = demand_shapes(snapshot, result)
     node_free: dict[str, dict[str, int]] = {}
-    if demand:
+    if plain or gangs:
         for (node, classes), count in groups.items():
             counts = node_free.setdefault(node, {})
             for name in classes:
                 counts[name] = counts.get(name, 0) + count
+    domain_free, class_free = ({}, {})
+    if gangs:
+        node_domains = {node.name: node.domains for node in snapshot.nodes}
+        levels = tuple(snapshot.levels)
+        domain_free, class_free = domain_totals(
+            node_free, lambda node: {**domain_paths(node_domains.get(node), levels), NODE_LEVEL: (node,)}
+        )
     stranded = dict.fromkeys(names, 0)
     idle = dict.fromkeys(names, 0)
     for (node, classes), count in groups.items():
         if not classes:
             continue  # no class selects these devices: they are not billed
-        if demand and strands(classes, node_free[node], demand):
+        if (plain or gangs) and strands_by_shape(
+            classes, node_free[node], plain, gangs, domain_free.get(node, {}), class_free
+        ):
             stranded[home[classes]] += count
         else:
             idle[home[classes]] += count
@@ -222,6 +234,74 @@ def strands(classes: Iterable[str], node_free: Mapping[str, int], demand: Mappin
     return bool(wanted) and all(node_free.get(name, 0) < demand[name] for name in wanted)
 
 
+def strands_by_shape(
+    classes: Iterable[str],
+    node_free: Mapping[str, int],
+    plain: Mapping[str, int],
+    gangs: Mapping[str, Iterable[tuple]],
+    domain_free: Mapping[tuple, int],
+    class_free: Mapping[str, int],
+) -> bool:
+    """`strands` with topology and gang shape (issue 27; the dashboard and finance both ask this).
+    plain: class -> smallest per-pod request of pending work with no required level; gangs: class ->
+    (level, per pod, devices needed) of pending work bound to one domain of `level`; domain_free:
+    (class, level) -> free devices of the class in this node's domain of that level; class_free: class ->
+    free devices of the class in the cluster. Stranded: wanted, and no wanted shape can use the node."""
+    wanted = False
+    for name in classes:
+        here = node_free.get(name, 0)
+        smallest = plain.get(name)
+        if smallest is not None:
+            wanted = True
+            if here >= smallest:
+                return False
+        for level, per_pod, needed in gangs.get(name, ()):
+            wanted = True
+            if here >= per_pod and (domain_free.get((name, level), 0) >= needed or class_free.get(name, 0) < needed):
+                return False
+    return wanted
+
+
+def add_gang(gangs: dict, classes: Iterable[str], level: str, per_pod: int, needed: int) -> None:
+    """Record pending work bound to one domain of `level`, keeping per class only the shapes no other
+    shape of the level makes easier (smaller pods and fewer devices)."""
+    for name in classes:
+        shapes = gangs.setdefault(name, set())
+        if any(l == level and p <= per_pod and n <= needed for l, p, n in shapes):  # noqa: E741
+            continue
+        shapes.difference_update({s for s in shapes if s[0] == level and s[1] >= per_pod and s[2] >= needed})
+        shapes.add((level, per_pod, needed))
+
+
+def domain_paths(domains: Mapping | None, levels: tuple) -> dict[str, tuple]:
+    """level -> the node's domain there as its path from the coarsest level (racks of one name in two
+    blocks stay two racks)."""
+    paths, path = {}, ()
+    for level in levels:
+        path = path + (str((domains or {}).get(level, "-")),)
+        paths[level] = path
+    return paths
+
+
+def domain_totals(node_free: Mapping, paths_of) -> tuple[dict, dict]:
+    """({node: {(class, level): free devices of the class in its domain of the level}}, {class: free in
+    the cluster}) from each node's free devices per class; `paths_of(node)`: level -> domain path."""
+    per_domain: dict[tuple, int] = {}
+    class_free: dict[str, int] = {}
+    paths = {node: paths_of(node) for node in node_free}
+    for node, counts in node_free.items():
+        for name, count in counts.items():
+            class_free[name] = class_free.get(name, 0) + count
+            for level, path in paths[node].items():
+                per_domain[(name, level, path)] = per_domain.get((name, level, path), 0) + count
+    out = {}
+    for node, counts in node_free.items():
+        out[node] = {
+            (name, level): per_domain[(name, level, path)] for name in counts for level, path in paths[node].items()
+        }
+    return out, class_free
+
+
 def add_demand(demand: dict, classes: Iterable[str], per_pod: int) -> None:
     """Record that pending work wants `classes` with pods of `per_pod` devices (smallest wins)."""
     if per_pod <= 0:
@@ -239,6 +319,39 @@ def workload_classes(declared: Iterable[tuple], offered: tuple) -> tuple:
         if classes:
             return tuple(classes)
     return tuple(offered)
+
+
+def demand_shapes(snapshot: Snapshot, result: CycleResult) -> tuple[dict[str, int], dict[str, set]]:
+    """(plain, gangs) of the workloads still pending after `result` that capacity holds back (see
+    `strands_by_shape`): work with no required level by its smallest per-pod request, work bound to one
+    domain by (level, smallest per-pod request, devices its gang needs)."""
+    skip = {admission.workload_id for admission in result.admissions}
+    skip.update(decision.workload_id for decision in result.pending if decision.reason in HELD_BY_POLICY)
+    offered = {rc.name: rc for rc in snapshot.resource_classes}
+    plain: dict[str, int] = {}
+    gangs: dict[str, set] = {}
+    seen = set()
+    for workload in snapshot.pending:
+        pod_sets = workload.pod_sets
+        if not pod_sets or workload.id in skip:
+            continue
+        resource_class = offered.get(workload.resource_class)
+        declared = (pod_set.device_classes for pod_set in pod_sets)
+        classes = workload_classes(declared, resource_class.device_classes if resource_class else ())
+        per_pod = min(pod_set.devices_per_pod for pod_set in pod_sets)
+        level = workload.topology_required
+        if level is None:
+            level = resource_class.topology_required if resource_class else None
+        needed = sum(pod_set.gang_size * pod_set.devices_per_pod for pod_set in pod_sets)
+        shape = (classes, per_pod, level or None, needed if level else 0)
+        if shape in seen:
+            continue
+        seen.add(shape)
+        if level:
+            add_gang(gangs, classes, level, per_pod, needed)
+        else:
+            add_demand(plain, classes, per_pod)
+    return plain, gangs
 
 
 def pending_demand(snapshot: Snapshot, result: CycleResult) -> dict[str, int]:

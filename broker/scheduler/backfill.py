@@ -8,7 +8,11 @@ still start if it stays off that domain, or if its own expected duration ends be
 
 Without enough known durations the start cannot be planned; once the head has waited
 `backfill_wait_seconds`, the domain it could use soonest (the one with most free devices among those
-that can hold it at all) is kept free anyway, with no start time. Only one head is protected per cycle.
+that can hold it at all) is kept free anyway, with no start time.
+
+With depth (issue 27, Slurm's `bf_max_job_test`): up to `backfill_depth` waiting gangs are protected per
+cycle, first in line first, each planned around the ones before it (it never plans on their nodes), and
+work behind them runs now only if it delays none of them.
 """
 
 from __future__ import annotations
@@ -181,8 +185,10 @@ def plan_protection(cycle, request) -> Protection | None:
     classes = cycle.entitled_classes(request)
     released: list = []
     events = release_timeline(cycle)[: cycle.config.estimate_horizon_events]
+    # Never on the nodes held for gangs protected before it (ahead of it in line).
+    ahead = frozenset().union(*(protection.nodes for protection in cycle.protections))
     # One view per class, extended with each release (not rebuilt with everything released so far).
-    views = {name: cycle.view(name, access) for name in classes}
+    views = {name: cycle.view(name, access, excluded=ahead) for name in classes}
     extended = dict.fromkeys(classes, 0)
     free_now = max((view.total() for view in views.values()), default=0)
     for position, (end, workload_id) in enumerate(events):
@@ -200,7 +206,7 @@ def plan_protection(cycle, request) -> Protection | None:
                 return _protection(cycle, request, plan.scope, {pod.node for pod in plan.pods}, end)
     if cycle.snapshot.now - request.workload.submitted < cycle.config.backfill_wait_seconds:
         return None
-    return _protection_without_durations(cycle, request, classes, required)
+    return _protection_without_durations(cycle, request, classes, required, ahead)
 
 
 def _protection(cycle, request, scope, plan_nodes, start) -> Protection:
@@ -208,14 +214,14 @@ def _protection(cycle, request, scope, plan_nodes, start) -> Protection:
     return Protection(request.id, request.workload.priority, nodes, scope, request.required, start)
 
 
-def _protection_without_durations(cycle, request, classes, required) -> Protection | None:
+def _protection_without_durations(cycle, request, classes, required, ahead=frozenset()) -> Protection | None:
     """Keep free the domain the head could use soonest: the most free devices now among domains that
-    could hold it once everything there has ended (the cluster as built)."""
+    could hold it once everything there has ended (the cluster as built), off the nodes held `ahead`."""
     built = cycle.empty_state()
     access = request.default_access
     for class_name in classes:
-        now_view = cycle.view(class_name, access)
-        built_view = View(built, built.class_index[class_name])
+        now_view = cycle.view(class_name, access, excluded=ahead)
+        built_view = View(built, built.class_index[class_name], excluded=ahead)
         if required is None:
             nodes = _soonest_nodes(cycle, request, now_view, built_view)
             if nodes:
@@ -224,7 +230,7 @@ def _protection_without_durations(cycle, request, classes, required) -> Protecti
         candidates = sorted(
             (-now_view.domain_count(scope), scope)
             for scope, capacity in built_view.domain_counts(required).items()
-            if capacity >= request.needed
+            if capacity >= request.needed and not (ahead and ahead.intersection(cycle.state.nodes_of(scope)))
         )
         for _, scope in candidates:
             if place_within_scope(built_view, scope, request.demands, None) is not None:

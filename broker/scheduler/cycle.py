@@ -29,6 +29,7 @@ from broker.scheduler.snapshot import (
     Snapshot,
     made,
 )
+from broker.scheduler.windows import Window, future_windows
 
 NOMINATED = "nominated:"  # slot holder prefix for devices held for a nominated preemptor
 
@@ -62,6 +63,8 @@ class Outcome:
     victims: tuple = ()
     waiting_for_evictions: tuple = ()
     protected: bool = False
+    unprotectable: bool = False  # no protection could be planned for it (or its quota rules one out)
+    victim_scope: tuple = ()  # the domain its victims make room in
 
 
 @dataclass
@@ -94,7 +97,12 @@ class Cycle:
         }
         self.running = {workload.id: workload for workload in snapshot.running}
         self.log = CycleLog()
-        self.protection: backfill.Protection | None = None
+        # Gangs ahead in line whose planned start work behind them may not delay, first in line first.
+        self.protections: list[backfill.Protection] = []
+        self._excluded_unions: dict[tuple, frozenset] = {}
+        self._excluded_memo: dict[tuple, frozenset] = {}  # see excluded_for
+        self._protected_ids: set[str] = set()
+        self.windows: list[Window] = []
         self._failed: set = set()
         self._extras_cache: dict = {}
         self._access_keys: dict = {}
@@ -119,6 +127,8 @@ class Cycle:
         self.state = CapacityState.for_cycle(self.snapshot, self.matcher, self.class_names)
         # 1b. Running work on failed devices is evicted, and seen as evicting from here on.
         self.evictions = self._evict_from_failed_devices()
+        # 1c. Reservation windows opening later, and the nodes they will take (Slurm's rule).
+        self.windows = future_windows(self.state, self.snapshot) if self.config.reservations_ahead else []
         # Reserved and tainted devices are never plain: the extras hold all of them.
         self.reserved_teams = frozenset(slot.owner for slot in self.state.extras if slot.owner is not None)
         self.has_taints = any(slot.taints for slot in self.state.extras)
@@ -280,6 +290,8 @@ class Cycle:
             request.preemptible, request.tolerations, workload.priority,
             workload.submitted if queue.within_queue == "LowerOrNewerEqualPriority" else None,
             self.excluded_for(request), at_limit,
+            # Whether it has waited long enough to be protected without known durations (backfill).
+            self.snapshot.now - workload.submitted >= self.config.backfill_wait_seconds,
         )  # fmt: skip
 
     def _failed_outright(self, request: Request) -> bool:
@@ -289,9 +301,18 @@ class Cycle:
             and not outcome.victims
             and not outcome.waiting_for_evictions
             and not outcome.protected
-            # Until a head is protected, the next one may be (its own wait and durations decide).
-            and (self.protection is not None or not self.config.enable_backfill_protection)
+            # Until enough gangs are protected, the next may be; not one like it whose protection could
+            # not be planned (the nodes held ahead only grow, and its wait is in the key).
+            and (not self._protects_more() or not self.config.enable_backfill_protection or outcome.unprotectable)
         )
+
+    @property
+    def protection(self) -> backfill.Protection | None:
+        """The first protected gang in line (the head), None when none is."""
+        return self.protections[0] if self.protections else None
+
+    def _protects_more(self) -> bool:
+        return len(self.protections) < max(1, self.config.backfill_depth)
 
     def _charge(self, queue: str, device_class: str, amount: int) -> None:
         self.quota.add_usage(queue, device_class, amount)
@@ -410,17 +431,24 @@ class Cycle:
             if found is not None:
                 self._record_preemption(request, found)
                 return
+        outcome = self.log.outcomes[request.id]
         if not self.entitled_classes(request):
+            outcome.unprotectable = True
             return
-        if self.config.enable_backfill_protection and self.protection is None:
-            self.protection = backfill.plan_protection(self, request)
-            if self.protection is not None:
-                self.log.outcomes[request.id].protected = True
+        if self.config.enable_backfill_protection and self._protects_more():
+            protection = backfill.plan_protection(self, request)
+            if protection is not None:
+                self.protections.append(protection)
+                self._protected_ids.add(protection.workload_id)
+                outcome.protected = True
+            else:
+                outcome.unprotectable = True
 
     def _record_preemption(self, request: Request, found) -> None:
         outcome = self.log.outcomes[request.id]
         outcome.victims = found.victims
         outcome.waiting_for_evictions = found.evicting
+        outcome.victim_scope = found.scope
         for victim in found.victims:
             workload = victim.workload
             pods = tuple((pod.pod_set, pod.index) for pod in workload.pods) if workload.partial else ()
@@ -453,9 +481,50 @@ class Cycle:
         )
 
     def excluded_for(self, request: Request) -> frozenset:
-        if self.protection is None or self.protection.workload_id == request.id:
+        """Nodes `request` may not take now: those held for every protected gang ahead whose planned
+        start it would delay (it runs past that start, or no start is planned), and those of reservation
+        windows it would overrun. Asked for every request, often twice: by what the answer depends on."""
+        protections = self.protections
+        if not protections and not self.windows:
             return frozenset()
-        return self.protection.excluded_for(request, self.snapshot.now)
+        workload = request.workload
+        own = request.id if request.id in self._protected_ids else None
+        key = (len(protections), workload.expected_duration, request.team, request.preemptible, own)
+        found = self._excluded_memo.get(key)
+        if found is None:
+            found = self._excluded_memo[key] = self._excluded_now(request)
+        return found
+
+    def _excluded_now(self, request: Request) -> frozenset:
+        now = self.snapshot.now
+        held = [window.nodes for window in self.windows_blocking(request)] if self.windows else []
+        held += [
+            nodes
+            for protection in self.protections
+            if protection.workload_id != request.id and (nodes := protection.excluded_for(request, now))
+        ]
+        if len(held) < 2:
+            return held[0] if held else frozenset()
+        key = tuple(map(id, held))  # the protections' and windows' own sets, alive for the cycle
+        union = self._excluded_unions.get(key)
+        if union is None:
+            union = self._excluded_unions[key] = frozenset().union(*held)
+        return union
+
+    def windows_blocking(self, request: Request) -> list[Window]:
+        """Reservation windows not open yet whose nodes `request` may not take: it would overrun them."""
+        workload = request.workload
+        now = self.snapshot.now
+        return [
+            window
+            for window in self.windows
+            if window.blocks(request.team, request.preemptible, workload.expected_duration, now)
+        ]
+
+    def protections_holding(self, request: Request) -> list[backfill.Protection]:
+        """The protected gangs whose held nodes `request` may not take now."""
+        now = self.snapshot.now
+        return [p for p in self.protections if p.workload_id != request.id and p.excluded_for(request, now)]
 
     def access_key(self, access: Access) -> tuple:
         """The parts of `access` that can change the answer on this cluster (more sharing of memos)."""

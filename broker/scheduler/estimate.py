@@ -52,8 +52,9 @@ def estimated_starts(cycle, waiting: list[str], reasons: dict[str, str]) -> dict
     estimates.update(dict.fromkeys(remaining, not_started))
     for workload_id, when in started.items():
         estimates[workload_id] = (when, FROM_EXPECTED_ENDS)
-    protection = cycle.protection
-    if protection is not None and protection.planned_start is not None:
+    for protection in cycle.protections:  # a protected gang's planned start holds: nothing may delay it
+        if protection.planned_start is None:
+            continue
         head = protection.workload_id
         if head in estimates and reasons[head] not in NO_ESTIMATE_REASONS:
             when = started.get(head)

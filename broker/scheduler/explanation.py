@@ -20,9 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from heapq import nlargest
 
 from broker.scheduler import estimate, preemption
-from broker.scheduler.capacity import BLOCKED, NODE_LEVEL, TAINTED, CapacityState, View
+from broker.scheduler.capacity import BLOCKED, NODE_LEVEL, ROOT, TAINTED, CapacityState, View
 from broker.scheduler.placement import place_gang
 from broker.scheduler.requests import Request, approval_problem, entitlement_problem
 from broker.scheduler.snapshot import (
@@ -174,7 +175,7 @@ class Assessor:
         codes.update(capacity["codes"])
         if outcome.victims or outcome.waiting_for_evictions:
             running = self.cycle.running
-            codes["PreemptionPending"] = _preemption_message(outcome, running)
+            codes["PreemptionPending"] = _preemption_message(outcome, running, self.state.levels)
             details["victims"] = [victim.workload.id for victim in outcome.victims]
             evicting = outcome.waiting_for_evictions
             details["evicting"] = sorted({_whole_id(running, workload_id) for workload_id in evicting})
@@ -325,25 +326,43 @@ class Assessor:
         needs = _needs_text(request, focus["device_class"])
         fits_unheld = self._fits_any(request, classes, access)
         if not fits_unheld:
+            binding = _binding_domain_text(request, focus)
             if self._fits_any(request, classes, request.access(healed=True)):
                 codes["DeviceUnhealthy"] = (
-                    f"{needs}; {_free_text(focus)} free; it would fit if the "
+                    f"{needs}; {_free_text(focus)} free{binding}; it would fit if the "
                     f"{focus['unhealthy']} unhealthy, tainted or cordoned ones were healthy"
                 )
             if self._fits_any(request, classes, request.access(unreserved=True)):
                 codes["Reserved"] = (
-                    f"{needs}; {_free_text(focus)} free for team {request.team}; "
+                    f"{needs}; {_free_text(focus)} free for team {request.team}{binding}; "
                     f"it would fit without the {focus['reserved']} free devices reserved for other teams"
                     f" ({_owners_text(focus['reserved_by'])})"
                 )
             if all(n["free"] < request.needed for n in numbers):
                 codes["InsufficientCapacity"] = f"{needs}; {_free_text(focus, 'only ')} free in the cluster"
             else:
-                codes["TopologyFragmented"] = _fragmented_text(needs, focus)
+                codes["TopologyFragmented"] = _fragmented_text(request, needs, focus)
         elif excluded and not self._fits_any(request, classes, access, excluded):
-            protection = self.cycle.protection
-            codes["Priority"] = f"{needs}; it fits now, but {protection.describe(self.state)}"
-            details["held_for"] = protection.workload_id
+            holding = self.cycle.protections_holding(request)
+            windows = self.cycle.windows_blocking(request)
+            ahead = frozenset().union(*(protection.nodes for protection in holding))
+            if windows and (not holding or self._fits_any(request, classes, access, ahead)):
+                # The binding constraint is a window about to open, not the work ahead.
+                duration = request.workload.expected_duration
+                runs = (
+                    f"would run {duration:g} s, past its start"
+                    if duration is not None
+                    else ("has no expected duration, so it may run past its start")
+                )
+                opening = "; and of ".join(window.describe(self.state.levels) for window in windows[:2])
+                codes["Reserved"] = f"{needs}; it fits now, but only on the nodes of {opening}, and it {runs}"
+                details["reservation"] = windows[0].reservation.name
+                return {"codes": codes, "details": details}
+            described = "; and ".join(protection.describe(self.state) for protection in holding[:2])
+            more = f" (and {len(holding) - 2} more gangs ahead)" if len(holding) > 2 else ""
+            codes["Priority"] = f"{needs}; it fits now, but {described}{more}"
+            details["held_for"] = holding[0].workload_id
+            details["held_for_all"] = [protection.workload_id for protection in holding]
         return {"codes": codes, "details": details}
 
     def _numbers(self, request: Request, class_name: str) -> dict:
@@ -412,7 +431,7 @@ class Assessor:
         return tuple(found)
 
     def _relax_topology(self, request: Request, codes) -> Suggestion | None:
-        if request.required is None:
+        if request.required is None or not _own_requirement(request):
             return None
         levels = self.state.levels
         for index in range(levels.index(request.required) - 1, -2, -1):
@@ -497,6 +516,15 @@ class Assessor:
         return None
 
 
+def _own_requirement(request: Request) -> bool:
+    """Whether the required level is the workload's own choice, which its submitter may change: one its
+    resource class sets is the class's promise (a training class keeps its gangs in one rack), and
+    relaxing it is no change the submit form or the API offers within the class."""
+    own = request.workload.topology_required
+    resource_class = request.resource_class
+    return bool(own) and (resource_class is None or own != resource_class.topology_required)
+
+
 def _admitted_after(snapshot: Snapshot, workload_id: str, suggestion: Suggestion, rerun) -> bool:
     changed = apply_suggestion(snapshot, workload_id, suggestion)
     changed = replace(changed, config=replace(changed.config, suggestions=False, explain=False))
@@ -563,14 +591,38 @@ def _free_text(focus: dict, few: str = "") -> str:
     return f"{few}{focus['free']} {focus['device_class']}"
 
 
-def _fragmented_text(needs: str, focus: dict) -> str:
+def _fragmented_text(request: Request, needs: str, focus: dict) -> str:
     largest = focus["largest_free_domain"]
-    where = f"any {largest['level']}" if largest["level"] != NODE_LEVEL else "any node"
-    name = f" ({largest['name']})" if largest["name"] else ""
-    return (
-        f"{needs}; {focus['free']} {focus['device_class']} free in the cluster, "
-        f"at most {largest['free']} free in {where}{name}"
-    )
+    free = f"{needs}; {focus['free']} {focus['device_class']} free in the cluster"
+    if largest["level"] == NODE_LEVEL:
+        biggest_pod = max(demand.per_pod for demand in request.demands)
+        if largest["free"] >= biggest_pod:
+            # Every pod fits some node: the binding constraint is the arrangement, never "at most N".
+            matched = " sharing the matched attribute" if any(d.match_attribute for d in request.demands) else ""
+            return f"{free}, but the nodes' free devices ({_node_counts_text(largest)}) cannot hold its pods{matched}"
+        name = f" ({largest['name']})" if largest["name"] else ""
+        return f"{free}, at most {largest['free']} free in any node{name}"
+    if largest["free"] >= request.needed:
+        # Enough devices in the best domain, in the wrong shape: say so, never "at most N" with N >= needed.
+        return (
+            f"{free}; {largest['level']} {largest['name']} has the most ({largest['free']}), but its nodes' "
+            f"free devices ({_node_counts_text(largest)}) cannot hold the gang's pods"
+        )
+    return f"{free}, at most {largest['free']} free in any {largest['level']} ({largest['name']})"
+
+
+def _binding_domain_text(request: Request, focus: dict) -> str:
+    """For a gang bound to one domain: the best domain and what is free there, when it is short."""
+    largest = focus["largest_free_domain"]
+    if not request.required or largest["level"] == NODE_LEVEL or not 0 < largest["free"] < request.needed:
+        return ""
+    return f", at most {largest['free']} of {request.needed} in any {largest['level']} ({largest['name']})"
+
+
+def _node_counts_text(largest: dict) -> str:
+    counts = largest["nodes"]
+    more = largest["nodes_with_free"] - len(counts)
+    return ", ".join(map(str, counts)) + (f" and {more} more nodes" if more > 0 else "")
 
 
 def _owners_text(reserved_by: dict) -> str:
@@ -586,7 +638,7 @@ def _pods_text(count: int) -> str:
     return "1 pod" if count == 1 else f"{count} pods"
 
 
-def _preemption_message(outcome, running) -> str:
+def _preemption_message(outcome, running, levels) -> str:
     leaving = []
     for victim in outcome.victims:
         workload = victim.workload
@@ -599,7 +651,23 @@ def _preemption_message(outcome, running) -> str:
         else:
             leaving.append(f"{workload_id} (being evicted)")
     noun = "victim" if len(leaving) == 1 else "victims"
-    return f"waiting for {len(leaving)} {noun} to leave: {', '.join(leaving)}"
+    return f"waiting for {len(leaving)} {noun} to leave: {', '.join(leaving)}{_why_victims(outcome, levels)}"
+
+
+def _why_victims(outcome, levels) -> str:
+    """Why these victims (preemption.cost_key): the lowest priority first, then pods before groups, then
+    the fewest and smallest."""
+    if not outcome.victims:
+        return ""
+    scope = outcome.victim_scope
+    where = f"in {levels[len(scope) - 1]} {scope[-1]}" if scope else "in the cluster"
+    highest = max(victim.workload.priority for victim in outcome.victims)
+    shrunk = all(victim.workload.partial for victim in outcome.victims)
+    how = "by shrinking elastic work, " if shrunk else ""
+    return (
+        f"; chosen lowest priority first, {how}then fewest and smallest: no set of workloads below priority "
+        f"{highest} makes room {where}"
+    )
 
 
 def _largest_domain(view: View, level_index: int, level: str) -> dict:
@@ -610,7 +678,14 @@ def _largest_domain(view: View, level_index: int, level: str) -> dict:
     # compared (at the node level there are as many domains as nodes).
     most = max(counts.values())
     key = min(key for key, count in counts.items() if count == most)
-    return {"level": level, "name": key[-1], "free": most}
+    largest = {"level": level, "name": key[-1], "free": most}
+    # Free devices per node there (every node at the node level), most first: the shape a gang's pods
+    # must fit; kept short, as the details are stored with every explanation.
+    nodes = view.state.nodes_of(key if level != NODE_LEVEL else ROOT)
+    counts = list(filter(None, map(view.node_count, nodes)))
+    largest["nodes"] = nlargest(8, counts)
+    largest["nodes_with_free"] = len(counts)
+    return largest
 
 
 def _why_never(view: View, request: Request, class_name: str) -> str:
@@ -627,6 +702,12 @@ def _why_never(view: View, request: Request, class_name: str) -> str:
     if request.required:
         level_index = state.levels.index(request.required)
         largest = _largest_domain(view, level_index, request.required)
+        if largest["free"] >= request.needed:
+            return (
+                f"{_needs_text(request, class_name)}: the largest {request.required} ({largest['name']}) has "
+                f"{largest['free']}, but its nodes ({_node_counts_text(largest)}) cannot hold the "
+                "gang's pods"
+            )
         return (
             f"needs {request.needed} {class_name} in one {request.required}; the largest "
             f"{request.required} ({largest['name']}) has {largest['free']}"

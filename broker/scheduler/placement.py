@@ -9,7 +9,8 @@
   tolerated taints) come first, nodes it could only borrow reserved devices on come last.
 - several pod sets: the one with the largest pods is placed first (it is the hardest to fit); the
   min_count pods of every set are placed before any optional extra pod. This greedy order is exact for
-  one pod set and a sound heuristic for several.
+  one pod set; for several, when it finds no placement in a domain, the exact search of
+  `gang_search` decides (gangs up to its documented size), and its pods are kept.
 Placement only plans: nothing in the capacity state changes until the cycle commits the plan.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from broker.scheduler import gang_search
 from broker.scheduler.capacity import ROOT, Slot, View
 
 
@@ -126,11 +128,61 @@ def pack(view: View, scope: tuple, demands: tuple[PodDemand, ...]) -> tuple[Plan
     packer = _Packer(view, scope)
     for demand in ordered:
         if not packer.place(demand, demand.min_count):
-            return None
+            if len(demands) == 1:
+                return None  # one pod set: fullest-first is exact
+            packer = _searched(view, scope, demands)
+            if packer is None:
+                return None
+            break
     for demand in ordered:
         if demand.count > demand.min_count:
             packer.place(demand, demand.count - demand.min_count, required=False)
     return tuple(packer.pods)
+
+
+def _searched(view: View, scope: tuple, demands: tuple[PodDemand, ...]) -> _Packer | None:
+    """A packer holding the min_count pods the exact search placed in `scope`, or None. Devices that
+    consume shared counters (DRA partitions) keep the packer's answer: the search counts devices only."""
+    if getattr(view.state, "counted", False):
+        return None
+    node_slots = search_nodes(view, scope, demands)
+    order = {node: (view.node_rank(node), len(slots), node) for node, slots in node_slots.items()}
+    found = gang_search.search(demands, node_slots, order)
+    if found is None:
+        return None
+    packer = _Packer(view, scope)
+    for node in sorted(found, key=order.__getitem__):
+        for demand_index, slots in found[node]:
+            packer._record(demands[demand_index], node, slots)
+    return packer
+
+
+def search_nodes(view: View, scope: tuple, demands: tuple[PodDemand, ...]) -> dict[int, list[Slot]]:
+    """Nodes of `scope` with room for the gang's smallest pod, with their free usable slots. Without a
+    matchAttribute nodes of one free count are alike to the search, so only as many of each count as the
+    gang has pods are kept (no placement uses more), which bounds the work on a large scope."""
+    smallest = min(demand.per_pod for demand in demands)
+    pods = sum(demand.min_count for demand in demands)
+    alike = not any(demand.match_attribute for demand in demands)
+    state = view.state
+    if scope == ROOT:
+        candidates = set(state.buckets[view.class_index].nodes_with_at_least(smallest))
+        candidates.update(view.extra_by_node)
+        candidates = sorted(candidates)
+    else:
+        candidates = state.nodes_of(scope)
+    kept: dict[int, int] = {}
+    node_slots = {}
+    for node in candidates:
+        count = view.node_count(node)
+        if count < smallest:
+            continue
+        if alike:
+            if kept.get(count, 0) >= pods:
+                continue
+            kept[count] = kept.get(count, 0) + 1
+        node_slots[node] = view.node_slots(node)
+    return node_slots
 
 
 class _Packer:

@@ -27,17 +27,20 @@ evicted whole; a gang never drops below its minimum while it runs.
 
 Device classes are tried in fallback order; the first class some victim set works for decides (as Kueue
 tries flavors in order). The victims must free room inside ONE domain of the preemptor's required level.
-The cheapest set wins:
-fewest victims, then lowest total priority, then the most recently started, then ids. Sets are searched
-exactly by increasing size (pruned by how many devices each can free) up to a budget, then greedily with
-every unneeded victim dropped. Devices of workloads already being evicted count as free at no cost.
+The cheapest set wins (issue 27, as Kubernetes' workload-aware preemption and Kueue take the lowest
+priority first): the lowest priorities (sets compared by their victims' priorities, highest first, so
+two priority-1 jobs go before one priority-250 gang), then pods before whole PodGroups, then the fewest
+and smallest victims (devices), then the most recently started, then ids. Sets are searched best-first
+in that order (each set reached from a cheaper one, pruned by how many devices the candidates left can
+free) up to a budget, then greedily lowest priority first with every unneeded victim dropped. Devices of
+workloads already being evicted count as free at no cost.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, replace
-from itertools import combinations
+from heapq import heappop, heappush
 from operator import attrgetter
 
 from broker.scheduler.capacity import COUNTERS, PLAIN, RANK_PLAIN, ROOT
@@ -85,16 +88,28 @@ class Victim:
 class Found:
     victims: tuple[Victim, ...]
     evicting: tuple[str, ...]
+    scope: tuple = ROOT  # the domain the victims make room in
 
 
 def cost_key(victims) -> tuple:
-    """Cheaper sets sort first: fewest, lowest total priority, most recently started, then ids."""
+    """Cheaper sets sort first: their priorities highest first (a set whose highest priority is lower
+    wins; of equal ones the set with fewer at it, ...), then fewer whole PodGroups (shrinking a Pod-mode
+    workload stops nobody), then fewer victims, fewer devices, the most recently started, then ids.
+    Adding a victim to a set always makes it dearer, and so does replacing one by a dearer one
+    (`_cost_order`): the best-first search relies on both."""
     return (
+        tuple(sorted((victim.workload.priority for victim in victims), reverse=True)),
+        sum(not victim.workload.partial for victim in victims),
         len(victims),
-        sum(victim.workload.priority for victim in victims),
+        sum(victim.workload.device_count for victim in victims),
         -sum(victim.workload.started for victim in victims),
         tuple(sorted(victim.workload.id for victim in victims)),
     )
+
+
+def _cost_order(workload: RunningWorkload) -> tuple:
+    """One victim's place in `cost_key` order (the key of the set of it alone)."""
+    return (workload.priority, not workload.partial, workload.device_count, -workload.started, workload.id)
 
 
 def find_victims(cycle, request) -> Found | None:
@@ -507,10 +522,16 @@ def _search_class(
             return found
     ranked = _ranked_scopes(cycle, request, eligible, evicting, base_view, freed_key)
     freed = _freed_memo(cycle, freed_key)
-    ranked.sort(key=lambda entry: (entry[0], entry[1]))
-    best = None
+    # A scope's sets cost at least `fewest` victims of its lowest priority: scopes by that bound, and
+    # none searched once the bound passes the best set found.
+    bounded = []
     for fewest, scope, candidates, gains, evicting_here in ranked:
-        if best is not None and fewest > len(best.victims):
+        lowest = min((victim.workload.priority for victim in candidates), default=0)
+        bounded.append(((lowest,) * fewest, fewest, scope, candidates, gains, evicting_here))
+    bounded.sort(key=lambda entry: (entry[0], entry[1], entry[2]))
+    best = None
+    for bound, _, scope, candidates, gains, evicting_here in bounded:
+        if best is not None and bound > cost_key(best.victims)[0]:
             break
         search = _ScopeSearch(cycle, request, class_name, scope, evicting_here, freed)
         found = search.run(candidates, gains)
@@ -578,11 +599,16 @@ def _cheapest_single(cycle, request, class_name, eligible, evicting_here, freed_
     deficit = max(1, request.needed - view.total() - len(evicting_here))
     budget = cycle.config.preemption_search_limit  # a walk within it examines no more sets than the search
     known = _freed_memo(cycle, freed_key)
+    best = None
     for position, workload in enumerate(eligible.in_victim_order()):
         if position >= budget:
             return _UNDECIDED
+        if best is not None and workload.priority != best.workload.priority:
+            break
         if workload.device_count < deficit:
             continue  # it frees at most the devices it holds
+        if best is not None and _cost_order(workload) >= _cost_order(best.workload):
+            continue
         scopes = known.get(workload.id)
         if scopes is None:
             scopes = _freed_now(cycle, workload, access, freed_key)
@@ -591,8 +617,20 @@ def _cheapest_single(cycle, request, class_name, eligible, evicting_here, freed_
         freed[workload.id] = scopes
         victim = eligible.victim(workload)
         if search.feasible((victim,)):
-            return Found((victim,), evicting)
-    return _UNDECIDED
+            best = victim
+    if best is None:
+        return _UNDECIDED
+    # One victim of priority p is the cheapest set unless the victims below p make room together.
+    lower = []
+    for workload in eligible.workloads():
+        if workload.priority < best.workload.priority:
+            scopes = freed.get(workload.id) or known.get(workload.id) or _freed_now(cycle, workload, access, freed_key)
+            if scopes.get(ROOT):
+                freed[workload.id] = scopes
+                lower.append(eligible.victim(workload))
+    if lower and search.feasible(tuple(lower)):
+        return _UNDECIDED
+    return Found((best,), evicting)
 
 
 def _fewest_needed(gains_descending: list[int], deficit: int) -> int | None:
@@ -758,7 +796,7 @@ class _ScopeSearch:
         chosen = _cheapest_feasible(candidates, gains, deficit, self.feasible, budget)
         if chosen is None:
             return None
-        return Found(tuple(sorted(chosen, key=lambda victim: victim.workload.id)), evicting)
+        return Found(tuple(sorted(chosen, key=lambda victim: victim.workload.id)), evicting, self.scope)
 
     def feasible(self, chosen) -> bool:
         self.checks += 1
@@ -785,27 +823,39 @@ def _evicting_ids(slots) -> tuple[str, ...]:
 
 
 def _cheapest_feasible(candidates, gains, deficit, feasible, budget):
-    """Exact search by increasing set size while within `budget` examined sets, else greedy.
-    Sets that cannot free `deficit` devices are skipped without a placement check."""
-    ordered = sorted(candidates, key=lambda victim: _victim_order(victim.workload))  # as cost_key((victim,))
-    by_gain = sorted((gains[victim.workload.id] for victim in ordered), reverse=True)
-    examined = 0
-    for size in range(1, len(ordered) + 1):
-        if sum(by_gain[:size]) < deficit:
-            continue
-        best = None
-        for chosen in combinations(ordered, size):
-            examined += 1
-            if examined > budget:
-                return best or _greedy(ordered, gains, deficit, feasible)
-            if best is not None and cost_key(chosen) >= cost_key(best):
-                continue
-            if sum(gains[victim.workload.id] for victim in chosen) >= deficit and feasible(chosen):
-                best = chosen
-                if size == 1:
-                    break  # singles are examined cheapest first
-        if best is not None:
-            return best
+    """The cheapest feasible set by `cost_key`, searched best-first: each set is reached from a cheaper
+    one by adding the next candidate in `_cost_order` or by replacing its last by the next, so sets
+    leave the heap in cost order and the first feasible one is the cheapest. A set (and all reached from
+    it) is dropped when even every candidate after its last cannot free `deficit` devices; sets that
+    free fewer are not checked. Past `budget` sets examined, greedy."""
+    ordered = sorted(candidates, key=lambda victim: _cost_order(victim.workload))
+    gain = [gains[victim.workload.id] for victim in ordered]
+    count = len(ordered)
+    after = [0] * (count + 1)  # devices all candidates from a position on could free
+    for position in range(count - 1, -1, -1):
+        after[position] = after[position + 1] + gain[position]
+    if after[0] < deficit or not ordered:
+        return None
+    heap: list = []
+
+    def push(members: tuple, gained: int) -> None:
+        if gained + after[members[-1] + 1] >= deficit:
+            chosen = tuple(ordered[position] for position in members)
+            heappush(heap, (cost_key(chosen), members, gained, chosen))
+
+    push((0,), gain[0])
+    popped = 0
+    while heap:
+        _, members, gained, chosen = heappop(heap)
+        popped += 1
+        if popped > budget:  # sets examined, checked or not: the budget bounds the search either way
+            return _greedy(ordered, gains, deficit, feasible)
+        if gained >= deficit and feasible(chosen):
+            return chosen
+        last = members[-1]
+        if last + 1 < count:
+            push(members + (last + 1,), gained + gain[last + 1])
+            push(members[:-1] + (last + 1,), gained - gain[last] + gain[last + 1])
     return None
 
 

@@ -401,6 +401,10 @@ class SchedulerConfig:
     """Knobs of one cycle.
 
     enable_backfill_protection: keep a place for the head of the line (Slurm-style backfill).
+    backfill_depth: how many waiting gangs, first in line first, get a planned start and domain that
+      work behind them may not delay (Slurm's bf_max_job_test); 1 protects the head of the line only.
+    reservations_ahead: keep work that would overrun a reservation window opening later off its nodes
+      (Slurm's rule; broker.scheduler.windows). False: a window holds nothing until it opens.
     backfill_wait_seconds: without known durations, how long the head waits before its planned domain
       is kept free.
     enable_preemption: look for victims at all.
@@ -427,6 +431,8 @@ class SchedulerConfig:
     """
 
     enable_backfill_protection: bool = True
+    backfill_depth: int = 4
+    reservations_ahead: bool = True
     backfill_wait_seconds: float = 3600.0
     enable_preemption: bool = True
     explain: bool = True

@@ -56,3 +56,21 @@ def test_it_agrees_that_an_invalid_request_strands_nothing(
     capacity, latest = overview_and_latest_sample(client, alice, django_capture_on_commit_callbacks)
     assert Explanation.objects.get(workload=too_wide).reason == "InvalidRequest"
     assert latest["h100"].stranded == capacity["h100"]["stranded"] == 0
+
+
+def test_it_agrees_on_devices_a_rack_bound_gang_cannot_use(client, cluster, alice, django_capture_on_commit_callbacks):
+    """Issue 27: two racks of two 4-device nodes, two devices of each node unhealthy: 4 free per rack,
+    8 in all. A gang of 3 × 2 that must stay in one rack fits no rack although every node has room for
+    a pod: both sides call the 8 free devices stranded (per-pod fit alone called them free)."""
+    from broker.inventory.models import Device, Health
+
+    for node in ("n1", "n2", "n3", "n4"):
+        broken = Device.objects.filter(node__name=node).order_by("pk").values_list("pk", flat=True)[:2]
+        Device.objects.filter(pk__in=list(broken)).update(health=Health.UNHEALTHY)
+    gang = make_workload(
+        cluster.queue_a, "rack-gang", replicas=3, devices_per_pod=2, resource_class=cluster.training,
+        state=State.PENDING, topology_required="rack",
+    )  # fmt: skip
+    capacity, latest = overview_and_latest_sample(client, alice, django_capture_on_commit_callbacks)
+    assert Explanation.objects.get(workload=gang).reason not in ("QuotaExceeded", "InvalidRequest")
+    assert latest["h100"].stranded == capacity["h100"]["stranded"] == 8

@@ -128,6 +128,32 @@ def test_it_reserves_the_devices_for_the_team_over_the_window(cluster, alice, ap
     assert AuditEvent.objects.get(action="workload.approve").after["reservation"] == reservation.name
 
 
+def test_it_pins_a_rack_bound_gangs_reservation_to_a_rack_that_holds_it(cluster, alice, april):
+    """Issue 27: 2 pods × 4 in one rack; r1 has an unhealthy device, so only r2 holds the gang (as
+    built). Without a domain the 8 reserved devices could lie across both racks, usable by nobody."""
+    from broker.inventory.models import Device, Health
+
+    broken = Device.objects.filter(node__name="n1").order_by("pk").first()
+    Device.objects.filter(pk=broken.pk).update(health=Health.UNHEALTHY)
+    now = timezone.now()
+    workload = submit(cluster, alice, topology_required="rack")
+
+    services.approve_workload(workload, april, "reserve a rack", not_before=now, not_after=now + timedelta(hours=2),
+                              reserve=True)  # fmt: skip
+
+    reservation = Reservation.objects.get()
+    assert (reservation.domain.level.name, reservation.domain.name, reservation.count) == ("rack", "r2", 8)
+
+
+def test_it_reserves_anywhere_for_a_gang_without_a_required_level(cluster, alice, april):
+    now = timezone.now()
+    workload = submit(cluster, alice)
+
+    services.approve_workload(workload, april, "ok", not_before=now, not_after=now + timedelta(hours=2), reserve=True)
+
+    assert Reservation.objects.get().domain is None
+
+
 @pytest.mark.parametrize(
     ("offset_before", "offset_after", "reserve", "field"),
     [(2, 1, False, "not_after"), (None, -1, False, "not_after"), (1, None, True, "reserve")],

@@ -246,9 +246,13 @@ def naive_primary(snapshot, result, workload, pools=None):
 
 
 def cost_key(victims):
+    """Issue 27: lowest priorities first (highest of the set first), then pods before whole PodGroups,
+    then fewest and smallest, then most recently started."""
     return (
+        tuple(sorted((victim.priority for victim in victims), reverse=True)),
+        sum(not victim.partial for victim in victims),
         len(victims),
-        sum(victim.priority for victim in victims),
+        sum(len(device) for victim in victims for pod in victim.pods for device in [pod.device_ids]),
         -sum(victim.started for victim in victims),
         tuple(sorted(victim.id for victim in victims)),
     )
@@ -297,8 +301,8 @@ def naive_cheapest_victims(snapshot, workload):
                     fits = naive_fits(others, counts, device_class, pod_set.count, pod_set.devices_per_pod, level)
                     if cheaper and fits:
                         best = chosen
-                if best is not None:
-                    return best
+            if best is not None:  # every subset compared: a larger set of lower priority may be cheaper
+                return best
     return None
 
 

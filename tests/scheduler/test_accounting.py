@@ -5,7 +5,7 @@ from dataclasses import replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.scheduler.accounting import ClassCapacity, capacity_by_class, strands
+from broker.scheduler.accounting import ClassCapacity, capacity_by_class, strands, strands_by_shape
 from broker.scheduler.capacity import CapacityState
 from broker.scheduler.cycle import decide
 from broker.scheduler.selectors import ClassMatcher
@@ -206,16 +206,32 @@ def brute_force(snapshot, result):
         for d in result.pending
         if d.reason in ("InvalidRequest", "NotEntitled", "AwaitingApproval", "QuotaExceeded")
     }
-    offered = {rc.name: rc.device_classes for rc in snapshot.resource_classes}
-    demand = {}
+    offered = {rc.name: rc for rc in snapshot.resource_classes}
+    shapes = []  # (classes wanted, smallest pod, required level or None, devices its gang needs)
     for workload in snapshot.pending:
         if workload.id in gone:
             continue
         declared = [pod_set.device_classes for pod_set in workload.pod_sets if pod_set.device_classes]
-        wanted = declared[0] if declared else offered.get(workload.resource_class, ())
+        rc = offered.get(workload.resource_class)
+        wanted = declared[0] if declared else (rc.device_classes if rc else ())
         per_pod = min(pod_set.devices_per_pod for pod_set in workload.pod_sets)
-        for name in wanted:
-            demand[name] = min(demand.get(name, per_pod), per_pod)
+        level = workload.topology_required
+        if level is None:
+            level = rc.topology_required if rc else None
+        needed = sum(pod_set.gang_size * pod_set.devices_per_pod for pod_set in workload.pod_sets)
+        shapes.append((tuple(wanted), per_pod, level or None, needed))
+    demand = {name for wanted, _, _, _ in shapes for name in wanted}
+    levels = tuple(snapshot.levels)
+    node_domains = {node.name: node.domains for node in snapshot.nodes}
+
+    def path(node, level):
+        if level == "node":
+            return (node,)
+        upto = levels[: levels.index(level) + 1] if level in levels else levels
+        return tuple(str(node_domains.get(node, {}).get(name, "-")) for name in upto)
+
+    def free_of(name, where=lambda device: True):
+        return sum(1 for other in snapshot.devices if name in classes[other.id] and plain_free(other) and where(other))
 
     rows = {name: {part: 0 for part in PARTS} | {"by_team": {}} for name in names}
     for device in snapshot.devices:
@@ -233,15 +249,22 @@ def brute_force(snapshot, result):
             row["by_team"][owner[device.id]] = row["by_team"].get(owner[device.id], 0) + 1
         else:
             wanted = [name for name in classes[device.id] if name in demand]
-            on_node = {
-                name: sum(
-                    1
-                    for other in snapshot.devices
-                    if other.node == device.node and name in classes[other.id] and plain_free(other)
-                )
+
+            def usable(name, per_pod, level, needed, device=device):
+                if free_of(name, lambda other: other.node == device.node) < per_pod:
+                    return False
+                if level is None or free_of(name) < needed:
+                    return True
+                here = path(device.node, level)
+                return free_of(name, lambda other: path(other.node, level) == here) >= needed
+
+            fits = any(
+                usable(name, per_pod, level, needed)
+                for want, per_pod, level, needed in shapes
                 for name in wanted
-            }
-            short = wanted and all(on_node[name] < demand[name] for name in wanted)
+                if name in want
+            )
+            short = wanted and not fits
             row["stranded" if short else "idle"] += 1
     return {
         name: ClassCapacity(
@@ -271,6 +294,48 @@ def test_it_agrees_with_a_brute_force_and_the_parts_sum_to_the_total(snapshot):
     held |= {device_id for a in result.admissions for pod in a.pods for device_id in pod.device_ids}
     billed = sum(1 for device in snapshot.devices if device.id not in held) + len(held)
     assert sum(row.total for row in rows) == billed  # every device once (each one some class selects)
+
+
+def rack_scene(required):
+    """Two racks of two 4-device nodes, two devices busy on each node: 4 free per rack, 8 in all. One
+    gang of 3 pods × 2 waits, bound to one rack or not."""
+    from broker.scheduler.snapshot import DeviceClass, Node, PendingWorkload, PodSet, Queue, Snapshot
+
+    nodes = tuple(Node(f"n{i}", {"rack": f"r{i // 2}"}) for i in range(4))
+    devices = tuple(Device(f"n{i}/{d}", f"n{i}", attributes={"model": "H100"}) for i in range(4) for d in range(4))
+    busy = tuple(RunningPod("main", i, f"n{i}", (f"n{i}/0", f"n{i}/1")) for i in range(4))
+    gang = PendingWorkload(
+        "gang", "q1", (PodSet("main", 3, 3, 2, ("h100",)),), topology_required=required, approved=True
+    )
+    snapshot = Snapshot(
+        levels=("rack",),
+        nodes=nodes,
+        devices=devices,
+        device_classes=(DeviceClass("h100", match={"model": "H100"}),),
+        queues=(Queue("q1", "team1"),),
+        running=(RunningWorkload("busy", "q1", busy, "h100"),),
+        pending=(gang,),
+    )
+    return snapshot, CycleResult(pending=(PendingDecision("gang", "TopologyFragmented"),))
+
+
+def test_it_strands_what_a_gang_bound_to_one_rack_cannot_use():
+    """Issue 27: 8 devices free, 4 in each rack; a gang of 6 in one rack can use none of them (every
+    node has room for a pod of 2, so per-pod fit alone called them idle). Without the rack it could."""
+    (h100,) = capacity_by_class(*rack_scene("rack"))
+    assert (h100.stranded, h100.idle) == (8, 0)
+    (h100,) = capacity_by_class(*rack_scene(None))
+    assert (h100.stranded, h100.idle) == (0, 8)
+
+
+def test_it_strands_by_shape_only_where_no_wanted_shape_fits():
+    gangs = {"h100": {("rack", 2, 6)}}
+    assert strands_by_shape({"h100"}, {"h100": 2}, {}, gangs, {("h100", "rack"): 4}, {"h100": 8})
+    assert not strands_by_shape({"h100"}, {"h100": 2}, {}, gangs, {("h100", "rack"): 6}, {"h100": 8})
+    # The cluster has fewer than the gang needs: it waits for capacity, not for a shape.
+    assert not strands_by_shape({"h100"}, {"h100": 2}, {}, gangs, {("h100", "rack"): 4}, {"h100": 5})
+    # Other work with no required level fits the node: usable.
+    assert not strands_by_shape({"h100"}, {"h100": 2}, {"h100": 1}, gangs, {("h100", "rack"): 4}, {"h100": 8})
 
 
 def test_it_bills_a_partitionable_gpu_once_and_its_partitions_by_use():

@@ -1,5 +1,5 @@
 """Estimated starts write the not-started note for all at once and then the starts: the same notes as
-deciding workload by workload, the protected head's planned start included."""
+deciding workload by workload, the protected gangs' planned starts included."""
 
 import random
 from types import SimpleNamespace
@@ -14,14 +14,14 @@ NOW = 500.0
 def one_by_one(cycle, waiting, reasons, started, unknown):
     """The estimates as deciding each waiting workload in turn gives them."""
     estimates = {}
-    protection = cycle.protection
+    planned = {p.workload_id: p.planned_start for p in cycle.protections if p.planned_start is not None}
     for workload_id in waiting:
         if reasons[workload_id] in estimate.NO_ESTIMATE_REASONS:
             estimates[workload_id] = (None, f"no estimate: {reasons[workload_id]} must be resolved first")
             continue
         when = started.get(workload_id)
-        if protection is not None and protection.workload_id == workload_id and protection.planned_start is not None:
-            when = protection.planned_start if when is None else min(when, protection.planned_start)
+        if workload_id in planned:
+            when = planned[workload_id] if when is None else min(when, planned[workload_id])
         if when is not None:
             estimates[workload_id] = (when, estimate.FROM_EXPECTED_ENDS)
         elif unknown:
@@ -46,14 +46,15 @@ def test_it_notes_what_deciding_one_workload_at_a_time_notes(monkeypatch, seed):
         if reasons[workload_id] not in estimate.NO_ESTIMATE_REASONS and chance.random() < 0.3
     }
     unknown = chance.choice((0, 0, 3))
-    head = chance.choice(waiting + ["admitted-head"])
-    protection = chance.choice(
-        (None, SimpleNamespace(workload_id=head, planned_start=chance.choice((None, NOW, NOW + 15.0, NOW + 95.0))))
-    )
+    heads = chance.sample(waiting + ["admitted-head"], chance.randrange(0, 3))  # gangs protected, in line
+    protections = [
+        SimpleNamespace(workload_id=head, planned_start=chance.choice((None, NOW, NOW + 15.0, NOW + 95.0)))
+        for head in heads
+    ]
     cycle = SimpleNamespace(
         requests={workload_id: SimpleNamespace(id=workload_id) for workload_id in waiting},
         log=SimpleNamespace(admitted={}),
-        protection=protection,
+        protections=protections,
         config=SimpleNamespace(estimate_horizon_events=256, estimate_queue_depth=1000),
     )
     monkeypatch.setattr(estimate, "_simulate", lambda cycle, remaining: dict(started))
@@ -69,7 +70,7 @@ def test_it_simulates_only_the_first_estimable_workloads_in_line(monkeypatch):
     cycle = SimpleNamespace(
         requests={workload_id: SimpleNamespace(id=workload_id) for workload_id in waiting},
         log=SimpleNamespace(admitted={}),
-        protection=None,
+        protections=[],
         config=SimpleNamespace(estimate_horizon_events=256, estimate_queue_depth=5),
     )
     simulated = []

@@ -13,7 +13,8 @@ from broker.scheduler.synthetic import synthetic_snapshot
 def crowded_snapshot(seed: int):
     """Saturated, a head of the line holding nodes, workloads of one queue in different classes or teams,
     quota suggestions verified without re-runs: many workloads of one shape, decided in different ways."""
-    config = SchedulerConfig(rerun_verification_limit=0)
+    # One protected head: deeper backfill splits shapes by which heads a duration lets them pass.
+    config = SchedulerConfig(rerun_verification_limit=0, backfill_depth=1)
     sizes = (1, 1, 2, 4, 8, 16, 32, 64)
     snapshot = synthetic_snapshot(nodes=64, pending=1500, seed=seed, busy=0.9, sizes=sizes, config=config)
     pending = tuple(varied(workload, index) for index, workload in enumerate(snapshot.pending))

@@ -203,12 +203,20 @@ def test_it_chooses_victims_no_brute_force_beats(snapshot):
     if best is None:
         assert not chosen_ids
         return
-    chosen = tuple(running[victim_id] for victim_id in chosen_ids)
+    chosen = tuple(_as_chosen(running[p.victim_id], p.pods) for p in result.preemptions)
     assert naive_cost_key(chosen) == naive_cost_key(best)
     shrunk = {p.victim_id for p in result.preemptions if p.pods}
     assert shrunk == {victim.id for victim in best if victim.partial}, "shrinking first, whole only if it fails"
     for victim in chosen:
         assert victim.priority < workload.priority, "never preempt higher or equal priority here"
+
+
+def _as_chosen(victim, pods):
+    """A victim as the brute force names it: a shrunk one as the record of its leaving pods."""
+    if not pods:
+        return victim
+    leaving = set(pods)
+    return replace(victim, pods=tuple(pod for pod in victim.pods if (pod.pod_set, pod.index) in leaving), partial=True)
 
 
 def test_it_preempts_whole_podgroups_only():
