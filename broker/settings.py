@@ -94,6 +94,7 @@ TEMPLATES = [
                 "django.contrib.messages.context_processors.messages",
                 "dashboard.context_processors.site",
                 "dashboard.context_processors.navigation",
+                "dashboard.context_processors.live_cycle",
             ],
         },
     },

@@ -253,6 +253,19 @@ def decision_checks(workload, actor, comment):
         raise ActionRefused(f"The workload is not awaiting a decision (it is {workload.state}, {workload.approval}).")
 
 
+def entitlement_checks(workload):
+    """An approval cannot grant what the menu refuses: a request its team may not use would be approved
+    and then never run (the cycle holds it NotEntitled)."""
+    resource_class = workload.resource_class
+    if resource_class is None or not resource_class.allowed_teams.exists():
+        return
+    if not resource_class.allowed_teams.filter(pk=workload.team_id).exists():
+        raise ActionRefused(
+            f"{workload.team.name} may not use {resource_class.name}, so an approval would never let it run; "
+            "reject it, or entitle the team to the class in the menu first."
+        )
+
+
 def decide(workload, actor, comment, approval):
     workload.approval = approval
     workload.approval_decided_by = actor
@@ -267,6 +280,7 @@ def approve_workload(workload, actor, comment, not_before=None, not_after=None, 
     with transaction.atomic():
         workload = locked(workload)
         decision_checks(workload, actor, comment)
+        entitlement_checks(workload)
         decide(workload, actor, comment, ApprovalState.APPROVED)
         workload.transition(State.PENDING, actor=actor, reason=f"approved: {workload.approval_comment}")
         granted = approvals.grant(workload, actor, comment, not_before, not_after, reserve)
@@ -284,20 +298,23 @@ def approve_workload(workload, actor, comment, not_before=None, not_after=None, 
 
 
 def reject_workload(workload, actor, comment):
-    """Reject a request: it stays AwaitingApproval, marked Rejected, and is never scheduled."""
+    """Reject a request: it becomes Rejected, a final state, and leaves its queue."""
     with transaction.atomic():
         workload = locked(workload)
         decision_checks(workload, actor, comment)
         decide(workload, actor, comment, ApprovalState.REJECTED)
+        workload.transition(State.REJECTED, actor=actor, reason=f"rejected: {workload.approval_comment}")
         record(
             "workload.reject",
             workload,
             actor=actor,
-            before={"approval": ApprovalState.REQUESTED},
+            before={"approval": ApprovalState.REQUESTED, "state": State.AWAITING_APPROVAL},
             after={"approval": workload.approval, "state": workload.state},
             reason=workload.approval_comment,
         )
         approvals.notify.after_commit(approvals.notify.APPROVERS, "approval.decided", workload.pk)
+        # The queue behind it moves up and needs fresh positions.
+        request_cycle_after_commit(f"workload {workload.pk} rejected")
     return workload
 
 

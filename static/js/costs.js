@@ -83,6 +83,7 @@
       el.textContent = money(payload[group] && payload[group][name]);
     });
     ticker.dataset.updated = payload.at;
+    document.getElementById("ticker-as-of").textContent = "As of " + new Date(payload.at).toLocaleString() + ".";
   }
   let polling = null;
   function poll() {

@@ -120,16 +120,15 @@
     if (rack && rack !== "null") openRack(rack).then(function () { if (node && node !== "null") openNode(node); });
   });
 
-  document.addEventListener("broker:delta", function (event) {
-    var racks = event.detail.racks || [];
-    if (!racks.length) return;
-    rackMap.patch(racks);
-    summarise(rackMap.data);
-    var touched = racks.some(function (c) { return String(c.id) === String(current.rack); });
-    if (touched) {
+  // Every change the socket announces rereads the whole rack map and the open rack and node: a
+  // completion, a health change or a cordon is shown as it is now, whichever message carried it.
+  window.BrokerLive.onChange(function () {
+    return rackMap.load().then(function (data) {
+      summarise(data);
+      if (!current.rack) return null;
       var node = current.node;
-      openRack(current.rack, true).then(function () { if (node) openNode(node, null, true); });
-    }
+      return openRack(current.rack, true).then(function () { return node ? openNode(node, null, true) : null; });
+    });
   });
   window.BrokerTopologyPage = { openRack: openRack, openNode: openNode, rackMap: rackMap };
 })();

@@ -138,6 +138,7 @@
   RackMap.prototype.height = function (rows) { return Math.max(260, 28 * rows + 60); };
 
   RackMap.prototype.draw = function () {
+    if (!this.data) return;  // a control changed before the map's data arrived: the load draws it
     if (window.Plotly) this.drawChart(); else this.drawPreview();
   };
 
