@@ -157,6 +157,9 @@ def filtered_events(data):
             events = events.filter(**{lookup: data[field]})
     if data.get("target_id"):
         events = events.filter(target_id=data["target_id"])
+    source = data.get("source") or ""
+    if source != "all":
+        events = events.filter(replayed=source == "replay")
     if data.get("manual") in ("yes", "no"):
         events = events.filter(manual_intervention=data["manual"] == "yes")
     if data.get("after"):
