@@ -76,6 +76,7 @@ MIDDLEWARE = [
     "broker.governance.access.RolePagesMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "dashboard.errors.NotFoundPageMiddleware",
 ]
 
 ROOT_URLCONF = "broker.urls"

@@ -58,7 +58,7 @@
   function openRack(rackId, quiet) {
     current.rack = rackId;
     document.getElementById("drill-card").hidden = false;
-    return T.loadRack(drillEl, rackId, { onDevice: function (d) { openNode(d.node_id, d.id); } }).then(function (data) {
+    return T.loadRack(drillEl, rackId, { onDevice: function (d) { openNode(d.node_id, d.id); }, legend: document.getElementById("team-legend") }).then(function (data) {
       current.rackData = data;
       crumbs(data.rack, null);
       var buttons = document.getElementById("node-buttons");
@@ -93,7 +93,8 @@
         var held = d.workload ? el("a", { href: d.workload.url, text: d.team + " / " + d.workload.name }) : (d.team ? d.team + " (not yours to see)" : "—");
         var tr = el("tr", { dataset: { device: d.id, state: d.state } }, [
           el("td", { class: "mono", text: d.node + "/" + d.name }),
-          el("td", {}, [el("span", { class: "badge", text: d.state, dataset: { deviceState: d.state } })]),
+          el("td", {}, [el("span", { class: "badge", text: d.state + (d.state === "busy" && d.unavailable ? " · takes no new work" : ""),
+            dataset: { deviceState: d.state === "busy" && d.unavailable ? "unhealthy" : d.state } })]),
           el("td", { text: d.health + (d.taints.length ? " · " + d.taints.map(function (t) { return t.key; }).join(",") : "") }),
           el("td", { class: "small", text: d.classes.join(", ") }),
           el("td", {}, [held]),
