@@ -82,6 +82,7 @@ def approval_row(workload, user, form=None):
         "workload": workload,
         "request": approval_request,
         "own": workload.submitted_by_id == user.pk,
+        "not_entitled": services.entitlement_refusal(workload),
         "overdue": approval_request is not None and approval_request.due_at <= timezone.now(),
         "form": form or DecisionForm(prefix=f"w{workload.pk}"),
     }

@@ -253,17 +253,26 @@ def decision_checks(workload, actor, comment):
         raise ActionRefused(f"The workload is not awaiting a decision (it is {workload.state}, {workload.approval}).")
 
 
+def entitlement_refusal(workload):
+    """Why an approval would be refused because the team may not use the class (the menu may have
+    changed since the request), or "" when it may."""
+    resource_class = workload.resource_class
+    if resource_class is None or not resource_class.allowed_teams.exists():
+        return ""
+    if resource_class.allowed_teams.filter(pk=workload.team_id).exists():
+        return ""
+    return (
+        f"{workload.team.name} may not use {resource_class.name}, so an approval would never let it run; "
+        "reject it, or entitle the team to the class in the menu first."
+    )
+
+
 def entitlement_checks(workload):
     """An approval cannot grant what the menu refuses: a request its team may not use would be approved
     and then never run (the cycle holds it NotEntitled)."""
-    resource_class = workload.resource_class
-    if resource_class is None or not resource_class.allowed_teams.exists():
-        return
-    if not resource_class.allowed_teams.filter(pk=workload.team_id).exists():
-        raise ActionRefused(
-            f"{workload.team.name} may not use {resource_class.name}, so an approval would never let it run; "
-            "reject it, or entitle the team to the class in the menu first."
-        )
+    refusal = entitlement_refusal(workload)
+    if refusal:
+        raise ActionRefused(refusal)
 
 
 def decide(workload, actor, comment, approval):
