@@ -7,7 +7,10 @@ bench/bench_decide.py builds them. Two kinds:
 
 - fresh: the synthetic cluster as drawn (~85% busy): most pending gangs fit, the cycle is admissions;
 - saturated (bench.saturated): that cluster after one cycle, topped up to the same pending count: few
-  fit, and every pending gang gets an explanation (the cycle bench's "refill" and "steady").
+  fit, and every pending gang gets an explanation (the cycle bench's "refill" and "steady");
+- partitioned (issue 26, largest size only, target 1 s): the fresh cluster with a quarter of its GPUs
+  cut into 7 partitions each (DRA counter sets: 275k devices at 100k GPUs), ~30% of the one-device
+  gangs asking for a partition (broker.scheduler.synthetic.partitioned_snapshot).
 
 Each kind is timed twice, REPEAT calls each: `cold`, with the core's per-inventory index dropped before
 every call (a cycle right after an inventory change), and `warm`, reusing it (every other cycle: the
@@ -35,6 +38,9 @@ CASES = ((125, 1_000), (1_250, 10_000), (12_500, 20_000))
 QUICK_CASES = ((125, 1_000), (1_250, 1_000))
 KINDS = ("fresh", "saturated")
 TARGET_SECONDS = 0.5  # at 100k devices / 20k pending (issue 3)
+# Issue 26: the fresh 100k-GPU cluster with a quarter of its GPUs cut into 7 partitions (275k devices),
+# about 30% of the one-device gangs asking for a partition. Measured at the largest size only.
+PARTITIONED_TARGET_SECONDS = 1.0
 DEVICES_PER_NODE = 8
 
 
@@ -51,6 +57,10 @@ def build(kind: str, nodes: int, pending: int, seed: int, sizes):
 
     if kind == "saturated":
         return saturated_snapshot(nodes, pending, sizes, seed=seed)
+    if kind == "partitioned":
+        from broker.scheduler.synthetic import partitioned_snapshot
+
+        return partitioned_snapshot(build("fresh", nodes, pending, seed, sizes), seed=seed)
     return synthetic_snapshot(nodes=nodes, devices_per_node=DEVICES_PER_NODE, pending=pending, seed=seed, sizes=sizes)
 
 
@@ -170,7 +180,14 @@ def section(quick: bool, repeat: int | None = None) -> dict:
     for case in cases:
         if "error" not in case:
             case["within_target"] = case["decide_seconds_median"] <= TARGET_SECONDS
-    return {"gang_sizes": gang_sizes(), "cases": cases, "ratios": ratios, "target": target}
+    report = {"gang_sizes": gang_sizes(), "cases": cases, "ratios": ratios, "target": target}
+    if not quick:
+        partitioned = run_case(*CASES[-1], repeat, "partitioned")
+        if "error" not in partitioned:
+            partitioned["target_seconds"] = PARTITIONED_TARGET_SECONDS
+            partitioned["within_target"] = partitioned["decide_seconds_median"] <= PARTITIONED_TARGET_SECONDS
+        report["partitioned"] = partitioned
+    return report
 
 
 def gang_sizes() -> dict:

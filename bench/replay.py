@@ -94,6 +94,7 @@ def philly_cluster() -> Cluster:
             default_priority=priorities[spec["priority_class"]],
             preemptible=spec.get("preemptible", True),
             max_devices=spec.get("max_devices"),
+            preempts_across_queues=spec.get("preempts_across_queues", False),
         )
         for spec in demo.RESOURCE_CLASSES
     )

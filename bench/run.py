@@ -1,6 +1,7 @@
 """`make bench`: every benchmark in one run, one JSON report, a short summary on stdout.
 
-    python -m bench.run [--out bench/results/report.json] [--quick] [--only decide,cycle,pages,browser,replay]
+    python -m bench.run [--out bench/results/report.json] [--quick]
+        [--only decide,cycle,pages,browser,replay,waits,kube]
 
 Sections (docs/benchmarks.md says how each is measured):
   decide   the pure core's decision time and memory at 1k / 10k / 100k devices (target 0.5 s at 100k/20k)
@@ -9,6 +10,10 @@ Sections (docs/benchmarks.md says how each is measured):
   browser  heatmap first paint in Chromium (<= 2 s) and commit-to-browser latency (<= 1 s)
   replay   Philly trace replay through the core, backfill protection on and off (issue 5; issue 4's
            estimated-start error)
+  waits    the same slice under today's rules and the short-waits policy (issue 31): JCT, waits per
+           size, preemptions and lost work, gangs spread over extra racks; at a 300 s and a 60 s tick
+  kube     the Kubernetes bridge against the mock API server at 10,000 nodes x 8 devices: initial sync
+           (<= 60 s), watch event to database (<= 1 s), 64-pod PodGroup to bound (<= 3 s p99) (issue 28)
 
 cycle, pages and browser need DATABASE_URL (a PostgreSQL server: the bench creates and drops its own
 database, BENCH_DATABASE_NAME, default bench_capacity_broker); browser also needs REDIS_URL. Targets
@@ -31,8 +36,8 @@ from pathlib import Path
 from bench.cycle import CYCLE_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("decide", "cycle", "pages", "browser", "replay")
-DB_SECTIONS = {"cycle", "pages", "browser"}
+SECTIONS = ("decide", "cycle", "pages", "browser", "replay", "waits", "kube")
+DB_SECTIONS = {"cycle", "pages", "browser", "kube"}
 LARGEST = (12_500, 20_000)
 QUICK_SIZE = (125, 1_000)
 
@@ -103,6 +108,14 @@ def run_section(name: str, args, report: dict) -> None:
             from bench import browser
 
             result = browser.section(args.quick, size, Path(args.out).parent)
+        elif name == "kube":
+            from bench import kube
+
+            result = kube.section(args.quick)
+        elif name == "waits":
+            from bench import waits
+
+            result = waits.section(args.quick)
         else:
             from bench import replay
 
@@ -174,6 +187,24 @@ def summary_line(name: str, result: dict) -> str:
             f"max {latency['max_ms']} (target 1000) [{'PASS' if latency['target']['pass'] else 'FAIL'}]"
         )
         return f"{name:<8} {text} ({seconds} s)"
+    elif name == "kube":
+        bound = result["pod_group_to_bound"]
+        text = (
+            f"{result['nodes']} nodes x 8: initial sync {result['initial_sync']['seconds']} s (target 60); "
+            f"watch event -> database max {result['watch_event_to_database']['max_ms']} ms (target 1000); "
+            f"{bound['runs']}/{bound['of']} PodGroups of 64 bound, p99 {bound.get('p99_ms')} ms (target 3000), "
+            f"cycle median {bound['cycle_ms_median']} ms"
+        )
+    elif name == "waits":
+        cells = []
+        for comparison in result["comparisons"]:
+            today, short = comparison["today"], comparison["short_waits"]
+            cells.append(
+                f"tick {comparison['tick_s']:.0f} s: p99 wait {today['wait']['p99_s']} -> {short['wait']['p99_s']} s, "
+                f"mean JCT {today['jct_mean_s']} -> {short['jct_mean_s']} s, {short['preemptions']} preemptions "
+                f"({short['lost_device_hours']} device-h lost), spread {short['gangs_spread_over_extra_racks']}"
+            )
+        text = "today -> short waits: " + "; ".join(cells)
     else:
         on, off = result["protection_on"], result["protection_off"]
         text = (

@@ -60,6 +60,7 @@ INSTALLED_APPS = [
     "broker.costs",
     "broker.metrics",
     "broker.governance",
+    "broker.kube",
     "dashboard",
 ]
 
@@ -182,6 +183,37 @@ EVICTION_GRACE_SECONDS = envfloat("EVICTION_GRACE_SECONDS", "10")
 # that moved by less than this many seconds is not a change (it drifts with the cycle's clock).
 EXPLANATION_ESTIMATE_TOLERANCE_SECONDS = envfloat("EXPLANATION_ESTIMATE_TOLERANCE_SECONDS", "60")
 DEMO_REPLAY = envbool("DEMO_REPLAY", "False")
+
+# The Kubernetes bridge (broker/kube/): off in the embedded default. On, `manage.py kube_sync` mirrors the
+# cluster's inventory and PodGroups, and Celery beat runs the applier that binds what the cycle admits.
+KUBE_ENABLED = envbool("KUBE_ENABLED", "False")
+# How to reach the API server: an explicit URL (no credentials), else KUBECONFIG (the client reads it),
+# else the pod's service account (KUBE_IN_CLUSTER).
+KUBE_API_URL = os.getenv("KUBE_API_URL", "")
+KUBE_IN_CLUSTER = envbool("KUBE_IN_CLUSTER", "False")
+KUBE_CLUSTER_NAME = os.getenv("KUBE_CLUSTER_NAME", "kubernetes")
+# Pods with this schedulerName are the broker's to bind.
+KUBE_SCHEDULER_NAME = os.getenv("KUBE_SCHEDULER_NAME", "capacity-broker")
+# Topology levels, coarse to fine, each `level=node label key` (Kueue's Topology levels).
+KUBE_TOPOLOGY_LABELS = os.getenv(
+    "KUBE_TOPOLOGY_LABELS", "block=cloud.provider.com/topology-block,rack=cloud.provider.com/topology-rack"
+)
+# A PodGroup's queue: this label on it, else its namespace's name; its resource class: this label.
+KUBE_QUEUE_LABEL = os.getenv("KUBE_QUEUE_LABEL", "broker.capacity.io/queue")
+KUBE_RESOURCE_CLASS_LABEL = os.getenv("KUBE_RESOURCE_CLASS_LABEL", "broker.capacity.io/resource-class")
+# A DeviceClass first seen in the cluster is priced at this per device-hour until an operator sets one.
+KUBE_DEFAULT_DEVICE_PRICE = os.getenv("KUBE_DEFAULT_DEVICE_PRICE", "0")
+# Each watch request ends after this many seconds and is renewed from the last resourceVersion.
+KUBE_WATCH_TIMEOUT_SECONDS = envint("KUBE_WATCH_TIMEOUT_SECONDS", "300")
+# The sync is unhealthy once no list, event or bookmark has arrived for this long.
+KUBE_SYNC_STALE_SECONDS = envfloat("KUBE_SYNC_STALE_SECONDS", "120")
+# Attempts of one API write that meets 409 Conflict (re-read, then retried) before the applier gives up.
+KUBE_CONFLICT_RETRIES = envint("KUBE_CONFLICT_RETRIES", "5")
+if KUBE_ENABLED:
+    CELERY_BEAT_SCHEDULE["kube-applier"] = {
+        "task": "broker.kube.tasks.apply_outbox",
+        "schedule": CYCLE_INTERVAL_SECONDS,
+    }
 if DEMO_REPLAY:
     # Celery mode's Philly replay; the embedded default replays inside `manage.py serve` instead.
     CELERY_BEAT_SCHEDULE["philly-replay"] = {
@@ -193,6 +225,15 @@ BACKFILL_WAIT_SECONDS = envfloat("BACKFILL_WAIT_SECONDS", "600")
 # Estimated starts are simulated for the first this many waiting workloads in line (Slurm's
 # bf_max_job_test); the rest say they were not estimated.
 ESTIMATE_QUEUE_DEPTH = int(os.getenv("ESTIMATE_QUEUE_DEPTH", "1000"))
+# Protection from thrashing (issue 31): a workload runs at least this many seconds after each (re)start
+# before any rule may preempt it, and is never preempted more than this many times (0 = no bound).
+PREEMPTION_MIN_RUNTIME_SECONDS = envfloat("PREEMPTION_MIN_RUNTIME_SECONDS", "0")
+PREEMPTION_MAX_PER_WORKLOAD = envint("PREEMPTION_MAX_PER_WORKLOAD", "3") or None
+# Preemptive shortest-remaining-first among equal priorities: a pending workload may preempt preemptible
+# work of its priority in its cohort whose remaining device-time is at least this many times its own
+# (unset: off). And shortest-first order within a priority, aged by this many seconds (unset: by age).
+SHORTER_REMAINING_FACTOR = envfloat("SHORTER_REMAINING_FACTOR", "0") or None
+SHORTEST_FIRST_AGING_SECONDS = envfloat("SHORTEST_FIRST_AGING_SECONDS", "0") or None
 # Once an inventory of at least this many devices has been read (and indexed), a cycle ends by moving
 # everything then alive out of the cyclic collector's reach (gc.freeze): at 100k devices its full
 # passes over the kept inventory paused the process for 300 ms at a time. 0 = never.

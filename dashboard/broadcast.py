@@ -14,12 +14,13 @@ from channels.layers import get_channel_layer
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
+from broker import live
 from broker.workloads.models import Allocation, SchedulingCycle
 from broker.workloads.states import WAITING_STATES
 from dashboard import queries
 from dashboard.inventory_state import state_key
 
-CYCLE_GROUP = "cycle"
+CYCLE_GROUP = live.CYCLE_GROUP
 INVENTORY_GROUP = "inventory"
 GROUPS = (CYCLE_GROUP, INVENTORY_GROUP)
 MAX_ROWS = 500

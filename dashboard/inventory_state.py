@@ -37,7 +37,7 @@ from django.db.models.functions import Cast
 from django.utils import timezone
 
 from broker.flat_rows import fetch_rows
-from broker.governance.approvals import outside_window
+from broker.governance.models import ApprovalRequest
 from broker.inventory.models import ClusterState, Device, Domain, Health, InventoryRevision, Node
 from broker.policy.models import DeviceClass, Reservation, ResourceClassDeviceClass
 from broker.scheduler import snapshot as snap
@@ -171,7 +171,7 @@ def pending_min_request(now=None):
     rows = (
         PodSet.objects.filter(workload__state__in=DEMAND_STATES)
         .exclude(workload_id__in=invalid)
-        .exclude(workload_id__in=outside_window(now))
+        .exclude(workload_id__in=ApprovalRequest.objects.outside_window(now))
         .order_by("workload_id", "id")
         .values_list(
             "workload_id", Cast("device_classes", TextField()), "workload__resource_class_id", "devices_per_pod"
@@ -373,7 +373,7 @@ def state_key(now=None):
             .order_by("id")
             .values_list("id", "team_id", "device_class_id", "count", "domain_id")
         ),
-        sorted(outside_window(now).values_list("workload_id", flat=True)),
+        sorted(ApprovalRequest.objects.outside_window(now).values_list("workload_id", flat=True)),
     ]
     blob = json.dumps([watermarks, policy], default=str, sort_keys=True)
     return hashlib.sha1(blob.encode()).hexdigest()

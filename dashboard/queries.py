@@ -10,11 +10,14 @@ import re
 from collections import defaultdict
 from datetime import timedelta
 
+from django.conf import settings
 from django.db.models import Count, DurationField, ExpressionWrapper, F, Max, Min, Q, Sum, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from broker.inventory.models import Device, Domain, Health, Node, TopologyLevel
+from broker.kube.models import Cluster as KubeCluster
+from broker.kube.models import MirroredNode, MirroredPodGroup, MirroredSlice
 from broker.policy.models import Queue, ResourceClass, Team
 from broker.policy.roles import sees_all_workloads, team_ids
 from broker.scheduler.snapshot import REASON_CODES
@@ -466,6 +469,34 @@ def leaving_pods(active):
     ]  # fmt: skip
 
 
+def kube_cluster_of(node):
+    """The Kubernetes cluster a node is mirrored from, or "" for one the broker holds itself."""
+    return MirroredNode.objects.filter(node=node).values_list("cluster__name", flat=True).first() or ""
+
+
+def kube_clusters(now=None):
+    """The mirrored clusters and the health of their sync, for the topology page."""
+    now = now or timezone.now()
+    rows = []
+    for cluster in KubeCluster.objects.annotate(node_count=Count("nodes", distinct=True)):
+        rows.append(
+            {
+                "name": cluster.name,
+                "server": cluster.server,
+                "last_synced_at": cluster.last_synced_at,
+                "last_listed_at": cluster.last_listed_at,
+                "healthy": cluster.healthy(now, settings.KUBE_SYNC_STALE_SECONDS),
+                "last_error": cluster.last_error if cluster.last_error_at else "",
+                "events_applied": cluster.events_applied,
+                "relists": cluster.relists,
+                "nodes": cluster.node_count,
+                "devices": Device.objects.filter(node__kube__cluster=cluster).count(),
+                "pools": MirroredSlice.objects.filter(cluster=cluster).values("pool").distinct().count(),
+            }
+        )
+    return rows
+
+
 def workload_detail(workload):
     explanation = Explanation.objects.filter(workload=workload).first()
     allocations = workload.allocations.order_by()
@@ -483,6 +514,7 @@ def workload_detail(workload):
     )
     return {
         "workload": workload,
+        "pod_group": MirroredPodGroup.objects.filter(workload=workload).select_related("cluster").first(),
         "pod_sets": list(workload.pod_sets.all()),
         "transitions": list(workload.transitions.select_related("actor")),
         "explanation": explanation,
@@ -601,6 +633,7 @@ def _devices_with_state(user, devices, highlight=None):
             "health",
             "taints",
             "driver",
+            "pool",
             "attributes",
             "capacity",
         )
@@ -636,6 +669,8 @@ def _devices_with_state(user, devices, highlight=None):
             # takes nothing new; drawn as such at once, not only once the work has left it.
             "unavailable": bool(device["health"] != Health.HEALTHY or device["taints"] or device["node__cordoned"]),
             "classes": sorted(classes),
+            "driver": device["driver"],
+            "pool": device["pool"],
             "attributes": device["attributes"],
             "team": holder["workload__team__name"] if holder else None,
             "workload": None,
@@ -680,6 +715,7 @@ def heatmap_node(user, node_id):
             "rack": node.domain_id,
             "path": path_of(node.domain_id, domain_paths()) if node.domain_id else "",
             "labels": node.labels,
+            "cluster": kube_cluster_of(node),
         },
         "devices": devices,
     }

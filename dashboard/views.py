@@ -91,7 +91,8 @@ def history(request):
 
 @login_required
 def topology(request):
-    return render(request, "dashboard/topology.html", {"is_operator": is_operator(request.user)})
+    context = {"is_operator": is_operator(request.user), "clusters": queries.kube_clusters()}
+    return render(request, "dashboard/topology.html", context)
 
 
 @login_required

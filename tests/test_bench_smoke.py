@@ -68,6 +68,27 @@ def test_it_writes_a_quick_report_of_the_decide_and_replay_sections(tmp_path):
     assert "decide" in completed.stdout and "replay" in completed.stdout
 
 
+def test_it_compares_todays_rules_with_short_waits_on_the_same_slice(tmp_path):
+    completed, report = quick_bench(tmp_path, "waits", timeout=180)
+    waits = report["sections"]["waits"]
+    assert "error" not in waits, waits
+    assert [comparison["tick_s"] for comparison in waits["comparisons"]] == [300.0, 60.0]
+    for comparison in waits["comparisons"]:
+        today, short = comparison["today"], comparison["short_waits"]
+        for run in (today, short):
+            # Arrivals stop at the end of the window, the run goes on until every job finished.
+            assert run["jobs_finished"] == run["jobs"] == waits["slice"]["jobs"] > 0
+            assert sum(size["jobs"] for size in run["wait_by_size"].values()) == run["jobs"]
+            assert run["gangs_spread_over_extra_racks"] == 0
+        assert today["preemptions"] == 0 and today["lost_device_hours"] == 0
+        assert short["config"]["enable_preemption"] is True
+        assert short["most_preemptions_of_one_job"] <= short["config"]["max_preemptions_per_workload"]
+        # Each preemption costs its class's checkpoint-restart seconds of the victim's devices.
+        assert (short["lost_device_hours"] > 0) == (short["preemptions"] > 0)
+    assert isinstance(waits["target"]["pass"], bool)
+    assert "waits" in completed.stdout
+
+
 def test_it_measures_the_machine_by_a_fixed_workload():
     from bench import machine_speed
 

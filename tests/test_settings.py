@@ -1,3 +1,4 @@
+import json
 import os
 import secrets
 import subprocess
@@ -74,3 +75,20 @@ def test_it_serves_plotly_from_the_installed_package():
 
     found = finders.find("vendor/plotly.min.js")
     assert found and "site-packages/plotly" in found
+
+
+def test_it_migrates_a_fresh_embedded_database_and_keeps_its_triggers(tmp_path):
+    """`make run` starts from a fresh SQLite database. A migration that makes SQLite rebuild a table
+    with triggers (adding a NOT NULL column through Django's AddField does) fails there, or loses the
+    triggers that keep allocations and explanations honest."""
+    result = run_manage("migrate", "--noinput", DATA_DIR=str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    code = (
+        "import json; from django.db import connection; cursor = connection.cursor(); "
+        "cursor.execute(\"SELECT tbl_name, count(*) FROM sqlite_master WHERE type = 'trigger' GROUP BY tbl_name\"); "
+        "print(json.dumps(dict(cursor.fetchall())))"
+    )
+    shown = run_manage("shell", "-c", code, DATA_DIR=str(tmp_path))
+    triggers = json.loads(shown.stdout.strip().splitlines()[-1])
+    assert triggers.get("workloads_allocation", 0) >= 2 and triggers.get("workloads_explanation", 0) >= 2, triggers
+    assert all(triggers.get(f"inventory_{table}", 0) >= 3 for table in ("device", "node", "domain")), triggers

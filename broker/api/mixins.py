@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from broker.api.pagination import BrokerPagination
 from broker.api.serializers import drf_errors
 from broker.audit.models import record
-from broker.cycle.triggers import request_cycle_after_commit
+from broker.events import request_cycle_after_commit
 from broker.inventory.models import ClusterState
 from broker.workloads.services import ActionRefused, InvalidSubmission
 

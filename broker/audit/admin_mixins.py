@@ -9,7 +9,7 @@ from django.db import transaction
 from django.forms.models import model_to_dict
 
 from broker.audit.models import record
-from broker.cycle.triggers import request_cycle_after_commit
+from broker.events import request_cycle_after_commit
 from broker.inventory.models import ClusterState
 
 

@@ -3,8 +3,8 @@
 Allocations are intervals in their own table; health, reservations and fragmentation are not, so the cycle
 records them here. What the counts mean (every device once, under one class; unhealthy, reserved unused,
 stranded, idle) is defined in one place, the pure core: broker.scheduler.accounting.capacity_by_class. The
-cycle computes it from the snapshot it decided on and the decisions it committed (broker.cycle.commit);
-`sample_capacity` computes the same from a freshly loaded snapshot for callers outside a cycle.
+cycle computes it from the snapshot it decided on and the decisions it committed, or from a freshly loaded
+snapshot outside a cycle (broker.cycle.commit.sample_capacity), and stores the rows through this module.
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ from django.db.models import OuterRef, Subquery
 
 from broker.costs.models import CapacitySample
 from broker.policy.models import DeviceClass
-from broker.scheduler.accounting import capacity_by_class
-from broker.scheduler.snapshot import CycleResult, PendingDecision
 
 SAMPLE_FIELDS = ("total", "unhealthy", "reserved_unused", "stranded", "reserved_by_team")
 
@@ -59,18 +57,3 @@ def latest_samples(at):
     latest = CapacitySample.objects.filter(device_class_id=OuterRef("pk"), at__lte=at).order_by("-at").values("pk")[:1]
     per_class = DeviceClass.objects.order_by().annotate(latest=Subquery(latest)).values("latest")
     return CapacitySample.objects.filter(pk__in=per_class)
-
-
-def sample_capacity(now):
-    """The rows of a sample at `now`, outside a cycle: the core's definition over a freshly loaded
-    snapshot. Nothing is decided here, so the pending workloads are taken as the last cycle left them:
-    the ones it explained as InvalidRequest want nothing."""
-    from broker.cycle.loader import load_snapshot
-    from broker.workloads.models import Explanation
-
-    snapshot, loaded = load_snapshot(now)
-    pending = {workload.id for workload in snapshot.pending}
-    explained_invalid = Explanation.objects.filter(reason="InvalidRequest").values_list("workload_id", flat=True)
-    invalid = sorted(str(pk) for pk in explained_invalid if str(pk) in pending)
-    result = CycleResult(pending=tuple(PendingDecision(workload_id, "InvalidRequest") for workload_id in invalid))
-    return capacity_rows(capacity_by_class(snapshot, result), loaded.device_class_pks)

@@ -6,4 +6,6 @@ class CycleConfig(AppConfig):
     label = "cycle"
 
     def ready(self):
-        from broker.cycle import signals  # noqa: F401  (connects the receivers)
+        # Each connects its receivers of broker.events and Django's model signals.
+        from broker import live  # noqa: F401  (committed cycles reach the live pages)
+        from broker.cycle import signals, triggers  # noqa: F401  (changes ask for a cycle)

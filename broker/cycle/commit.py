@@ -22,26 +22,25 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from typing import NamedTuple
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.utils import timezone
 
+from broker import events
 from broker.audit.models import record
-from broker.costs.sampling import capacity_rows, record_capacity_sample, sample_capacity
+from broker.costs.sampling import capacity_rows, record_capacity_sample
 from broker.cycle.admissions import HISTORY_COLUMNS, AdmissionWriter
 from broker.cycle.bulk import JsonText, column_in, insert_rows, pk_in, upsert_rows
-from broker.cycle.loader import as_text
+from broker.cycle.loader import as_text, load_snapshot
 from broker.cycle.refusals import StaleSnapshot
 from broker.inventory.models import ClusterState, Device, Health, InventoryRevision
 from broker.scheduler.accounting import capacity_by_class
+from broker.scheduler.snapshot import CycleResult, PendingDecision
 from broker.workloads.models import Allocation, Explanation, ExplanationChange, SchedulingCycle, Workload
 from broker.workloads.states import HOLDING_STATES
 
 log = logging.getLogger(__name__)
 
-GROUP = "cycle"
 EVENT = "cycle.committed"
 # PostgreSQL: serialization_failure, deadlock_detected, lock_not_available.
 STALE_SQLSTATES = {"40001", "40P01", "55P03"}
@@ -131,7 +130,12 @@ def write_result(decider, snapshot, loaded, cycle):
                 devices_held = check_fresh(result, loaded)
                 if writer.devices and not devices_held:
                     check_devices(writer.devices, loaded)
+                check_counters(writer.devices, loaded, devices_held)
                 delta = apply(result, loaded, cycle, admitted)
+                if delta.admitted or delta.preempted:
+                    events.decisions_made.send(
+                        sender=None, cycle_id=cycle.pk, admitted=delta.admitted, preempted=delta.preempted
+                    )
                 check_constraints_now()
             except IntegrityError as error:
                 raise StaleSnapshot(
@@ -188,6 +192,18 @@ def record_capacity(snapshot, result, loaded):
     return record_capacity_sample(loaded.now, rows)
 
 
+def sample_capacity(now):
+    """The rows of a sample at `now`, outside a cycle: the core's definition over a freshly loaded
+    snapshot. Nothing is decided here, so the pending workloads are taken as the last cycle left them:
+    the ones it explained as InvalidRequest want nothing."""
+    snapshot, loaded = load_snapshot(now)
+    pending = {workload.id for workload in snapshot.pending}
+    explained_invalid = Explanation.objects.filter(reason="InvalidRequest").values_list("workload_id", flat=True)
+    invalid = sorted(str(pk) for pk in explained_invalid if str(pk) in pending)
+    result = CycleResult(pending=tuple(PendingDecision(workload_id, "InvalidRequest") for workload_id in invalid))
+    return capacity_rows(capacity_by_class(snapshot, result), loaded.device_class_pks)
+
+
 def finish(cycle, outcome, started, loaded, detail=""):
     cycle.outcome = outcome
     cycle.generation = loaded.generation
@@ -230,6 +246,7 @@ def check_fresh(result, loaded):
     # devices by the unique index on active allocations, and looked at (check_devices) only when an
     # inventory write landed since the snapshot: no lock pass first.
     check_workloads(pks({p.victim_id for p in result.preemptions}), HOLDING_STATES, "preempted")
+    check_workloads(pks({e.workload_id for e in result.evictions}), HOLDING_STATES, "evicted")
     return bool(result.admissions) and inventory_unchanged(loaded)
 
 
@@ -275,6 +292,37 @@ def check_devices(wanted, loaded):
         raise StaleSnapshot("an admitted device was removed")
 
 
+def check_counters(admitted, loaded, inventory_held):
+    """Refuse admissions that take more of a shared counter (DRA counter sets) than its set publishes,
+    counting every active allocation on the nodes concerned, the ones just written included: the
+    unique index guards a device against a second holder, this its partitions and its whole. Counters
+    are as loaded, so an inventory write since the snapshot refuses admissions of counted devices."""
+    counters = loaded.counters
+    if not admitted or counters is None or not counters.consumed:
+        return
+    consumed = counters.consumed
+    nodes = {key[0] for pk in admitted for key, _ in consumed.get(pk, ())}
+    if not nodes:
+        return
+    if not inventory_held:
+        raise StaleSnapshot("the inventory changed since the snapshot under devices that consume shared counters")
+    held = Allocation.objects.filter(released_at__isnull=True, device__node__name__in=nodes).values_list(
+        "device_id", flat=True
+    )
+    used = defaultdict(int)
+    for pk in held:
+        for key, amount in consumed.get(pk, ()):
+            used[key] += amount
+    for key, amount in sorted(used.items()):
+        value = counters.values.get(key, 0)
+        if amount > value:
+            node, counter_set, counter = key
+            raise StaleSnapshot(
+                f"counter {counter} of counter set {counter_set} on node {node} would be over-consumed "
+                f"({amount} of {value})"
+            )
+
+
 # An admitted device already held is refused by the unique index on active allocations, not looked for
 # first: a query over the 25,000 devices of a large admission cost 25 ms of every such commit to find,
 # on PostgreSQL's REPEATABLE READ snapshot, only what the snapshot (and so the decision) already knew.
@@ -300,6 +348,8 @@ def apply(result, loaded, cycle, admitted):
     now = loaded.now
     delta = CommitDelta(cycle=cycle.pk)
     delta.preempted = evict(result.preemptions, cycle, now)
+    # Work stopped on a failed device leaves as a victim does: the pages refresh it alike.
+    delta.preempted = sorted(set(delta.preempted) | set(evict_failed(result.evictions, cycle, now)))
     delta.admitted = admitted
     renominate(result, loaded, delta.admitted)
     delta.explanations = explain(result.pending, delta.admitted, cycle, now)
@@ -351,6 +401,48 @@ def evict(preemptions, cycle, now):
         preemptor = preemptors[pk]
         Workload.objects.filter(pk=pk).update(nominated_devices=sorted(set(preemptor.nominated_devices) | devices))
     return sorted(by_victim)
+
+
+def evict_failed(evictions, cycle, now):
+    """Running work on failed devices (the core's Evictions) is asked to leave for nobody: the whole
+    workload, or in Pod mode only the pods on failed devices. As for a victim, it keeps its devices until
+    the executor has stopped it (executor.complete_evictions releases them and requeues it Pending, its
+    priority and submission time, so its place in line, unchanged). Returns the workloads' pks."""
+    if not evictions:
+        return []
+    by_pk = {int(eviction.workload_id): eviction for eviction in evictions}
+    workloads = Workload.objects.select_related("team").in_bulk(list(by_pk))
+    history = []
+    for pk in sorted(by_pk):
+        eviction, workload = by_pk[pk], workloads[pk]
+        if eviction.pods:
+            wanted = set(eviction.pods)
+            rows = Allocation.objects.filter(workload_id=pk, released_at__isnull=True).values_list(
+                "id", "pod_set", "pod_index"
+            )
+            leaving = [row[0] for row in rows if (row[1], row[2]) in wanted]
+            Allocation.objects.filter(**pk_in(leaving)).update(eviction_requested_at=now, evicted_for=None)
+            action, reason = "workload.shrink", "Shrunk"
+        else:
+            Workload.objects.filter(pk=pk).update(
+                eviction_requested_at=now, evicted_for=None, eviction_rule=eviction.reason,
+                eviction_message=eviction.message,
+            )  # fmt: skip
+            action, reason = "workload.evict", "Evicted"
+        record(
+            action,
+            workload,
+            before={"state": workload.state},
+            after={"state": workload.state, "evicting": True, "rule": eviction.reason,
+                   "pods": [list(pod) for pod in eviction.pods]},
+            reason=f"{eviction.reason}: {eviction.message}",
+        )  # fmt: skip
+        message = f"{eviction.message}; it keeps its devices while it shuts down, then goes back to its queue"
+        if eviction.pods:
+            message = f"{eviction.message}; those pods keep their devices while they shut down"
+        history.append(ExplanationChange(workload_id=pk, cycle=cycle, reason=reason, message=message, at=now))
+    ExplanationChange.objects.bulk_create(history)
+    return sorted(by_pk)
 
 
 def shrink(victim, preemptors, preemption, cycle, now, nominated):
@@ -707,21 +799,6 @@ def explain(decisions, admitted, cycle, now):
 
 
 def broadcast(message):
-    """Send the compact delta to the "cycle" group; a missing or broken channel layer costs nothing
-    but the live update (the dashboard also polls)."""
-    layer = get_channel_layer()
-    if layer is None:
-        return
-    try:
-        from broker.cycle import runner
-
-        loop = runner.event_loop()
-        if loop is not None:
-            # The embedded server's in-memory layer lives on daphne's loop; hand the send to it.
-            import asyncio
-
-            asyncio.run_coroutine_threadsafe(layer.group_send(GROUP, message), loop)
-        else:
-            async_to_sync(layer.group_send)(GROUP, message)
-    except Exception:
-        log.warning("could not broadcast cycle %s", message.get("cycle"), exc_info=True)
+    """Announce the committed cycle's compact delta to the live pages (broker.events.cycle_committed;
+    broker.live sends it to their channel group)."""
+    events.cycle_committed.send(sender=None, message=message)

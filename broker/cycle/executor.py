@@ -10,7 +10,8 @@ workload has run `expected_duration_seconds` on a clock SIMULATION_SPEED times f
 clock, releasing its devices. It keeps no state of its own: completion is derived from `started_at`
 in the database, so a restarted process picks up exactly where the last one stopped.
 
-The Kubernetes seam (not built; settings.EXECUTOR selects an implementation):
+ExternalExecutor (EXECUTOR=external) is the seam the Kubernetes bridge (broker/kube/) uses; the design
+it follows (settings.EXECUTOR selects an implementation):
 - start: for each admitted workload create a scheduling.k8s.io PodGroup (minMember = gang size) and
   one resource.k8s.io/v1 ResourceClaim per pod whose `devices.requests[].exactly` names the chosen
   DeviceClass and whose status.allocation is pre-filled with the devices in the Allocation rows (the
@@ -39,9 +40,11 @@ from datetime import timedelta
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
+from django.db.models import Count, F
 from django.db.models.sql import UpdateQuery
 
 from broker.cycle.bulk import Background, column_in, insert_rows, pk_in
+from broker.events import request_cycle_after_commit
 from broker.workloads.models import Allocation, Workload, WorkloadTransition
 from broker.workloads.states import HOLDING_STATES, State, can_transition
 
@@ -109,8 +112,6 @@ class SimulatedExecutor(Executor):
             Allocation.objects.filter(**column_in("workload", done), released_at__isnull=True).update(released_at=now)
         progress.completed = done
         if done:
-            from broker.cycle.triggers import request_cycle_after_commit
-
             request_cycle_after_commit(f"{len(done)} workloads completed")
         return progress
 
@@ -149,21 +150,35 @@ class SimulatedExecutor(Executor):
             return complete_pod_evictions(rows, now)
 
 
+def lost_work(victim, devices):
+    """What the preemption cost the victim, as a clause: its class's checkpoint-restart seconds of its
+    devices (work since its last checkpoint, redone after the restart)."""
+    seconds = victim.resource_class.checkpoint_restart_seconds if victim.resource_class else 0
+    if not seconds or not devices:
+        return ""
+    return f"; the restart from its last checkpoint loses about {seconds} s of {devices} devices' work"
+
+
 def complete_evictions(ids, now):
     """Victims that have stopped: devices released, Preempted, then requeued Pending, audited with the
     rule that allowed the preemption; a cycle is requested so the preemptor gets the devices."""
     if not ids:
         return []
     from broker.audit.models import record
-    from broker.cycle.triggers import request_cycle_after_commit
     from broker.workloads.models import ExplanationChange
 
-    victims = Workload.objects.select_related("team", "evicted_for__team").in_bulk(ids)
+    victims = Workload.objects.select_related("team", "evicted_for__team", "resource_class").in_bulk(ids)
     ids = sorted(victims)
+    devices = dict(
+        Allocation.objects.filter(**column_in("workload", ids), released_at__isnull=True)
+        .values_list("workload_id")
+        .annotate(count=Count("id"))
+    )
     for state in HOLDING_STATES:
         chosen = [pk for pk in ids if victims[pk].state == state]
         move(chosen, state, State.PREEMPTED, now, "evicted: stopped after its grace period")
     Allocation.objects.filter(**column_in("workload", ids), released_at__isnull=True).update(released_at=now)
+    Workload.objects.filter(**pk_in(ids)).update(preemption_count=F("preemption_count") + 1)
     move(ids, State.PREEMPTED, State.PENDING, now, "requeued after preemption")
     history = []
     for pk in ids:
@@ -186,7 +201,7 @@ def complete_evictions(ids, now):
                 workload_id=pk,
                 reason="Requeued",
                 message=f"evicted{by} under rule {victim.eviction_rule}; its devices are released and it is "
-                "back in its queue",
+                f"back in its queue at its place in line{lost_work(victim, devices.get(pk, 0))}",
                 at=now,
             )
         )
@@ -202,7 +217,6 @@ def complete_pod_evictions(rows, now):
     if not rows:
         return []
     from broker.audit.models import record
-    from broker.cycle.triggers import request_cycle_after_commit
     from broker.workloads.models import ExplanationChange
 
     Allocation.objects.filter(**pk_in([row[0] for row in rows])).update(released_at=now)
@@ -312,7 +326,27 @@ def ids_updated(cursor, sql, params):
     return [row[0] for row in cursor.fetchall()]
 
 
-EXECUTORS = {"simulated": SimulatedExecutor}
+class ExternalExecutor(Executor):
+    """Work runs somewhere that reports back through the workloads' states (EXECUTOR=external): with the
+    Kubernetes bridge, the applier binds an admitted workload's pods and marks it Running, evicts a victim's
+    pods, and the sync ends a workload when its pods end and completes an eviction when its pods are gone
+    (broker/kube/). The cycle's calls only acknowledge: what to do was written to the bridge's outbox in the
+    cycle's own transaction, so it is done once even if this process dies right after the commit."""
+
+    def wall_seconds(self, duration):
+        return duration
+
+    def start(self, workload_ids, now):
+        return []
+
+    def advance(self, now):
+        return Progress()
+
+    def stop(self, workload_ids, now):
+        return list(workload_ids)
+
+
+EXECUTORS = {"simulated": SimulatedExecutor, "external": ExternalExecutor}
 
 
 def get_executor():

@@ -8,11 +8,10 @@ because this has to read 100k devices and 20k pending workloads in about a secon
 
 import gc
 import json
-import re
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from itertools import groupby
 from operator import itemgetter
@@ -28,8 +27,9 @@ from broker.cycle import changes
 from broker.cycle.bulk import Background, column_in, pk_in
 from broker.cycle.executor import get_executor
 from broker.flat_rows import fetch_rows, fetch_sql
-from broker.governance.approvals import outside_window
+from broker.governance.models import ApprovalRequest
 from broker.inventory.models import ClusterState, Device, Domain, Health, InventoryRevision, Node, TopologyLevel
+from broker.inventory.quantities import quantity
 from broker.policy.models import Cohort, DeviceClass, Queue, Reservation, ResourceClass, ResourceClassDeviceClass
 from broker.scheduler import snapshot as s
 from broker.workloads.models import Allocation, ApprovalState, PodSet, Workload
@@ -57,6 +57,7 @@ class LoadedState:
     # that set was read whole).
     patched: dict = field(default_factory=dict)
     closed_windows: frozenset = frozenset()  # pks of workloads whose approval window is shut (with a log)
+    counters: object = None  # loader.Counters of the inventory read (None: none read)
     load_ms: float = 0.0
 
     @property
@@ -136,6 +137,7 @@ def _load_snapshot(now, config):
         inventory.devices_by_pk,
         inventory.device_taints,
     )
+    loaded.counters = inventory.counters
     device_classes = load_device_classes(loaded)
     resource_classes, approval_rules = load_resource_classes()
     pending_written, running_written = workloads_to_read(loaded, horizon, approval_rules)
@@ -152,6 +154,7 @@ def _load_snapshot(now, config):
         levels=inventory.levels,
         nodes=inventory.nodes,
         devices=inventory.devices,
+        counter_sets=inventory.counters.counter_sets,
         device_classes=device_classes,
         cohorts=load_cohorts(),
         queues=load_queues(),
@@ -162,7 +165,12 @@ def _load_snapshot(now, config):
         now=now.timestamp(),
         config=config
         or s.SchedulerConfig(
-            backfill_wait_seconds=settings.BACKFILL_WAIT_SECONDS, estimate_queue_depth=settings.ESTIMATE_QUEUE_DEPTH
+            backfill_wait_seconds=settings.BACKFILL_WAIT_SECONDS,
+            estimate_queue_depth=settings.ESTIMATE_QUEUE_DEPTH,
+            preemption_min_runtime_seconds=settings.PREEMPTION_MIN_RUNTIME_SECONDS,
+            max_preemptions_per_workload=settings.PREEMPTION_MAX_PER_WORKLOAD,
+            shorter_remaining_factor=settings.SHORTER_REMAINING_FACTOR,
+            shortest_first_aging_seconds=settings.SHORTEST_FIRST_AGING_SECONDS,
         ),
     )
     loaded.load_ms = (time.perf_counter() - started) * 1000
@@ -189,6 +197,19 @@ MAX_KEPT_DESCRIPTIONS = 1024
 
 
 @dataclass(frozen=True)
+class Counters:
+    """The shared counters (DRA sharedCounters) of an inventory and the devices consuming them, for the
+    core (`counter_sets`, and each device's `consumes_counters`) and for the commit's check (by pk)."""
+
+    counter_sets: tuple = ()  # s.CounterSet records
+    values: dict = field(default_factory=dict)  # (node, counter set, counter) -> value
+    consumed: dict = field(default_factory=dict)  # Device pk -> (((node, counter set, counter), amount), ...)
+
+
+NO_COUNTERS = Counters()
+
+
+@dataclass(frozen=True)
 class Inventory:
     """Topology, nodes and devices as read at one InventoryRevision token; shared, never mutated."""
 
@@ -201,6 +222,7 @@ class Inventory:
     devices_by_pk: dict  # Device pk -> (snapshot device id, node name)
     device_taints: dict  # Device pk -> taints as stored
     rows: RowIndex | None = None  # None: no row revisions here (SQLite), a new token means a full read
+    counters: Counters = NO_COUNTERS  # the shared counters and who consumes them (see Counters)
 
 
 class InventoryCache:
@@ -275,8 +297,12 @@ def load_inventory():
 
 def read_inventory(token, levels, domain_paths):
     """The whole inventory, every node and device row read and parsed."""
-    nodes, node_names, node_slots, node_revision = load_nodes(domain_paths)
+    nodes, node_names, node_slots, node_revision, node_counters = load_nodes(domain_paths)
     devices = load_devices(node_names)
+    counters = NO_COUNTERS
+    if node_counters or devices.families:
+        counters, counted = counters_of(node_counters, devices)
+        devices = devices._replace(devices=counted)
     rows = None
     if connection.vendor == "postgresql":  # only there do triggers keep row revisions
         # Kept for patches only while they are the handful they usually are (their texts cost memory).
@@ -292,6 +318,7 @@ def read_inventory(token, levels, domain_paths):
         devices.devices_by_pk,
         devices.device_taints,
         rows,
+        counters,
     )
 
 
@@ -306,6 +333,10 @@ def patched_inventory(previous, token, levels, domain_paths):
     pks stay the same dicts (running and pending records are kept per those, see load_running)."""
     index = previous.rows
     if index is None or levels != previous.levels or domain_paths != previous.domain_paths:
+        return None
+    if previous.counters.counter_sets:
+        # Partitionable devices: their counters and who consumes them are made from all of a node's rows
+        # at once (see counters_of); a full read is the one way that stays right.
         return None
     nodes_written = rows_written_since(Node, index.revision)
     devices_written = rows_written_since(Device, index.revision)
@@ -332,6 +363,7 @@ def patched_inventory(previous, token, levels, domain_paths):
         previous.devices_by_pk,
         device_taints,
         RowIndex(revision, index.node_slots, index.device_slots, descriptions),
+        NO_COUNTERS,
     )
 
 
@@ -365,23 +397,27 @@ def load_domain_paths():
     return paths
 
 
-NODE_COLUMNS = ("id", "name", "domain_id", "cordoned", as_text("labels"), "revision")
+NODE_COLUMNS = ("id", "name", "domain_id", "cordoned", as_text("labels"), "revision", as_text("shared_counters"))
 
 
 def load_nodes(domain_paths):
-    """(nodes, {Node pk: name}, {Node pk: (position, domain pk)}, highest revision read)."""
+    """(nodes, {Node pk: name}, {Node pk: (position, domain pk)}, highest revision read,
+    {node name: its shared counters} of the nodes that publish some)."""
     nodes = []
     names = {}
     slots = {}
     revision = 0
+    counters = {}
     parse = JsonCache()  # nodes of a rack share their labels
     rows = fetch_rows(Node.objects.order_by("name").values_list(*NODE_COLUMNS))
-    for pk, name, domain_id, cordoned, labels, row_revision in rows:
+    for pk, name, domain_id, cordoned, labels, row_revision, shared in rows:
+        if shared is not None and shared != "{}":
+            counters[name] = parse(shared, {}) or {}
         names[pk] = name
         slots[pk] = (len(nodes), domain_id)
         revision = max(revision, row_revision or 0)  # NULL: written before row revisions, or SQLite
         nodes.append(node_record(name, domain_paths.get(domain_id, {}), cordoned, labels, parse))
-    return tuple(nodes), names, slots, revision
+    return tuple(nodes), names, slots, revision, counters
 
 
 def node_record(name, domains, cordoned, labels, parse):
@@ -398,10 +434,12 @@ def patched_nodes(previous, pks):
     nodes = list(previous.nodes)
     replaced = False
     parse = JsonCache()
-    for pk, name, domain_id, cordoned, labels, _ in rows:
+    for pk, name, domain_id, cordoned, labels, _, shared in rows:
         slot = slots.get(pk)
         if slot is None or slot[1] != domain_id or nodes[slot[0]].name != name:
             return None
+        if shared is not None and shared != "{}":
+            return None  # a node that now publishes counters: read whole (see counters_of)
         node = node_record(name, previous.domain_paths.get(domain_id, {}), cordoned, labels, parse)
         if node != nodes[slot[0]]:  # a row written again unchanged keeps its record
             nodes[slot[0]] = node
@@ -417,6 +455,8 @@ class DevicesRead(NamedTuple):
     slots: dict  # Device pk -> position in devices
     descriptions: dict  # (attributes, capacity, taints) texts -> `device_description` of them
     revision: int  # the highest revision read
+    # Device pk -> (its consumesCounters, its parent's pk) of the devices with either (the rest consume none)
+    families: dict = {}
 
 
 DEVICE_COLUMNS = (
@@ -429,7 +469,10 @@ DEVICE_COLUMNS = (
     "health",
     as_text("taints"),
     "revision",
+    as_text("consumes_counters"),
+    "parent_id",
 )
+DEVICE_REVISION = DEVICE_COLUMNS.index("revision")
 
 
 def load_devices(node_names):
@@ -442,7 +485,10 @@ def load_devices(node_names):
     device_pks, devices_by_pk, device_taints = {}, {}, {}
     rows = fetch_rows(Device.objects.order_by("node_id", "name").values_list(*DEVICE_COLUMNS))
     make = s.Device
-    for pk, node_id, name, driver, attributes, capacity, health, taints, _ in rows:
+    families = {}
+    for pk, node_id, name, driver, attributes, capacity, health, taints, _, consumes, parent in rows:
+        if parent is not None or (consumes is not None and consumes != "{}"):
+            families[pk] = (parse(consumes, {}) or {}, parent)
         node = node_names[node_id]
         device_id = f"{node}/{name}"
         text = (attributes, capacity, taints)
@@ -458,8 +504,10 @@ def load_devices(node_names):
         )
     # devices_by_pk was filled in device order.
     slots = dict(zip(devices_by_pk, range(len(devices)), strict=True))
-    revision = max((row[-1] or 0 for row in rows), default=0)
-    return DevicesRead(tuple(devices), device_pks, devices_by_pk, device_taints, slots, descriptions, revision)
+    revision = max((row[DEVICE_REVISION] or 0 for row in rows), default=0)
+    return DevicesRead(
+        tuple(devices), device_pks, devices_by_pk, device_taints, slots, descriptions, revision, families
+    )
 
 
 def patched_devices(previous, pks):
@@ -475,7 +523,9 @@ def patched_devices(previous, pks):
     descriptions = dict(index.descriptions) if len(index.descriptions) < MAX_KEPT_DESCRIPTIONS else {}
     parse = JsonCache()
     replaced = False
-    for pk, node_id, name, driver, attributes, capacity, health, taints, _ in rows:
+    for pk, node_id, name, driver, attributes, capacity, health, taints, _, consumes, parent in rows:
+        if parent is not None or (consumes is not None and consumes != "{}"):
+            return None  # a device that now consumes counters: read whole (see counters_of)
         position, node = index.device_slots.get(pk), node_names.get(node_id)
         if position is None or node is None:
             return None
@@ -499,6 +549,59 @@ def patched_devices(previous, pks):
     return tuple(devices) if replaced else previous.devices, device_taints, descriptions
 
 
+LEGACY_COUNTER = "partitions"
+
+
+def counters_of(node_counters, devices):
+    """(Counters, the devices with their consumesCounters) from the nodes' shared counters and the
+    devices' own consumption. A device cut into partitions (Device.parent) where neither it nor any
+    partition states counters gets a counter set of its own, named after it, with one counter
+    "partitions" of value n (its partitions): the whole device consumes n, each partition 1, so the
+    whole excludes every partition and the partitions share the device, as DRA would publish it."""
+    counter_sets = []
+    values = {}
+    for node, sets in node_counters.items():
+        for set_name, counters in sets.items():
+            numbers = numeric_capacity(counters) if isinstance(counters, dict) else {}
+            counter_sets.append(s.CounterSet(str(set_name), node, numbers))
+            for counter, value in numbers.items():
+                values[(node, str(set_name), counter)] = value
+    consumption = {}  # Device pk -> {set: {counter: amount}}
+    children = {}  # parent pk -> partition pks, of families stating no counters
+    for pk, (consumes, parent) in devices.families.items():
+        if consumes:
+            consumption[pk] = {
+                str(name): numeric_capacity(counters) if isinstance(counters, dict) else {}
+                for name, counters in consumes.items()
+            }
+        if parent is not None:
+            children.setdefault(parent, []).append(pk)
+    for parent, partitions in children.items():
+        family = [parent, *partitions]
+        if any(pk in consumption for pk in family) or parent not in devices.devices_by_pk:
+            continue
+        device_id, node = devices.devices_by_pk[parent]
+        set_name = device_id.rpartition("/")[2]
+        counter_sets.append(s.CounterSet(set_name, node, {LEGACY_COUNTER: len(partitions)}))
+        values[(node, set_name, LEGACY_COUNTER)] = len(partitions)
+        consumption[parent] = {set_name: {LEGACY_COUNTER: len(partitions)}}
+        for pk in partitions:
+            consumption[pk] = {set_name: {LEGACY_COUNTER: 1}}
+    records = list(devices.devices)
+    consumed = {}
+    for pk, consumes in consumption.items():
+        position = devices.slots[pk]
+        record = records[position]
+        records[position] = replace(record, consumes_counters=consumes)
+        consumed[pk] = tuple(
+            ((record.node, set_name, counter), amount)
+            for set_name, counters in consumes.items()
+            for counter, amount in counters.items()
+        )
+    counters = Counters(tuple(sorted(counter_sets, key=lambda c: (c.node, c.name))), values, consumed)
+    return counters, tuple(records)
+
+
 def device_description(parse, attributes, capacity, taints):
     """(attributes, numeric capacity, taints as stored, taints as the core's records) from their texts."""
     taint_list = parse(taints, [])
@@ -510,37 +613,13 @@ def device_description(parse, attributes, capacity, taints):
     )
 
 
-QUANTITY = re.compile(r"^\s*([0-9.]+)\s*([KMGTPE]i?|[mk])?\s*$")
-SUFFIXES = {
-    None: 1,
-    "m": 0.001,
-    "k": 1e3,
-    "K": 1e3,
-    "M": 1e6,
-    "G": 1e9,
-    "T": 1e12,
-    "P": 1e15,
-    "E": 1e18,
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-    "Pi": 2**50,
-    "Ei": 2**60,
-}
-
-
 def numeric_capacity(capacity):
     """DRA publishes capacity as Kubernetes quantities ("80Gi"); the core compares plain numbers."""
     out = {}
     for name, value in capacity.items():
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            out[name] = value
-            continue
-        match = QUANTITY.match(str(value))
-        if match:
-            number = float(match.group(1)) * SUFFIXES[match.group(2)]
-            out[name] = int(number) if number.is_integer() else number
+        number = quantity(value)
+        if number is not None:
+            out[name] = number
     return out
 
 
@@ -625,6 +704,8 @@ def load_resource_classes():
         priority,
         preemptible,
         max_devices,
+        preempts_across_queues,
+        checkpoint_restart_seconds,
     ) in ResourceClass.objects.order_by("name").values_list(
         "id",
         "name",
@@ -635,6 +716,8 @@ def load_resource_classes():
         "priority_class__value",
         "preemptible",
         "max_devices",
+        "preempts_across_queues",
+        "checkpoint_restart_seconds",
     ):
         rules[name] = ApprovalRule(approval, threshold)
         classes.append(
@@ -648,6 +731,8 @@ def load_resource_classes():
                 default_priority=priority,
                 preemptible=preemptible,
                 max_devices=max_devices,
+                preempts_across_queues=preempts_across_queues,
+                checkpoint_restart_seconds=float(checkpoint_restart_seconds),
             )
         )
     return tuple(classes), rules
@@ -725,7 +810,7 @@ def closed_windows(loaded):
     log to patch records with; else empty (the pending query leaves them out itself)."""
     if loaded.horizon is None:
         return frozenset()
-    return frozenset(outside_window(loaded.now).values_list("workload_id", flat=True))
+    return frozenset(ApprovalRequest.objects.outside_window(loaded.now).values_list("workload_id", flat=True))
 
 
 def fetch_pending_rows(loaded, pks=None):
@@ -736,7 +821,7 @@ def fetch_pending_rows(loaded, pks=None):
         workloads = workloads.filter(**pk_in(pks))
     rows = fetch_rows(
         # An approval granted for a window keeps the workload out of the cycle while the window is shut.
-        workloads.exclude(pk__in=outside_window(loaded.now))
+        workloads.exclude(pk__in=ApprovalRequest.objects.outside_window(loaded.now))
         .order_by("id")
         .values_list(
             "id",
@@ -1150,14 +1235,15 @@ def holder_rows(workloads):
         "expected_duration_seconds",
         epoch("eviction_requested_at"),
         "evicted_for_id",
+        "preemption_count",
     )
 
 
 def running_records(workload_id, rows, info, loaded, class_names, executor):
     """`running_workload`, or for a workload with pods being evicted the tuple `split_leaving` makes."""
     workload = running_workload(workload_id, rows, info, loaded, class_names, executor)
-    if len(info) > 10 and info[11]:
-        return s.split_leaving(workload, set(info[11]), None if info[12] is None else str(info[12]))
+    if len(info) > 11 and info[12]:
+        return s.split_leaving(workload, set(info[12]), None if info[13] is None else str(info[13]))
     return workload
 
 
@@ -1165,8 +1251,8 @@ def running_workload(workload_id, rows, info, loaded, class_names, executor):
     """One RunningWorkload from its active allocation rows (ordered) and its workload row (plus, in Pod
     disruption mode, what `shrinking_rows` adds)."""
     queue, priority, disruption, preemptible, state, admitted_at, started_at, duration = info[:8]
-    eviction_requested_at, evicted_for = info[8:10]
-    min_counts = info[10] if len(info) > 10 else ()
+    eviction_requested_at, evicted_for, preemptions = info[8:11]
+    min_counts = info[11] if len(info) > 11 else ()
     # Device and class names come from what was loaded already: no join per allocation.
     devices_by_pk = loaded.devices_by_pk
     if len(rows) == 1:  # most running work is one device: one pod, nothing to group or sort
@@ -1201,4 +1287,5 @@ def running_workload(workload_id, rows, info, loaded, class_names, executor):
         evicting=eviction_requested_at is not None,
         evicted_for=None if evicted_for is None else str(evicted_for),
         min_counts=min_counts,
+        preemptions=preemptions,
     )

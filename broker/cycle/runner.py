@@ -1,47 +1,30 @@
-"""One scheduling cycle (`run_once`), and the in-process loop that runs cycles in the embedded default.
+"""One scheduling cycle (`run_once`), and what a process that runs cycles does before and between them.
 
 A cycle is: take the cluster's cycle lock, load one snapshot, decide (pure), commit, all in one
-transaction; the Celery task and the in-process loop both call `run_once`.
-
-The loop (`Runner`) exists only for `manage.py serve` on the embedded default: it is started there
-and nowhere else (not on import, not in tests, migrations or Celery), and it runs the trace replay,
-the simulated executor and a cycle every CYCLE_INTERVAL_SECONDS, or sooner when a cycle is requested.
+transaction; the Celery task (broker.cycle.tasks) and the embedded default's loop
+(broker.cycle.embedded) both call `run_once`.
 """
 
 import gc
 import logging
-import threading
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 
 from django.conf import settings
-from django.db import close_old_connections, transaction
+from django.db import transaction
 from django.utils import timezone
 
-from broker.cycle import changes, retention
+from broker.cycle import changes
 from broker.cycle.commit import DecisionFailed, StaleSnapshot, decide_and_commit
 from broker.cycle.executor import get_executor
 from broker.cycle.loader import INVENTORY_CACHE, PENDING_RECORDS, RUNNING_RECORDS, load_snapshot
 from broker.cycle.locks import cycle_transaction, reading_snapshot
-from broker.cycle.triggers import follow_up_requests, request_cycle_after_commit, requests_so_far, wait_for_request
-from broker.governance.tasks import tick as governance_tick
+from broker.cycle.triggers import follow_up_requests, requests_so_far
+from broker.events import request_cycle_after_commit
 from broker.scheduler.cycle import decide
 from broker.workloads.models import SchedulingCycle
 
 log = logging.getLogger(__name__)
-
-_loop = {"loop": None}
-
-
-def bind_event_loop(loop):
-    """The ASGI server's event loop, for broadcasts from the runner thread (see commit.broadcast)."""
-    _loop["loop"] = loop
-
-
-def event_loop():
-    loop = _loop["loop"]
-    return loop if loop is not None and loop.is_running() else None
 
 
 @dataclass(frozen=True)
@@ -195,55 +178,3 @@ def warm_up(now=None):
     elapsed = (time.perf_counter() - started) * 1000
     log.info("warmed up for cycles in %.0f ms", elapsed)
     return elapsed
-
-
-RETENTION_PERIOD = timedelta(days=1)
-
-
-class Runner(threading.Thread):
-    """The embedded default's background loop: replay, executor, cycle, and once a day the retention
-    pass that beat runs in production; one step at a time."""
-
-    def __init__(self, interval=None, replay=None):
-        super().__init__(name="capacity-broker-runner", daemon=True)
-        self.interval = interval or settings.CYCLE_INTERVAL_SECONDS
-        self.replay = replay
-        self.stopping = threading.Event()
-        self.next_retention = None  # the first step prunes what an earlier run left behind
-
-    def stop(self):
-        self.stopping.set()
-
-    def run(self):
-        executor = get_executor()
-        if settings.CYCLE_WARM_UP:
-            warm_up()
-        while not self.stopping.is_set():
-            close_old_connections()
-            self.step(executor)
-            wait_for_request(self.interval)
-        close_old_connections()
-
-    def step(self, executor):
-        now = timezone.now()
-        for name, action in (
-            ("replay", lambda: self.replay.tick(now) if self.replay else None),
-            ("executor", lambda: executor.advance(now)),
-            ("governance", lambda: governance_tick(now)),
-            ("cycle", run_once),
-            ("retention", lambda: self.prune_when_due(now)),
-        ):
-            try:
-                action()
-            except Exception:
-                # One bad step must not stop the demo; the next tick tries again.
-                log.exception("runner step %s failed", name)
-
-    def prune_when_due(self, now):
-        """retention.prune_history's counts when a day has passed since the last pass (or none ran yet),
-        else None. The next pass is due a day on even when this one fails: the log says why, and
-        retrying every tick would repeat the failure 28,800 times a day."""
-        if self.next_retention is not None and now < self.next_retention:
-            return None
-        self.next_retention = now + RETENTION_PERIOD
-        return retention.prune_history(now)

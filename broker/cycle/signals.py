@@ -7,7 +7,7 @@ catch a device that changed under a running cycle either way, so these receivers
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
-from broker.cycle.triggers import request_cycle_after_commit
+from broker.events import request_cycle_after_commit
 from broker.inventory.models import Device, Node
 
 

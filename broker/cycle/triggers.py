@@ -5,16 +5,25 @@ burst sets a Redis key (SET NX, expiring after CYCLE_DEBOUNCE_SECONDS) and queue
 that starts when the window closes, so a hundred submissions in half a second cost one cycle. In the
 embedded default the request wakes the in-process runner. The periodic cycle (beat or the runner's
 timer) still runs when a request is lost, e.g. while Redis is restarting.
+
+Lower layers ask through the `broker.events.cycle_wanted` hook (`events.request_cycle_after_commit`);
+`ask_for_cycle` below is its receiver. The task is queued by its name, the contract with the Celery edge
+(broker.cycle.tasks), so this module need not import the tasks that run it.
 """
 
 import logging
 import threading
 import time
 
+from celery import current_app
 from django.conf import settings
-from django.db import transaction
+from django.dispatch import receiver
+
+from broker import events
 
 log = logging.getLogger(__name__)
+
+RUN_CYCLE_TASK = "broker.cycle.tasks.run_cycle"
 
 _wake = threading.Event()
 _local_window = {"until": 0.0}
@@ -63,9 +72,7 @@ def request_cycle(reason=""):
         redis_client().incr(requests_key())
         if not first_in_window():
             return False
-        from broker.cycle.tasks import run_cycle
-
-        run_cycle.apply_async(kwargs={"reason": reason}, countdown=settings.CYCLE_DEBOUNCE_SECONDS)
+        current_app.send_task(RUN_CYCLE_TASK, kwargs={"reason": reason}, countdown=settings.CYCLE_DEBOUNCE_SECONDS)
     except Exception:
         # The caller's change is already committed; the periodic cycle will pick it up.
         log.warning("could not request a scheduling cycle (%s)", reason, exc_info=True)
@@ -94,9 +101,9 @@ def follow_up_requests(seen):
     return request_cycle("changes arrived during the previous cycle")
 
 
-def request_cycle_after_commit(reason=""):
-    """Request a cycle once the current transaction commits (never for a rolled-back change)."""
-    transaction.on_commit(lambda: request_cycle(reason))
+@receiver(events.cycle_wanted, dispatch_uid="cycle-trigger")
+def ask_for_cycle(sender, reason="", **kwargs):
+    request_cycle(reason)
 
 
 def wait_for_request(timeout):

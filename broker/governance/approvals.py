@@ -11,11 +11,10 @@ from decimal import Decimal
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Q
 from django.utils import timezone
 
+from broker import events
 from broker.audit.models import record
-from broker.governance import notify
 from broker.governance.models import ApprovalPolicy, ApprovalRequest
 from broker.policy.models import Reservation
 from broker.workloads.models import ApprovalState, Explanation, ExplanationChange, Workload
@@ -68,7 +67,7 @@ def open_request(workload, reasons, at=None):
         reasons=reasons,
         cost_per_hour=request_cost_per_hour(workload.resource_class, workload.total_devices),
     )
-    notify.after_commit(notify.APPROVERS, "approval.requested", workload.pk)
+    events.approval_changed_after_commit("approval.requested", workload.pk)
     return approval_request
 
 
@@ -168,13 +167,6 @@ def explain_closed_window(workload, approval_request, actor, now):
     ExplanationChange.objects.create(workload=workload, reason="AwaitingApproval", message=message, at=now)
 
 
-def outside_window(now):
-    """Workload ids the cycle must not schedule at `now`: their approval window is not open. For the
-    loader's pending query (a subquery, so it stays one round trip)."""
-    closed = Q(not_before__gt=now) | Q(not_after__lte=now)
-    return ApprovalRequest.objects.filter(closed).values("workload_id")
-
-
 # --- the clock: escalation and expiry ----------------------------------------------------------------------
 
 
@@ -204,8 +196,8 @@ def escalate_overdue(now=None):
                 after={"escalated": True, "waited_seconds": waited, "due_at": approval_request.due_at.isoformat()},
                 reason=f"undecided for {waited} s (limit {int(settings.APPROVAL_ESCALATION_SECONDS)} s)",
             )
-            notify.after_commit(notify.ADMINS, "approval.escalated", approval_request.workload_id)
-            notify.after_commit(notify.APPROVERS, "approval.updated", approval_request.workload_id)
+            events.approval_changed_after_commit("approval.escalated", approval_request.workload_id)
+            events.approval_changed_after_commit("approval.updated", approval_request.workload_id)
             escalated.append(approval_request.workload_id)
     return escalated
 

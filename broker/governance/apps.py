@@ -5,3 +5,6 @@ class GovernanceConfig(AppConfig):
     name = "broker.governance"
     label = "governance"
     verbose_name = "Governance: menu, approvals, audit"
+
+    def ready(self):
+        from broker.governance import notify  # noqa: F401  (tells approvers of approval events)

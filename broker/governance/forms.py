@@ -36,6 +36,8 @@ class ResourceClassForm(forms.ModelForm):
             "sharing",
             "priority_class",
             "preemptible",
+            "preempts_across_queues",
+            "checkpoint_restart_seconds",
             "max_devices",
             "max_devices_per_pod",
             "max_duration_seconds",

@@ -31,6 +31,13 @@ class ApprovalPolicy(models.Model):
         return f"approval policy of {self.resource_class.name}"
 
 
+class ApprovalRequestQuerySet(models.QuerySet):
+    def outside_window(self, now):
+        """Workload ids the cycle must not schedule at `now`: their approval window is not open. A
+        values() subquery, so the loader's and the pages' pending queries stay one round trip each."""
+        return self.filter(Q(not_before__gt=now) | Q(not_after__lte=now)).values("workload_id")
+
+
 class ApprovalRequest(models.Model):
     """One request for approval: why it was needed, when it escalates, and what the approval granted."""
 
@@ -46,6 +53,8 @@ class ApprovalRequest(models.Model):
         "policy.Reservation", null=True, blank=True, on_delete=models.SET_NULL, related_name="approval_requests"
     )
     window_expired_at = models.DateTimeField(null=True, blank=True)
+
+    objects = ApprovalRequestQuerySet.as_manager()
 
     class Meta:
         ordering = ["requested_at", "id"]

@@ -4,7 +4,7 @@ from django.conf import settings
 from django.db import transaction
 
 from broker.audit.models import record
-from broker.cycle.triggers import request_cycle_after_commit
+from broker.events import request_cycle_after_commit
 from broker.governance.approvals import cost_threshold
 from broker.governance.models import ApprovalPolicy
 from broker.inventory.models import ClusterState
@@ -18,6 +18,8 @@ SNAPSHOT_FIELDS = (
     "topology_preferred",
     "sharing",
     "preemptible",
+    "preempts_across_queues",
+    "checkpoint_restart_seconds",
     "max_devices",
     "max_devices_per_pod",
     "max_duration_seconds",

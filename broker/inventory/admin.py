@@ -21,7 +21,7 @@ class DomainAdmin(AuditedAdminMixin, admin.ModelAdmin):
 
 class DeviceInline(admin.TabularInline):
     model = Device
-    fields = ("name", "driver", "health", "attributes", "taints")
+    fields = ("name", "driver", "health", "attributes", "taints", "consumes_counters")
     extra = 0
     show_change_link = True
 

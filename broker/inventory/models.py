@@ -2,6 +2,8 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import F
 
+from broker.inventory.quantities import quantity
+
 
 class Health(models.TextChoices):
     HEALTHY = "Healthy"
@@ -121,6 +123,13 @@ class Node(models.Model):
     )
     labels = models.JSONField(default=dict, blank=True)
     cordoned = models.BooleanField(default=False, help_text="A cordoned node takes no new allocations.")
+    # Nullable without a default, as `revision` below: SQLite adds such a column in place. None = no counters.
+    shared_counters = models.JSONField(
+        null=True,
+        blank=True,
+        help_text='DRA sharedCounters: {"<counter set>": {"<counter>": value}}, e.g. one set per GPU with its '
+        "memory slices; devices consuming a set share its counters (see Device.consumes_counters).",
+    )
     created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)
     # Drawn from one sequence by a trigger on every INSERT and UPDATE (migration 0004, PostgreSQL only):
@@ -138,6 +147,11 @@ class Node(models.Model):
     @property
     def schedulable(self):
         return not self.cordoned
+
+    def clean(self):
+        problem = validate_shared_counters(self.shared_counters or {})
+        if problem:
+            raise ValidationError({"shared_counters": problem})
 
 
 class Device(models.Model):
@@ -157,7 +171,13 @@ class Device(models.Model):
         blank=True,
         on_delete=models.CASCADE,
         related_name="partitions",
-        help_text="For a partition (e.g. a MIG slice): the whole device it is cut from.",
+        help_text="For a partition (e.g. a MIG slice): the whole device it is cut from. Without counters on "
+        "either, the whole device excludes all its partitions and the partitions share it.",
+    )
+    consumes_counters = models.JSONField(
+        null=True,
+        blank=True,
+        help_text='DRA consumesCounters: {"<counter set of its node>": {"<counter>": amount}} taken while allocated.',
     )
     # Drawn from one sequence by a trigger on every INSERT and UPDATE (migration 0004, PostgreSQL only):
     # the loader re-reads just the rows above the highest revision it has seen. Not indexed, so a health
@@ -185,8 +205,54 @@ class Device(models.Model):
         taint_error = validate_taints(self.taints)
         if taint_error:
             errors["taints"] = taint_error
+        counters_error = validate_consumption(
+            self.consumes_counters or {}, (self.node.shared_counters or {}) if self.node_id else {}
+        )
+        if counters_error:
+            errors["consumes_counters"] = counters_error
+        if self.parent_id is not None and self.node_id is not None and self.parent.node_id != self.node_id:
+            errors["parent"] = "A partition sits on the node of the device it is cut from."
         if errors:
             raise ValidationError(errors)
+
+
+def counter_value(value):
+    """A counter's value or amount as a number (a Kubernetes quantity such as "40Gi" is read), or None."""
+    return quantity(value)
+
+
+def validate_shared_counters(counter_sets):
+    """None, or what is wrong with a node's shared counters."""
+    if not isinstance(counter_sets, dict):
+        return 'Shared counters must be an object of counter set: {"counter": value}.'
+    for name, counters in counter_sets.items():
+        if not isinstance(counters, dict) or not counters:
+            return f"Counter set {name!r} must be a non-empty object of counter: value."
+        for counter, value in counters.items():
+            number = counter_value(value)
+            if number is None or number < 0:
+                return f"Counter {counter!r} of set {name!r} must be a non-negative quantity, not {value!r}."
+    return None
+
+
+def validate_consumption(consumes, counter_sets):
+    """None, or what is wrong with a device's consumesCounters against its node's shared counters."""
+    if not isinstance(consumes, dict):
+        return 'Consumed counters must be an object of counter set: {"counter": amount}.'
+    for name, counters in consumes.items():
+        if name not in counter_sets:
+            known = ", ".join(sorted(counter_sets)) or "none"
+            return f"Counter set {name!r} is not published by the device's node (its sets: {known})."
+        if not isinstance(counters, dict) or not counters:
+            return f"Consumption of counter set {name!r} must be a non-empty object of counter: amount."
+        for counter, amount in counters.items():
+            if counter not in counter_sets[name]:
+                known = ", ".join(sorted(counter_sets[name]))
+                return f"Counter {counter!r} is not in counter set {name!r} (its counters: {known})."
+            number = counter_value(amount)
+            if number is None or number <= 0:
+                return f"Amount of counter {counter!r} must be a positive quantity, not {amount!r}."
+    return None
 
 
 def validate_taints(taints):

@@ -8,7 +8,7 @@ from django.conf import settings
 from django.db import transaction
 
 from broker.audit.models import record
-from broker.cycle.triggers import request_cycle_after_commit
+from broker.events import request_cycle_after_commit
 from broker.inventory.models import ClusterState, Device, Health, Node
 
 

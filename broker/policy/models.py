@@ -1,6 +1,6 @@
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 
@@ -168,6 +168,16 @@ class ResourceClass(models.Model):
     sharing = models.CharField(max_length=16, choices=SharingRule.choices, default=SharingRule.EXCLUSIVE)
     priority_class = models.ForeignKey(PriorityClass, on_delete=models.PROTECT, related_name="resource_classes")
     preemptible = models.BooleanField(default=True)
+    preempts_across_queues = models.BooleanField(
+        default=False,
+        help_text="Its work may preempt preemptible work of lower priority in any queue of its cohort, "
+        "not only in its own queue (for short, interactive work).",
+    )
+    checkpoint_restart_seconds = models.PositiveIntegerField(
+        default=60,
+        validators=[MaxValueValidator(86_400)],
+        help_text="Work a preemption costs this class: seconds of its devices redone after a restart.",
+    )
     max_devices = models.PositiveIntegerField(null=True, blank=True, help_text="Largest request, in devices.")
     max_devices_per_pod = models.PositiveIntegerField(null=True, blank=True)
     max_duration_seconds = models.PositiveIntegerField(null=True, blank=True)

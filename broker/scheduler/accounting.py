@@ -31,6 +31,12 @@ selects is not counted (it has no price). Each class's parts sum to its total:
                    considered (a pod that fits on the node counts as "usable");
   idle             the rest: free, healthy, unreserved and usable (or not wanted at all).
 
+Partitionable devices (DRA counter sets) are billed by what they use of the hardware: a held partition
+is one device of its class (whose price is the partition's share of the GPU); of the free devices of
+one counter set only the largest that still fits its counters is billed (the whole device when nothing
+of it is used), and the free ones that no longer fit are not billed at all. So a GPU cut into seven
+slices bills one device when idle, not eight, and never more than its partitions in use plus one.
+
 Pure and cheap: one pass over the devices with classes cached per distinct description; reservations
 (when any is active) materialised as the core's CapacityState does it, without building one: a scan in
 the core's device order that stops once each reservation is full.
@@ -79,6 +85,10 @@ def capacity_by_class(
     # 1. Classes of every device (the matcher caches them per description and compares each device with
     #    the previous one first), how many devices each class selects, and which devices are free.
     devices = snapshot.devices
+    if snapshot.counter_sets:
+        unbilled = unbilled_partitions(snapshot, held)
+        if unbilled:
+            devices = [device for device in devices if device.id not in unbilled]
     kinds = list(map(matcher.classes_of, devices))
     per_kind = Counter(kinds)
     is_free = list(map(not_, map(held.__contains__, map(attrgetter("id"), devices))))
@@ -158,6 +168,50 @@ def capacity_by_class(
         )
         out.append(replace(row, total=row.busy + row.unhealthy + row.reserved_unused + row.stranded + row.idle))
     return tuple(out)
+
+
+def unbilled_partitions(snapshot: Snapshot, held: set) -> set[str]:
+    """Ids of the free devices consuming shared counters that are not billed: those that no longer fit
+    what held devices leave of their counters, and all but the largest (by share of its set, then id) of
+    those that fit, per counter set."""
+    values = {
+        (counter_set.node, counter_set.name, counter): value
+        for counter_set in snapshot.counter_sets
+        for counter, value in counter_set.counters.items()
+    }
+    left = dict(values)
+    consuming = [device for device in snapshot.devices if device.consumes_counters]
+    for device in consuming:
+        if device.id in held:
+            for set_name, counters in device.consumes_counters.items():
+                for counter, amount in counters.items():
+                    key = (device.node, set_name, counter)
+                    left[key] = left.get(key, 0) - amount
+    unbilled = set()
+    largest: dict[tuple, tuple] = {}  # (node, first counter set) -> (share, device id) of the one billed
+    for device in consuming:
+        if device.id in held:
+            continue
+        keys = [
+            ((device.node, set_name, counter), amount)
+            for set_name, counters in device.consumes_counters.items()
+            for counter, amount in counters.items()
+        ]
+        if any(left.get(key, 0) < amount for key, amount in keys):
+            unbilled.add(device.id)
+            continue
+        share = max((amount / values[key] if values.get(key) else 1.0 for key, amount in keys), default=0.0)
+        family = (device.node, next(iter(device.consumes_counters)))
+        known = largest.get(family)
+        mine = (share, _device_key(device.id))
+        if known is None:
+            largest[family] = (mine, device.id)
+        elif (-mine[0], mine[1]) < (-known[0][0], known[0][1]):
+            unbilled.add(known[1])
+            largest[family] = (mine, device.id)
+        else:
+            unbilled.add(device.id)
+    return unbilled
 
 
 def strands(classes: Iterable[str], node_free: Mapping[str, int], demand: Mapping[str, int]) -> bool:

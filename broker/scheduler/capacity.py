@@ -26,6 +26,11 @@ NODE_LEVEL = "node"  # the implicit finest topology level
 
 PLAIN, RESERVED, TAINTED, BLOCKED = range(4)
 
+# The holder of a free device that no longer fits its counter sets (DRA consumesCounters): another
+# device consuming the same counters was allocated. It leaves the free aggregates as a held one does
+# and comes back when the counters it needs are given back.
+COUNTERS = "counters:"
+
 # Ranks order nodes and the devices of one node: a request first uses what only it may use (its team's
 # reservation, taints it tolerates), keeping plain devices for everyone, and borrows other teams'
 # reserved devices last (those are the ones it will be preempted from).
@@ -57,7 +62,7 @@ def _changed_positions(old: tuple, new: tuple) -> list[int]:
 class Slot:
     """One device's state during a cycle."""
 
-    __slots__ = ("order", "id", "node", "classes", "attributes", "category", "owner", "taints", "holder")
+    __slots__ = ("order", "id", "node", "classes", "attributes", "category", "owner", "taints", "holder", "consumes")
 
     def __init__(self, order, device_id, node, classes, attributes, category, taints):
         self.order = order
@@ -69,6 +74,8 @@ class Slot:
         self.owner: str | None = None
         self.taints = taints
         self.holder: str | None = None
+        # ((counter position, amount), ...) for a device consuming shared counters, else None.
+        self.consumes: tuple | None = None
 
 
 class NodeBuckets:
@@ -138,6 +145,7 @@ class InventoryIndex:
             and self._levels == tuple(snapshot.levels)
             and self._device_classes == snapshot.device_classes
             and self.class_names == class_names
+            and (self._counter_sets is snapshot.counter_sets or self._counter_sets == snapshot.counter_sets)
         )
 
     def __init__(self, snapshot: Snapshot, matcher: ClassMatcher, class_names: tuple[str, ...]):
@@ -146,12 +154,14 @@ class InventoryIndex:
         self._devices = snapshot.devices
         self._levels = tuple(snapshot.levels)
         self._device_classes = snapshot.device_classes
+        self._counter_sets = snapshot.counter_sets
         levels = tuple(snapshot.levels)
         self.levels = levels if NODE_LEVEL in levels else levels + (NODE_LEVEL,)
         self.class_names = class_names
         self.class_index = {name: index for index, name in enumerate(class_names)}
         self._index_nodes(snapshot)
         self._index_devices(snapshot, matcher)
+        self._index_counters(snapshot)
         self.class_alias = self._class_aliases()
         self.class_devices = self._class_devices()
         self._as_built: CapacityState | None = None
@@ -175,6 +185,7 @@ class InventoryIndex:
             or self._levels != tuple(snapshot.levels)
             or self._device_classes != snapshot.device_classes
             or self.class_names != class_names
+            or not (self._counter_sets is snapshot.counter_sets or self._counter_sets == snapshot.counter_sets)
         ):
             return None
         cordons_changed = []
@@ -187,12 +198,13 @@ class InventoryIndex:
         changed = []
         for position in _changed_positions(old_devices, new_devices):
             old, new = old_devices[position], new_devices[position]
-            if old.id != new.id or old.node != new.node:
+            if old.id != new.id or old.node != new.node or old.consumes_counters != new.consumes_counters:
                 return None
             changed.append(new)
         order_of = self._order_of()  # made before the copy, so that the copy shares it
         index = copy(self)  # shares every part no change reaches
         index._nodes, index._devices, index._spare = snapshot.nodes, new_devices, []
+        index._counter_sets = snapshot.counter_sets
         if cordons_changed:
             index.node_schedulable = list(self.node_schedulable)
             for node in cordons_changed:
@@ -207,6 +219,12 @@ class InventoryIndex:
             before = self.device_rows[order]
             reclassed = reclassed or row[3] is not before[3] or row[4] != before[4]
         if reclassed:
+            if index.device_consumes:
+                index.class_counted = frozenset(
+                    index.class_names[class_index]
+                    for order in index.device_consumes
+                    for class_index in index.device_rows[order][3]
+                )
             index.class_alias = index._class_aliases()
             index.class_devices = index._class_devices()
             index._as_built = None  # made of the devices' classes and attributes
@@ -350,6 +368,48 @@ class InventoryIndex:
         self.device_rows = rows
         self.device_ids = [row[1] for row in rows]
 
+    def _index_counters(self, snapshot: Snapshot) -> None:
+        """Shared counters by position: `counter_capacity[position]` is a counter's value,
+        `counter_consumers[position]` (order, amount) of the devices consuming it, `device_consumes` each
+        consuming device's ((position, amount), ...) by order. A device naming a counter set or counter
+        its node does not publish consumes an impossible counter (value -1): it is never allocatable."""
+        self.counter_capacity: list = []
+        self.counter_consumers: list[list[tuple]] = []
+        self.counter_most: list = []  # per counter, the most any device consumes of it
+        self.device_consumes: dict[int, tuple] = {}
+        self.class_counted: frozenset = frozenset()
+        if not snapshot.counter_sets and not any(device.consumes_counters for device in snapshot.devices):
+            return
+        position: dict[tuple, int] = {}
+        for counter_set in snapshot.counter_sets:
+            for counter, value in counter_set.counters.items():
+                position[(counter_set.node, counter_set.name, counter)] = len(self.counter_capacity)
+                self.counter_capacity.append(value)
+                self.counter_consumers.append([])
+        node_names = self.node_names
+        counted_classes: set[int] = set()
+        consuming = {device.id: device.consumes_counters for device in snapshot.devices if device.consumes_counters}
+        for order, row in enumerate(self.device_rows):
+            consumes = consuming.get(row[1])
+            if not consumes:
+                continue
+            pairs = []
+            for set_name, counters in consumes.items():
+                for counter, amount in counters.items():
+                    key = (node_names[row[2]], set_name, counter)
+                    where = position.get(key)
+                    if where is None:
+                        where = position[key] = len(self.counter_capacity)
+                        self.counter_capacity.append(-1)
+                        self.counter_consumers.append([])
+                    self.counter_consumers[where].append((order, amount))
+                    pairs.append((where, amount))
+            self.device_consumes[order] = tuple(pairs)
+            counted_classes.update(row[3])
+
+        self.class_counted = frozenset(self.class_names[index] for index in counted_classes)
+        self.counter_most = [max((amount for _, amount in pairs), default=0) for pairs in self.counter_consumers]
+
     def _device_row(self, order: int, device, matcher: ClassMatcher) -> tuple:
         """One device's row as `_index_devices` makes it (that loop is inlined for 100k devices)."""
         names = matcher.classes_of(device)
@@ -396,7 +456,8 @@ class CapacityState:
 
     SHARED = ("levels", "class_names", "class_index", "node_names", "node_index", "node_schedulable", "node_domains",
               "domain_nodes", "domain_keys", "domain_position", "node_domain_positions", "domain_key_rank",
-              "class_alias", "class_devices")  # fmt: skip
+              "class_alias", "class_devices", "counter_capacity", "counter_consumers", "counter_most",
+              "class_counted")  # fmt: skip
 
     @classmethod
     def as_built(cls, other: CapacityState) -> CapacityState:
@@ -449,6 +510,9 @@ class CapacityState:
         for slot, holder in reversed(self._journal):
             slot.holder = holder
         self._journal = None
+        for slot in self._blocked:  # counted again below, once the running work is in place
+            if slot.holder == COUNTERS:
+                slot.holder = None
         rows = self.index.device_rows
         for slot in self._reserved:
             slot.owner = None
@@ -484,6 +548,7 @@ class CapacityState:
                             return False
                         slot.holder = workload_id
         self._running = now
+        self._count_counters()
         self._reserve(snapshot)
         self._aggregate()
         return True
@@ -497,6 +562,15 @@ class CapacityState:
             setattr(self, name, getattr(index, name))
         self.slots: list[Slot] = [Slot(*row) for row in index.device_rows]
         self.slot_by_id: dict[str, Slot] = dict(zip(index.device_ids, self.slots, strict=True))
+        self.counted: list[Slot] = []  # the slots consuming shared counters, in order
+        self._blocked: list[Slot] = []  # those _count_counters held by COUNTERS
+        if index.device_consumes:
+            slots = self.slots
+            for order, consumes in index.device_consumes.items():
+                slots[order].consumes = consumes
+                self.counted.append(slots[order])
+        # What is left of each shared counter (see InventoryIndex._index_counters) once held devices took theirs.
+        self.counter_left: list = list(index.counter_capacity)
         self._journal: list[tuple[Slot, str | None]] | None = None  # see for_cycle
         self._running: dict | None = None  # the running work held, by id; None: not rebasable
         self._reserved: list[Slot] = []
@@ -515,6 +589,41 @@ class CapacityState:
         if not claimed_twice:
             running = {workload.id: workload for workload in snapshot.running}
             self._running = running if len(running) == len(snapshot.running) else None
+        self._count_counters()
+
+    def _count_counters(self) -> None:
+        """What held devices leave of the shared counters, and every free device that no longer fits
+        them held by COUNTERS (before the aggregates are made: they never count as free)."""
+        if not self.counted:
+            return
+        capacity = self.counter_capacity
+        left = self.counter_left = list(capacity)
+        for slot in self.counted:
+            if slot.holder is not None and slot.holder != COUNTERS:
+                for counter, amount in slot.consumes:
+                    left[counter] -= amount
+        # Only the consumers of a counter something took, and those that never fit, can be out: most
+        # partitionable devices are idle, and a pass over all of them cost 0.3 s at 200k.
+        # A device fits while, on each counter it consumes, its amount is left: asked per counter.
+        slots, consumers = self.slots, self.counter_consumers
+        blocked = self._blocked = []
+        for counter, most in enumerate(self.counter_most):
+            remaining = left[counter]
+            if remaining < most:
+                for order, amount in consumers[counter]:
+                    if amount > remaining:
+                        slot = slots[order]
+                        if slot.holder is None:
+                            slot.holder = COUNTERS
+                            blocked.append(slot)
+
+    def fits_counters(self, slot: Slot, spent: dict | None = None) -> bool:
+        """Whether `slot`'s counters are left for it (less `spent`: counter position -> amount a plan
+        took already)."""
+        left = self.counter_left
+        if spent:
+            return all(left[counter] - spent.get(counter, 0) >= amount for counter, amount in slot.consumes)
+        return all(left[counter] >= amount for counter, amount in slot.consumes)
 
     def _reserve(self, snapshot: Snapshot) -> None:
         self._reserved = []
@@ -638,6 +747,8 @@ class CapacityState:
                 else:
                     self.free_plain[node] = [other for other in free if other is not slot]
                 self._shift(slot.classes, node, -1)
+            if slot.consumes is not None and holder != COUNTERS:
+                self._consume(slots)
             return
         changed: dict[int, list[Slot]] = {}
         for slot in slots:
@@ -658,9 +769,57 @@ class CapacityState:
                 taken_ids = {id(slot) for slot in taken}
                 free_plain[node] = [slot for slot in free if id(slot) not in taken_ids]
             self._shift_slots(taken, node, -1)
+        if self.counted and holder != COUNTERS:
+            self._consume(slots)
+
+    def _consume(self, slots) -> None:
+        """Take the counters of the counted `slots` just held, and hold (by COUNTERS) every free device
+        that no longer fits what is left."""
+        left = self.counter_left
+        touched = set()
+        for slot in slots:
+            if slot.consumes is not None:
+                for counter, amount in slot.consumes:
+                    left[counter] -= amount
+                    touched.add(counter)
+        if not touched:
+            return
+        all_slots, consumers = self.slots, self.counter_consumers
+        blocked = {}
+        for counter in touched:
+            remaining = left[counter]
+            for order, amount in consumers[counter]:
+                if amount > remaining:
+                    other = all_slots[order]
+                    if other.holder is None:
+                        blocked[order] = other
+        if blocked:
+            self.hold([blocked[order] for order in sorted(blocked)], COUNTERS)
+
+    def _give_back(self, slots) -> list:
+        """Return the counters of the counted `slots` about to be released; the devices held by COUNTERS
+        that fit again, to be released with them."""
+        left = self.counter_left
+        touched = set()
+        for slot in slots:
+            if slot.consumes is not None and slot.holder is not None and slot.holder != COUNTERS:
+                for counter, amount in slot.consumes:
+                    left[counter] += amount
+                    touched.add(counter)
+        freed = {}
+        all_slots = self.slots
+        for counter in touched:
+            for order, _ in self.counter_consumers[counter]:
+                other = all_slots[order]
+                if other.holder == COUNTERS and self.fits_counters(other):
+                    freed[order] = other
+        return [freed[order] for order in sorted(freed)]
 
     def release(self, slots) -> None:
         """Free `slots` again (used only by the estimated-start simulation, after all decisions)."""
+        if self.counted:
+            slots = list(slots)
+            slots += self._give_back(slots)
         changed: dict[int, list[Slot]] = {}
         journal = self._journal
         for slot in slots:
@@ -884,6 +1043,9 @@ class View:
         self.plain = not excluded
         self._domain_cache: dict[int, list[int]] = {}  # a non-plain view's own counts per level, by position
         self._domain_dicts: dict[int, dict[tuple, int]] = {}  # the same by key, made when asked
+        # Counters that the held devices among the extras (a victim's, one about to end) would give back:
+        # counter position -> amount, for placement's counter checks.
+        self.counter_credit: dict[int, float] = {}
         self.extend(extra)
 
     def extend(self, extra) -> None:
@@ -892,6 +1054,11 @@ class View:
         class_index, excluded, by_node = self.class_index, self.excluded, self.extra_by_node
         added = []
         for rank, slot in extra:
+            if slot.consumes is not None and slot.holder is not None and slot.holder != COUNTERS:
+                # Given back whatever its class: a victim's partition frees the whole device too.
+                credit = self.counter_credit
+                for counter, amount in slot.consumes:
+                    credit[counter] = credit.get(counter, 0) + amount
             if class_index in slot.classes and slot.node not in excluded:
                 by_node.setdefault(slot.node, []).append((rank, slot))
                 added.append(slot.node)

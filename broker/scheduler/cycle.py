@@ -8,13 +8,14 @@ from __future__ import annotations
 import gc
 from bisect import bisect_left
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from operator import attrgetter
 
 from broker.scheduler import backfill, explanation, preemption
 from broker.scheduler.capacity import NODE_LEVEL, ROOT, Access, CapacityState, View
-from broker.scheduler.ordering import FairShareOrder, ShareBook
-from broker.scheduler.placement import GangPlan, PlannedPod, place_gang
+from broker.scheduler.failures import evictions_for, failed_devices
+from broker.scheduler.ordering import FairShareOrder, ShareBook, shortest_first_key
+from broker.scheduler.placement import GangPlan, PlannedPod, choose_counted, place_gang, spend
 from broker.scheduler.quota import QuotaTree
 from broker.scheduler.requests import Request, all_levels, approval_problem, entitlement_problem, resolve
 from broker.scheduler.selectors import ClassMatcher
@@ -116,6 +117,8 @@ class Cycle:
         # 1. Index the snapshot: classes per distinct device description, free counts per node and
         #    domain, devices held by running work, reservations materialised on concrete devices.
         self.state = CapacityState.for_cycle(self.snapshot, self.matcher, self.class_names)
+        # 1b. Running work on failed devices is evicted, and seen as evicting from here on.
+        self.evictions = self._evict_from_failed_devices()
         # Reserved and tainted devices are never plain: the extras hold all of them.
         self.reserved_teams = frozenset(slot.owner for slot in self.state.extras if slot.owner is not None)
         self.has_taints = any(slot.taints for slot in self.state.extras)
@@ -154,7 +157,9 @@ class Cycle:
         outcomes = self.log.outcomes
         nominated = self.nominated  # emptied, never replaced, as nominees take their turns
         hopeless_demands = self._hopeless_demands  # cleared, never replaced, by _release_nominated
-        for workload in FairShareOrder(by_queue, self.book):
+        aging = self.config.shortest_first_aging_seconds
+        within_queue = shortest_first_key(self.snapshot.now, aging) if aging else None
+        for workload in FairShareOrder(by_queue, self.book, within_queue):
             request = requests.get(workload.id) or resolve_now(workload)
             if request is None:
                 continue
@@ -175,13 +180,50 @@ class Cycle:
                     self._hopeless.add(hopeless)
                     self._hopeless_demands.add(id(request.demands))
         # 7. Explain every workload not admitted, against the state at the end of the cycle.
-        pending = explanation.explain_all(self)
+        pending = explanation.explain_all(self, rerun=decide)
         # 8. Assemble the result in a stable order.
         return CycleResult(
             admissions=tuple(self.log.admitted[key] for key in sorted(self.log.admitted)),
             preemptions=tuple(sorted(self.log.preemptions, key=lambda p: (p.victim_id, p.preemptor_id))),
             pending=tuple(sorted(pending, key=_by_workload_id)),
+            evictions=tuple(self.evictions),
         )
+
+    def _evict_from_failed_devices(self) -> list:
+        """Evictions of the running work on failed devices (see broker.scheduler.failures); the snapshot
+        and `running` then hold it as evicting for nobody, and the devices of pods that leave a shrunk
+        workload are held under their own record's id, as the loader would give them next cycle."""
+        failed = failed_devices(self.snapshot)
+        if not failed:
+            return []
+        slots, running = self.state.slot_by_id, self.running
+        hits: dict[str, list[str]] = {}
+        for device_id in failed:
+            slot = slots.get(device_id)
+            workload = running.get(slot.holder) if slot is not None and slot.holder is not None else None
+            if workload is not None and not workload.evicting and workload.part_of is None:
+                hits.setdefault(workload.id, []).append(device_id)
+        if not hits:
+            return []
+        evictions, records = evictions_for(hits, running, failed)
+        replaced = {}
+        journal = self.state._journal
+        for records_of_one in records:
+            for record in records_of_one:
+                replaced[record.workload_id if record.part_of is None else record.part_of] = records_of_one
+                running[record.id] = record
+                if record.part_of is not None:
+                    for pod in record.pods:
+                        for device_id in pod.device_ids:
+                            slot = slots[device_id]
+                            if journal is not None:
+                                journal.append((slot, slot.holder))
+                            slot.holder = record.id
+        swapped = []
+        for workload in self.snapshot.running:
+            swapped.extend(replaced.get(workload.id, (workload,)))
+        self.snapshot = replace(self.snapshot, running=tuple(swapped))
+        return evictions
 
     def _resolve(self, workload) -> Request | None:
         """The workload's Request, kept in `requests`; None when it can never run (logged invalid)."""
@@ -382,7 +424,12 @@ class Cycle:
         for victim in found.victims:
             workload = victim.workload
             pods = tuple((pod.pod_set, pod.index) for pod in workload.pods) if workload.partial else ()
-            self.log.preemptions.append(Preemption(workload.id, request.id, victim.rule, victim.message(request), pods))
+            self.log.preemptions.append(
+                Preemption(workload.id, request.id, victim.rule, self._victim_message(victim, request), pods)
+            )
+
+    def _victim_message(self, victim, request) -> str:
+        return victim.message(request, self.snapshot.now, self.config.shorter_remaining_factor or 0.0)
 
     # --- shared questions ---
 
@@ -519,7 +566,10 @@ class Cycle:
         free_plain = state.free_plain
         name = demand.name
         values, members = buckets.values, buckets.members
-        if wanted == 1 and not excluded:
+        # Devices consuming shared counters: free ones may not all fit together, so their nodes are
+        # chosen from with the counters checked (placement.choose_counted).
+        counted = state.counted and state.class_names[class_index] in state.class_counted
+        if wanted == 1 and not excluded and not counted:
             # Most plans: one pod, on the first node of the fullest bucket with room. Its count is of its
             # free plain devices of this class, so it has `per_pod` of them.
             first = bisect_left(values, per_pod)
@@ -542,6 +592,18 @@ class Cycle:
                 if node in excluded:
                     continue
                 slots = [slot for slot in free_plain[node] if class_index in slot.classes]
+                if counted and any(slot.consumes is not None for slot in slots):
+                    spent: dict = {}
+                    while len(slots) >= per_pod:
+                        chosen = choose_counted(slots, demand, state, spent)
+                        if chosen is None:
+                            break
+                        pods.append(new_tuple(PlannedPod, (name, len(pods), node, tuple(chosen))))
+                        if len(pods) == wanted:
+                            return new_tuple(GangPlan, (class_index, ROOT, tuple(pods)))
+                        spend(spent, chosen)
+                        slots = [slot for slot in slots if slot not in chosen]
+                    continue
                 start = 0
                 while start + per_pod <= len(slots):
                     pods.append(new_tuple(PlannedPod, (name, len(pods), node, tuple(slots[start : start + per_pod]))))

@@ -18,13 +18,22 @@ distinct shape, not once per workload.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from broker.scheduler import estimate, preemption
 from broker.scheduler.capacity import BLOCKED, NODE_LEVEL, TAINTED, CapacityState, View
 from broker.scheduler.placement import place_gang
 from broker.scheduler.requests import Request, approval_problem, entitlement_problem
-from broker.scheduler.snapshot import REASON_CODES, PendingDecision, PodSet, Snapshot, Suggestion, made
+from broker.scheduler.snapshot import (
+    REASON_CODES,
+    CycleResult,
+    PendingDecision,
+    PodSet,
+    Snapshot,
+    Suggestion,
+    made,
+)
 
 CAPACITY_CODES = ("DeviceUnhealthy", "Reserved", "InsufficientCapacity", "TopologyFragmented", "Priority")
 # Codes that point at a finite pool of devices (healed, or freed of other teams' reservations), by the
@@ -44,10 +53,12 @@ def invalid_decision(workload_id: str, message: str) -> PendingDecision:
     )
 
 
-def explain_all(cycle) -> list[PendingDecision]:
+def explain_all(cycle, rerun: Callable[[Snapshot], CycleResult]) -> list[PendingDecision]:
+    """Every workload the cycle did not admit, explained; `rerun` decides a changed snapshot anew (the
+    cycle's own `decide`, handed down so this module need not import the one that calls it)."""
     decisions = [cycle.pending_decision_for_invalid(workload_id) for workload_id in sorted(cycle.log.invalid)]
     waiting = [workload_id for workload_id in cycle.log.cluster_order if workload_id not in cycle.log.admitted]
-    assessor = Assessor(cycle)
+    assessor = Assessor(cycle, rerun)
     # Decisions of a shape are shared (under the id of its first workload); each gets its own id below.
     assessed = {workload_id: assessor.shape_decision(cycle.log.outcomes[workload_id]) for workload_id in waiting}
     assessor.share_out_pools(waiting, assessed)
@@ -83,8 +94,9 @@ def explain_all(cycle) -> list[PendingDecision]:
 class Assessor:
     """Reason codes, messages, details and suggestions on the end-of-cycle state."""
 
-    def __init__(self, cycle):
+    def __init__(self, cycle, rerun: Callable[[Snapshot], CycleResult]):
         self.cycle = cycle
+        self.rerun = rerun
         self.state: CapacityState = cycle.state
         self._capacity_cache: dict = {}
         self._invalid_cache: dict = {}
@@ -480,17 +492,15 @@ class Assessor:
                 },
             )
             # A quota change moves the queue in the fair-share order, so only a full re-run can tell.
-            if _admitted_after(snapshot, request.id, suggestion):
+            if _admitted_after(snapshot, request.id, suggestion, self.rerun):
                 return suggestion
         return None
 
 
-def _admitted_after(snapshot: Snapshot, workload_id: str, suggestion: Suggestion) -> bool:
-    from broker.scheduler.cycle import decide
-
+def _admitted_after(snapshot: Snapshot, workload_id: str, suggestion: Suggestion, rerun) -> bool:
     changed = apply_suggestion(snapshot, workload_id, suggestion)
     changed = replace(changed, config=replace(changed.config, suggestions=False, explain=False))
-    return any(admission.workload_id == workload_id for admission in decide(changed).admissions)
+    return any(admission.workload_id == workload_id for admission in rerun(changed).admissions)
 
 
 def apply_suggestion(snapshot: Snapshot, workload_id: str, suggestion: Suggestion) -> Snapshot:

@@ -5,11 +5,18 @@ share (max over device classes of usage / nominal quota, divided by the queue's 
 every admission, so a queue that just got devices steps back. Inside a queue: priority (high first), then
 submission time (old first), then id. Queues with unlimited or zero nominal quota for a class are measured
 against the cluster's capacity of that class instead.
+
+With `SchedulerConfig.shortest_first_aging_seconds` set, equal-priority work of a queue is ordered by its
+expected device-time instead of its age, shortest first (as SRTF serves short jobs), on a log scale from
+which every `aging` seconds of waiting subtract one: a job ten times longer than another overtakes it
+after 2.3 × aging seconds more waiting, so none waits forever behind a stream of shorter ones.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
+from collections.abc import Callable
 from operator import attrgetter
 
 from broker.scheduler.snapshot import PendingWorkload, Queue
@@ -17,6 +24,27 @@ from broker.scheduler.snapshot import PendingWorkload, Queue
 
 def within_queue_key(workload: PendingWorkload) -> tuple:
     return (-workload.priority, workload.submitted, workload.id)
+
+
+# A workload of unknown duration ranks as if it ran this long: after known short work, before known long work.
+UNKNOWN_DURATION_SECONDS = 86400.0
+
+
+def expected_device_seconds(workload: PendingWorkload) -> float:
+    devices = sum(pod_set.count * pod_set.devices_per_pod for pod_set in workload.pod_sets)
+    duration = workload.expected_duration if workload.expected_duration else UNKNOWN_DURATION_SECONDS
+    return max(1, devices) * max(1.0, duration)
+
+
+def shortest_first_key(now: float, aging: float) -> Callable[[PendingWorkload], tuple]:
+    """The within-queue key of shortest-first order with aging (see the module's docstring)."""
+
+    def key(workload: PendingWorkload) -> tuple:
+        waited = max(0.0, now - workload.submitted)
+        rank = math.log(expected_device_seconds(workload)) - waited / aging
+        return (-workload.priority, rank, workload.submitted, workload.id)
+
+    return key
 
 
 def _in_queue_order(workloads: list[PendingWorkload]) -> list[PendingWorkload]:
@@ -73,9 +101,13 @@ class FairShareOrder:
     """Hands out pending workloads one at a time, by iteration: the next one is chosen only after the
     caller decided the previous one, so an admission's usage already counts in its queue's share."""
 
-    def __init__(self, by_queue: dict[str, list[PendingWorkload]], book: ShareBook):
+    def __init__(self, by_queue: dict[str, list[PendingWorkload]], book: ShareBook, within_queue=None):
+        """`within_queue`: a key function ordering a queue's work (None: priority, then age)."""
         self._book = book
-        self._queues = {name: _in_queue_order(items) for name, items in by_queue.items()}
+        if within_queue is None:
+            self._queues = {name: _in_queue_order(items) for name, items in by_queue.items()}
+        else:
+            self._queues = {name: sorted(items, key=within_queue) for name, items in by_queue.items()}
         self._next = dict.fromkeys(self._queues, 0)
         self._heap = [(book.share(name), name) for name in sorted(self._queues)]
         heapq.heapify(self._heap)

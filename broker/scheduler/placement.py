@@ -141,6 +141,11 @@ class _Packer:
         self.used: dict[int, int] = {}
         self.next_index: dict[str, int] = {}
         self.pods: list[PlannedPod] = []
+        # Shared counters this plan took so far (counter position -> amount), less what the view's
+        # extras give back; None on a cluster where no device consumes counters.
+        self.spent: dict | None = None
+        if view.state.counted:
+            self.spent = {counter: -amount for counter, amount in view.counter_credit.items()}
 
     def place(self, demand: PodDemand, pods_wanted: int, required: bool = True) -> bool:
         if pods_wanted <= 0:
@@ -149,7 +154,10 @@ class _Packer:
         for node in self._nodes_fullest_first(demand.per_pod):
             slots = [slot for slot in self.view.node_slots(node) if id(slot) not in self.taken]
             while placed < pods_wanted:
-                chosen = _choose_devices(slots, demand)
+                if self.spent is None:
+                    chosen = _choose_devices(slots, demand)
+                else:
+                    chosen = choose_counted(slots, demand, self.view.state, self.spent)
                 if chosen is None:
                     break
                 self._record(demand, node, chosen)
@@ -166,6 +174,8 @@ class _Packer:
         self.pods.append(PlannedPod(demand.name, index, node, tuple(chosen)))
         self.taken.update(id(slot) for slot in chosen)
         self.used[node] = self.used.get(node, 0) + len(chosen)
+        if self.spent is not None:
+            spend(self.spent, chosen)
 
     def _nodes_fullest_first(self, per_pod: int):
         view = self.view
@@ -208,6 +218,52 @@ def _choose_devices(slots: list[Slot], demand: PodDemand) -> list[Slot] | None:
     if not fitting:
         return None
     return groups[fitting[0][1]][:per_pod]
+
+
+def spend(spent: dict, slots) -> None:
+    for slot in slots:
+        if slot.consumes is not None:
+            for counter, amount in slot.consumes:
+                spent[counter] = spent.get(counter, 0) + amount
+
+
+def choose_counted(slots: list[Slot], demand: PodDemand, state, spent: dict) -> list[Slot] | None:
+    """`_choose_devices` where devices consume shared counters: each device taken only while its
+    counters are left after what the plan (and this pod) took. Devices of counter sets already in use
+    go first, so partitions pack onto a device that is cut already and whole devices stay whole."""
+    per_pod = demand.per_pod
+    if len(slots) < per_pod:
+        return None
+    if demand.match_attribute:
+        groups: dict[str, list[Slot]] = {}
+        for slot in slots:
+            if demand.match_attribute in slot.attributes:
+                groups.setdefault(str(slot.attributes[demand.match_attribute]), []).append(slot)
+        candidates = [groups[value] for _, value in sorted((len(group), value) for value, group in groups.items())]
+    else:
+        candidates = [slots]
+    left, capacity = state.counter_left, state.counter_capacity
+    for group in candidates:
+        if len(group) < per_pod:
+            continue
+        # Untouched sets last, told by each device's first counter (a cheap key: it is asked per slot).
+        ordered = sorted(
+            group,
+            key=lambda slot: slot.consumes is not None
+            and left[slot.consumes[0][0]] - spent.get(slot.consumes[0][0], 0) >= capacity[slot.consumes[0][0]],
+        )
+        taking = dict(spent)
+        chosen = []
+        for slot in ordered:
+            if slot.consumes is not None:
+                if not state.fits_counters(slot, taking):
+                    continue
+                for counter, amount in slot.consumes:
+                    taking[counter] = taking.get(counter, 0) + amount
+            chosen.append(slot)
+            if len(chosen) == per_pod:
+                return chosen
+    return None
 
 
 def pods_fitting_in_scope(view: View, scope: tuple, per_pod: int) -> int:

@@ -12,7 +12,15 @@ Who may be a victim (each victim carries the rule that allowed it):
   device class, makes room: reclaiming evicts higher-priority work only when nothing else would do.
 - ReservationReclaim: preemptible work of another team running on devices reserved for the preemptor's
   team (it borrowed them knowing this), whatever its priority.
-Only workloads marked preemptible are ever victims. A PodGroup-mode victim is evicted whole. A Pod-mode
+- ClassPriority: when the preemptor's resource class `preempts_across_queues`, preemptible work of strictly
+  lower priority in the other queues of its cohort tree (the menu lets short, interactive work displace
+  batch work whoever runs it).
+- ShorterRemaining: with `shorter_remaining_factor` set, preemptible work of the preemptor's own priority in
+  its cohort tree whose expected remaining device-time is at least that many times the preemptor's expected
+  device-time (preemptive shortest-remaining-first among equals).
+Only workloads marked preemptible are ever victims, and none that is protected from thrashing: one that
+started less than `preemption_min_runtime_seconds` ago, or was already preempted
+`max_preemptions_per_workload` times. A PodGroup-mode victim is evicted whole. A Pod-mode
 victim with pods above its gang minimum (`RunningWorkload.surplus_pods`) is first offered shrunk: a
 search among such surplus pods alone comes first, and only when shrinking cannot make room are workloads
 evicted whole; a gang never drops below its minimum while it runs.
@@ -32,7 +40,7 @@ from dataclasses import dataclass, replace
 from itertools import combinations
 from operator import attrgetter
 
-from broker.scheduler.capacity import PLAIN, RANK_PLAIN, ROOT
+from broker.scheduler.capacity import COUNTERS, PLAIN, RANK_PLAIN, ROOT
 from broker.scheduler.placement import place_within_scope
 from broker.scheduler.snapshot import RunningWorkload, leaving_id
 
@@ -42,21 +50,35 @@ class Victim:
     workload: RunningWorkload
     rule: str
 
-    def message(self, request) -> str:
+    def message(self, request, now: float = 0.0, factor: float = 0.0) -> str:
         preemptor = request.workload
         what = "preempted"
         if self.workload.partial:
             count = len(self.workload.pods)
             what = f"{count} of its pods preempted" if count != 1 else "1 of its pods preempted"
-        reasons = {
-            "WithinQueue": f"a priority {preemptor.priority} workload of the same queue needs the room",
-            "ReclaimWithinCohort": (
-                f"queue {self.workload.queue} is borrowing above its nominal quota and queue "
-                f"{preemptor.queue} is reclaiming it"
-            ),
-            "ReservationReclaim": f"it runs on devices reserved for team {request.team}",
-        }
-        return f"{what} for {preemptor.id} ({self.rule}): {reasons[self.rule]}"
+        return f"{what} for {preemptor.id} ({self.rule}): {self._reason(request, now, factor)}"
+
+    def _reason(self, request, now: float, factor: float) -> str:
+        preemptor, victim = request.workload, self.workload
+        if self.rule == "WithinQueue":
+            return f"a priority {preemptor.priority} workload of the same queue needs the room"
+        if self.rule == "ReclaimWithinCohort":
+            return (
+                f"queue {victim.queue} is borrowing above its nominal quota and queue {preemptor.queue} is "
+                "reclaiming it"
+            )
+        if self.rule == "ReservationReclaim":
+            return f"it runs on devices reserved for team {request.team}"
+        if self.rule == "ShorterRemaining":
+            return (
+                f"it expects to hold its devices for {_hours(victim.expected_end - now)} more, at least "
+                f"{factor:g} times what {preemptor.id} needs in all, at the same priority"
+            )
+        class_name = request.resource_class.name if request.resource_class else "its"
+        return (
+            f"{class_name} work of priority {preemptor.priority} may preempt preemptible work of lower priority "
+            "in any queue of the cohort"
+        )
 
 
 @dataclass(frozen=True)
@@ -120,8 +142,44 @@ def _reclaims_above_own_priority(cycle, request) -> bool:
 def _may_preempt(cycle, request) -> bool:
     queue = request.queue
     return (
-        queue.within_queue != "Never" or queue.reclaim_within_cohort != "Never" or request.team in cycle.reserved_teams
+        queue.within_queue != "Never"
+        or queue.reclaim_within_cohort != "Never"
+        or request.team in cycle.reserved_teams
+        or _preempts_across_queues(request)
+        or _shorter_remaining_bar(cycle, request) is not None
     )
+
+
+def _hours(seconds) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
+
+
+def _shorter_remaining_bar(cycle, request) -> float | None:
+    """The remaining device-seconds a victim must expect at least for ShorterRemaining, None when the rule
+    is off or the preemptor's own duration is unknown."""
+    factor = cycle.config.shorter_remaining_factor
+    duration = request.workload.expected_duration
+    if not factor or not duration:
+        return None
+    return factor * duration * request.needed
+
+
+def _preempts_across_queues(request) -> bool:
+    return request.resource_class is not None and request.resource_class.preempts_across_queues
+
+
+def protection(config, now):
+    """A test for running work that no rule may preempt at `now` (it started too recently, or was
+    preempted too often already), or None when the config protects nothing."""
+    least = config.preemption_min_runtime_seconds
+    most = config.max_preemptions_per_workload
+    if least <= 0 and most is None:
+        return None
+
+    def protected(workload: RunningWorkload) -> bool:
+        return (least > 0 and now - workload.started < least) or (most is not None and workload.preemptions >= most)
+
+    return protected
 
 
 def _claim(cycle, found: Found) -> None:
@@ -156,6 +214,11 @@ class PriorityRun:
     def below(self, priority) -> list[RunningWorkload]:
         """Those of lower priority."""
         return self.workloads[: bisect_left(self.workloads, priority, key=_priority)]
+
+    def equal(self, priority) -> list[RunningWorkload]:
+        """Those of exactly this priority."""
+        start = bisect_left(self.workloads, priority, key=_priority)
+        return self.workloads[start : bisect_right(self.workloads, priority, start, key=_priority)]
 
     def up_to(self, priority) -> list[RunningWorkload]:
         """Those of lower or equal priority."""
@@ -200,12 +263,13 @@ class VictimIndex:
         evicting = set()
         # An evicting workload's devices are for the workload it is evicted for while that one waits.
         self.evicted_for: dict[str, str] = {}
+        protected = protection(cycle.config, cycle.snapshot.now)
         for workload in cycle.snapshot.running:
             if workload.evicting:
                 evicting.add(workload.id)
                 if workload.evicted_for in cycle.requests:
                     self.evicted_for[workload.id] = workload.evicted_for
-            elif workload.preemptible:
+            elif workload.preemptible and (protected is None or not protected(workload)):
                 self.candidates.setdefault(workload.queue, []).append(workload)
                 if workload.disruption == "Pod" and workload.min_counts:
                     surplus = workload.surplus_pods
@@ -220,6 +284,8 @@ class VictimIndex:
             if slot.owner is None or not slot.holder:
                 continue
             holder = cycle.running.get(slot.holder)
+            if holder is not None and protected is not None and protected(holder):
+                continue
             if holder is not None and team_of_queue.get(holder.queue) != slot.owner:
                 self.on_reserved.setdefault(slot.owner, set()).add(holder.id)
         self.evicting_slots = [slot for slot in cycle.state.slots if slot.holder in evicting] if evicting else []
@@ -320,6 +386,19 @@ def _eligible(cycle, request, class_name: str, any_priority: bool = False, shrin
         for workload in _cohort_reclaim_candidates(cycle, index, request, any_priority):  # none is own
             if workload.id not in chosen and workload.id not in others:
                 others[workload.id] = (workload, "ReclaimWithinCohort")
+    if _preempts_across_queues(request):
+        for workload in _class_priority_candidates(index, request):  # none is own
+            if workload.id not in chosen and workload.id not in others:
+                others[workload.id] = (workload, "ClassPriority")
+    bar = _shorter_remaining_bar(cycle, request)
+    if bar is not None:
+        own_ids = {workload.id for workload in own}
+        now = cycle.snapshot.now
+        for workload in _equal_priority_candidates(index, request):
+            if workload.id in chosen or workload.id in others or workload.id in own_ids:
+                continue
+            if workload.expected_end is not None and (workload.expected_end - now) * workload.device_count >= bar:
+                others[workload.id] = (workload, "ShorterRemaining")
     if shrink:
         shrunk = index.shrunk
         own = [shrunk[workload.id] for workload in own if workload.id in shrunk]
@@ -345,6 +424,28 @@ def _cohort_reclaim_candidates(cycle, index: VictimIndex, request, any_priority:
             yield from run.below(priority)
         else:
             yield from run.workloads if any_priority else run.up_to(priority)
+
+
+def _class_priority_candidates(index: VictimIndex, request):
+    """Preemptible work of strictly lower priority in the other queues of the preemptor's cohort tree."""
+    queue = request.queue
+    root = index.cohort_root.get(queue.name)
+    if root is None:
+        return
+    priority = request.workload.priority
+    for other in index.queues:
+        if other != queue.name and index.cohort_root.get(other) == root:
+            yield from index.own(other).below(priority)
+
+
+def _equal_priority_candidates(index: VictimIndex, request):
+    """Preemptible work of the preemptor's own priority in its own queue and its cohort tree's others."""
+    queue = request.queue
+    root = index.cohort_root.get(queue.name)
+    priority = request.workload.priority
+    for other in index.queues:
+        if other == queue.name or (root is not None and index.cohort_root.get(other) == root):
+            yield from index.own(other).equal(priority)
 
 
 def _cohort_reclaim_runs(cycle, index: VictimIndex, request):
@@ -594,7 +695,42 @@ def _freed_slots(cycle, workload: RunningWorkload, access) -> list:
                 rank = RANK_PLAIN if slot.category == PLAIN else access.rank(slot)
                 if rank is not None:
                     slots.append((rank, slot))
+    if cycle.state.counted:
+        slots += _unblocked_slots(cycle.state, [slot for _, slot in slots], access)
     return slots
+
+
+def _counters_given_back(cycle, workloads) -> dict:
+    """Counter position -> amount the devices of `workloads` consume, whatever their class: evicting a
+    partition's holder gives its counters back to the whole device too."""
+    credit: dict[int, float] = {}
+    slot_by_id = cycle.state.slot_by_id
+    for workload in workloads:
+        for pod in workload.pods:
+            for device_id in pod.device_ids:
+                slot = slot_by_id.get(device_id)
+                if slot is not None and slot.consumes is not None and slot.holder == workload.id:
+                    for counter, amount in slot.consumes:
+                        credit[counter] = credit.get(counter, 0) + amount
+    return credit
+
+
+def _unblocked_slots(state, freed, access) -> list:
+    """(rank, slot) of the devices that only the counters of the `freed` ones keep from being free (a
+    whole GPU while a partition of it runs): evicting their holder may free them. Placement checks the
+    counters again (View.counter_credit), so one named here that needs more victims is not taken."""
+    found = {}
+    for slot in freed:
+        if slot.consumes is None:
+            continue
+        for counter, _ in slot.consumes:
+            for order, _ in state.counter_consumers[counter]:
+                other = state.slots[order]
+                if other.holder == COUNTERS and order not in found:
+                    rank = RANK_PLAIN if other.category == PLAIN else access.rank(other)
+                    if rank is not None:
+                        found[order] = (rank, other)
+    return [found[order] for order in sorted(found)]
 
 
 class _ScopeSearch:
@@ -637,6 +773,10 @@ class _ScopeSearch:
         for victim in chosen:
             more.extend(self.freed[victim.workload.id][self.scope])
         view = self.cycle.view(self.class_name, self.request.default_access, more=more)
+        if self.cycle.state.counted:
+            view.counter_credit = _counters_given_back(
+                self.cycle, [victim.workload for victim in chosen] + self.evicting_workloads
+            )
         return place_within_scope(view, self.scope, self.request.demands, self.preferred) is not None
 
 

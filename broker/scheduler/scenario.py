@@ -1,8 +1,25 @@
 """What-if scenario files: a small YAML cluster -> Snapshot, and a CycleResult -> the `whatif --json` dict.
 
 The format (issue 3) is also the format of the scenario tests. Devices of a node are named
-"<node>/0" .. "<node>/<n-1>" with driver gpu.example.com. Any malformed input raises ScenarioError with
-one readable line that says where, e.g. "pending[2].queue: unknown queue 'foo'".
+"<node>/0" .. "<node>/<n-1>" with driver gpu.example.com.
+
+Partitionable devices (DRA counter sets, issue 26): a node with `counters` publishes one counter set per
+device, named "gpu-<index>", holding those counters; each whole device consumes all of its set. Its
+`partitions` list profiles cut from every device, e.g.
+
+    counters: {memory: 8, compute: 7}
+    partitions:
+      - {profile: 1g.10gb, count: 7, consumes: {memory: 1, compute: 1}}
+      - {profile: 3g.40gb, count: 2, consumes: {memory: 4, compute: 3}, attributes: {...}}
+
+makes devices "<node>/<index>:<profile>#<k>" (k = 0 .. count-1) with the node's attributes plus
+`profile: <profile>` (a whole device gets `profile: whole`), each consuming its `consumes` of its
+device's set. A partition consuming a counter its device does not publish is an error. A running pod
+names partitions by their name on the node (`devices: ["0:1g.10gb#0"]`); `devices: <count>` takes
+whole devices only, and running work that would exceed a counter is an error.
+
+Any malformed input raises ScenarioError with one readable line that says where, e.g.
+"pending[2].queue: unknown queue 'foo'".
 """
 
 from __future__ import annotations
@@ -19,6 +36,7 @@ from broker.scheduler.snapshot import (
     RECLAIM_POLICIES,
     WITHIN_QUEUE_POLICIES,
     Cohort,
+    CounterSet,
     CycleResult,
     Device,
     DeviceClass,
@@ -77,7 +95,7 @@ class _Reader:
         if len(set(levels)) != len(levels):
             raise ScenarioError("topology: levels must be unique")
         device_classes = self.device_classes()
-        nodes, devices = self.nodes(levels)
+        nodes, devices, counter_sets = self.nodes(levels)
         cohorts = self.cohorts()
         queues = self.queues({cohort.name for cohort in cohorts})
         class_names = {device_class.name for device_class in device_classes}
@@ -88,13 +106,16 @@ class _Reader:
             "resource_classes": {rc.name: rc for rc in resource_classes},
             "nodes": {node.name: node for node in nodes},
             "devices": {device.id: device for device in devices},
+            "counter_sets": {(counter_set.node, counter_set.name): counter_set for counter_set in counter_sets},
         }
         now = _number(self.data.get("now", 0), "now")
         running = self.running(lookups, ClassMatcher(device_classes), now)
+        _check_counters(running, lookups)
         return Snapshot(
             levels=levels,
             nodes=nodes,
             devices=devices,
+            counter_sets=counter_sets,
             device_classes=device_classes,
             cohorts=cohorts,
             queues=queues,
@@ -139,12 +160,12 @@ class _Reader:
             )
         return tuple(classes)
 
-    def nodes(self, levels) -> tuple[tuple[Node, ...], tuple[Device, ...]]:
-        nodes, devices = [], []
+    def nodes(self, levels) -> tuple[tuple[Node, ...], tuple[Device, ...], tuple[CounterSet, ...]]:
+        nodes, devices, counter_sets = [], [], []
         seen = set()
         allowed = {
             "name", "devices", "attributes", "device_attributes", "unhealthy", "cordoned", "taints", "labels",
-            "capacity",
+            "capacity", "counters", "partitions",
         }  # fmt: skip
         for index, spec in enumerate(_list(self.data.get("nodes") or [], "nodes")):
             where = f"nodes[{index}]"
@@ -177,21 +198,74 @@ class _Reader:
                     labels=dict(_mapping(spec.get("labels") or {}, where + ".labels")),
                 )
             )
+            counters = _counts(spec.get("counters") or {}, where + ".counters")
+            partitions = self.partitions(spec.get("partitions") or [], where + ".partitions", counters)
+            if partitions:
+                attributes = {**attributes, "profile": "whole"}
             for device_index in range(count):
+                own = (
+                    {**attributes, **_mapping(per_device.get(device_index) or {}, where)}
+                    if device_index in per_device
+                    else attributes
+                )
+                healthy = device_index not in unhealthy
+                device_taints = tuple(taint for taint, indices in taints if indices is None or device_index in indices)
+                set_name = f"gpu-{device_index}"
+                if counters:
+                    counter_sets.append(CounterSet(set_name, name, dict(counters)))
                 devices.append(
                     Device(
                         id=f"{name}/{device_index}",
                         node=name,
                         driver=DRIVER,
-                        attributes={**attributes, **_mapping(per_device.get(device_index) or {}, where)}
-                        if device_index in per_device
-                        else attributes,
+                        attributes=own,
                         capacity=capacity,
-                        healthy=device_index not in unhealthy,
-                        taints=tuple(taint for taint, indices in taints if indices is None or device_index in indices),
+                        healthy=healthy,
+                        taints=device_taints,
+                        consumes_counters={set_name: dict(counters)} if counters else {},
                     )
                 )
-        return tuple(nodes), tuple(devices)
+                for profile, parts, consumes, extra in partitions:
+                    for part in range(parts):
+                        devices.append(
+                            Device(
+                                id=f"{name}/{device_index}:{profile}#{part}",
+                                node=name,
+                                driver=DRIVER,
+                                attributes={**own, **extra, "profile": profile},
+                                capacity=capacity,
+                                healthy=healthy,
+                                taints=device_taints,
+                                consumes_counters={set_name: dict(consumes)},
+                            )
+                        )
+        return tuple(nodes), tuple(devices), tuple(counter_sets)
+
+    def partitions(self, raw, where, counters) -> list[tuple]:
+        """(profile, count, consumes, attributes) of each partition profile."""
+        profiles = []
+        for index, spec in enumerate(_list(raw, where)):
+            here = f"{where}[{index}]"
+            spec = _mapping(spec, here)
+            _keys(here, spec, {"profile", "count", "consumes", "attributes"})
+            profile = _required_str(spec, "profile", here)
+            if any(profile == known[0] for known in profiles):
+                raise ScenarioError(f"{here}.profile: duplicate profile '{profile}'")
+            consumes = _counts(spec.get("consumes") or {}, here + ".consumes")
+            if not consumes:
+                raise ScenarioError(f"{here}.consumes: a partition must consume some of its device's counters")
+            for counter in consumes:
+                if counter not in counters:
+                    known = ", ".join(sorted(counters)) or "none"
+                    raise ScenarioError(
+                        f"{here}.consumes: counter '{counter}' is not published by its device (counters: {known})"
+                    )
+            count = _int(spec.get("count", 1), here + ".count")
+            if count < 1:
+                raise ScenarioError(f"{here}.count: must be at least 1")
+            attributes = dict(_mapping(spec.get("attributes") or {}, here + ".attributes"))
+            profiles.append((profile, count, consumes, attributes))
+        return profiles
 
     def taints(self, raw, where, count):
         taints = []
@@ -397,12 +471,16 @@ class _Reader:
             if node not in lookups["nodes"]:
                 raise ScenarioError(f"{here}.node: unknown node '{node}'")
             on_node = sorted(
-                (device_id for device_id, device in lookups["devices"].items() if device.node == node),
+                (
+                    device_id
+                    for device_id, device in lookups["devices"].items()
+                    if device.node == node and device_id.rsplit("/", 1)[1].isdigit()
+                ),
                 key=lambda device_id: int(device_id.rsplit("/", 1)[1]),
             )
             devices = spec.get("devices", 1)
             if isinstance(devices, list):
-                ids = [f"{node}/{_int(i, here + '.devices')}" for i in devices]
+                ids = [f"{node}/{i}" if isinstance(i, str) else f"{node}/{_int(i, here + '.devices')}" for i in devices]
                 unknown = [device_id for device_id in ids if device_id not in lookups["devices"]]
                 if unknown:
                     raise ScenarioError(f"{here}.devices: no device {unknown[0]}")
@@ -526,6 +604,26 @@ class _Reader:
 
 
 # --- small readers that say where things went wrong ---
+
+
+def _check_counters(running, lookups) -> None:
+    """Running work may not hold more of a counter than its set publishes (one error, naming the first
+    workload that goes over)."""
+    left = {key: dict(counter_set.counters) for key, counter_set in lookups["counter_sets"].items()}
+    devices = lookups["devices"]
+    for workload in running:
+        for pod in workload.pods:
+            for device_id in pod.device_ids:
+                device = devices[device_id]
+                for set_name, counters in device.consumes_counters.items():
+                    for counter, amount in counters.items():
+                        counts = left.get((device.node, set_name), {})
+                        if counts.get(counter, 0) < amount:
+                            raise ScenarioError(
+                                f"running '{workload.id}': {device_id} would exceed counter '{counter}' of "
+                                f"counter set {set_name} on {device.node}"
+                            )
+                        counts[counter] -= amount
 
 
 def _keys(where: str, spec: dict, allowed: set) -> None:
@@ -652,7 +750,8 @@ def _inferred_class(pods, lookups, matcher: ClassMatcher, where) -> str:
 
 
 def result_to_json(snapshot: Snapshot, result: CycleResult) -> dict:
-    """The exact `whatif --json` shape: {"workloads": [...], "preempted": [...]}."""
+    """The exact `whatif --json` shape: {"workloads": [...], "preempted": [...], "evicted": [...]};
+    `evicted` holds {"name", "reason", "message"} of running work stopped for any cause but preemption."""
     admissions = {admission.workload_id: admission for admission in result.admissions}
     decisions = {decision.workload_id: decision for decision in result.pending}
     workloads = []
@@ -667,7 +766,11 @@ def result_to_json(snapshot: Snapshot, result: CycleResult) -> dict:
         by_victim.setdefault(preemption.victim_id, preemption)
     for victim_id in preempted:
         workloads.append(_preempted_json(by_victim[victim_id]))
-    return {"workloads": workloads, "preempted": preempted}
+    evicted = [
+        {"name": eviction.workload_id, "reason": eviction.reason, "message": eviction.message}
+        for eviction in sorted(result.evictions, key=lambda eviction: eviction.workload_id)
+    ]
+    return {"workloads": workloads, "preempted": preempted, "evicted": evicted}
 
 
 def result_table(snapshot: Snapshot, result: CycleResult) -> str:
@@ -683,6 +786,8 @@ def result_table(snapshot: Snapshot, result: CycleResult) -> str:
             if workload["suggestions"]:
                 detail += " | try: " + "; ".join(s["description"] for s in workload["suggestions"])
         rows.append((workload["name"], workload["status"], workload["reason"] or "-", detail))
+    for eviction in result.evictions:
+        rows.append((eviction.workload_id, "evicted", eviction.reason, eviction.message))
     widths = [max(len(row[column]) for row in rows) for column in range(3)]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True)) + "  " + row[3]
              for row in rows]  # fmt: skip

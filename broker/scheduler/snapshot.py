@@ -97,6 +97,11 @@ class Device:
     capacity: plain capacity names -> number (CEL: device.capacity[driver][name]).
     healthy: False for Unhealthy or Unknown health; such devices take no new work.
     taints: device taints; NoSchedule/NoExecute ones need a matching toleration.
+    consumes_counters: DRA consumesCounters, counter set name (a CounterSet of the same node) ->
+      {counter: amount} the device takes while allocated. A whole partitionable device and each of its
+      partitions consume the device's counters, so no allocation can exceed them: the whole device
+      excludes its partitions and partitions of several profiles pack onto one device. A device
+      naming a counter set or counter its node does not publish is never allocatable.
     """
 
     id: str
@@ -106,6 +111,20 @@ class Device:
     capacity: dict = field(default_factory=dict)
     healthy: bool = True
     taints: tuple[Taint, ...] = ()
+    consumes_counters: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CounterSet:
+    """DRA sharedCounters: a set of counters one node publishes (e.g. one per physical GPU: its memory
+    slices and compute units), which the devices consuming it share.
+
+    name: unique on its node (the ResourceSlice pool is the node). counters: counter -> value.
+    """
+
+    name: str
+    node: str
+    counters: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -178,6 +197,11 @@ class ResourceClass:
     approval_required: workloads need `approved=True` before they are considered.
     default_priority / preemptible: defaults for workloads of this class.
     max_devices: most devices one workload of this class may request (None = no limit).
+    preempts_across_queues: its work may preempt preemptible work of strictly lower priority in any queue
+      of its cohort tree (rule ClassPriority), not only in its own queue: how the menu lets short,
+      interactive work displace batch work that other teams run.
+    checkpoint_restart_seconds: what a preemption costs work of this class: the progress since its last
+      checkpoint, redone after a restart, counted as this many seconds of its devices (lost work).
     """
 
     name: str
@@ -189,6 +213,8 @@ class ResourceClass:
     default_priority: int = 0
     preemptible: bool = False
     max_devices: int | None = None
+    preempts_across_queues: bool = False
+    checkpoint_restart_seconds: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -296,6 +322,7 @@ class RunningWorkload:
     part_of: set on the evicting pods of a workload that is being shrunk, split off its record
       (`split_leaving`): the id of the workload they belong to. Their own id is `leaving_id` of it.
     partial: only some of the workload's pods (a preemption search's candidate for shrinking it).
+    preemptions: how often it was preempted before this run (a bound protects it from thrashing).
     """
 
     id: str
@@ -312,6 +339,7 @@ class RunningWorkload:
     min_counts: tuple[tuple[str, int], ...] = ()
     part_of: str | None = None
     partial: bool = False
+    preemptions: int = 0
 
     @cached_property
     def device_count(self) -> int:
@@ -385,6 +413,17 @@ class SchedulerConfig:
       only lets queue heads preempt); the rest wait a cycle, which also keeps a cycle's search bounded.
     estimate_horizon_events: release events simulated for estimated starts.
     estimate_queue_depth: waiting workloads (the first in cluster order) whose start is estimated.
+    preemption_min_runtime_seconds: a workload runs at least this long after each (re)start before it may
+      be preempted; no preemption can then undo an admission before it did any work.
+    max_preemptions_per_workload: a workload preempted this many times is not preempted again (None = no
+      bound): it finishes, however often higher-priority work arrives.
+    shorter_remaining_factor: None = off; a number lets a pending workload preempt preemptible work of its
+      own priority in its cohort tree (rule ShorterRemaining) whose expected remaining device-time is at
+      least this many times the preemptor's whole expected device-time (preemptive shortest-remaining-first;
+      work of unknown duration is never such a victim).
+    shortest_first_aging_seconds: None keeps equal-priority work of a queue in submission order; a number
+      orders it by expected remaining device-time, shortest first, each such span of waiting counting as
+      much as a factor of e in size, so long work moves up the longer it waits and nobody starves.
     """
 
     enable_backfill_protection: bool = True
@@ -397,6 +436,10 @@ class SchedulerConfig:
     preemptions_per_queue_per_cycle: int = 1
     estimate_horizon_events: int = 256
     estimate_queue_depth: int = 1000
+    preemption_min_runtime_seconds: float = 0.0
+    max_preemptions_per_workload: int | None = None
+    shorter_remaining_factor: float | None = None
+    shortest_first_aging_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -411,6 +454,7 @@ class Snapshot:
     levels: tuple[str, ...] = ()
     nodes: tuple[Node, ...] = ()
     devices: tuple[Device, ...] = ()
+    counter_sets: tuple[CounterSet, ...] = ()
     device_classes: tuple[DeviceClass, ...] = ()
     cohorts: tuple[Cohort, ...] = ()
     queues: tuple[Queue, ...] = ()
@@ -450,7 +494,8 @@ class Admission:
 class Preemption:
     """A running workload to evict so `preemptor_id` can start in a later cycle.
 
-    rule: the policy that allowed it: "WithinQueue" | "ReclaimWithinCohort" | "ReservationReclaim".
+    rule: the policy that allowed it: "WithinQueue" | "ReclaimWithinCohort" | "ReservationReclaim" |
+      "ClassPriority" | "ShorterRemaining".
     pods: (pod set, index) of the pods to evict when it is shrunk (Pod disruption mode, pods above its
       gang minimum); empty: the whole workload.
     """
@@ -458,6 +503,21 @@ class Preemption:
     victim_id: str
     preemptor_id: str
     rule: str
+    message: str
+    pods: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class Eviction:
+    """Running work the cycle stops for a cause other than preemption (e.g. a failed device under it).
+
+    reason: "DeviceFailed". pods: (pod set, index) of the pods that leave (Pod disruption mode, its
+    gang minimum kept); empty: the whole workload. It keeps its devices while it shuts down, then goes
+    back to its queue.
+    """
+
+    workload_id: str
+    reason: str
     message: str
     pods: tuple[tuple[str, int], ...] = ()
 
@@ -503,3 +563,4 @@ class CycleResult:
     admissions: tuple[Admission, ...] = ()
     preemptions: tuple[Preemption, ...] = ()
     pending: tuple[PendingDecision, ...] = ()
+    evictions: tuple[Eviction, ...] = ()

@@ -11,10 +11,12 @@ The only chance involved is a `random.Random(seed)`: the same arguments give the
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from broker.scheduler.snapshot import (
     DRIVER,
     Cohort,
+    CounterSet,
     Device,
     DeviceClass,
     Node,
@@ -172,4 +174,58 @@ def _pending(chance: random.Random, index: int, size: int, pod_sets: dict[int, P
         priority=chance.choice((0, 1, 5, 10)),
         submitted=float(chance.randrange(0, 100_000)),
         expected_duration=float(chance.randrange(60, 86_400)) if chance.random() < 0.7 else None,
+    )
+
+
+PARTITION_PROFILE = "1g"
+
+
+def partitioned_snapshot(snapshot: Snapshot, every: int = 4, parts: int = 7, share: float = 0.3, seed: int = 1):
+    """`snapshot` with the GPUs of every `every`-th node cut into `parts` partitions (DRA counter sets: a
+    GPU's set holds `parts` slices; the whole consumes all of them, each partition one), running work
+    left as it is, and about `share` of the one-device gangs asking for a partition instead (class
+    "mig-1g"). Issue 26's bench case: at 12,500 nodes, 100k GPUs and 175k partitions."""
+    chance = random.Random(seed)
+    cut = {node.name for position, node in enumerate(snapshot.nodes) if position % every == 0}
+    devices, counter_sets = [], []
+    for device in snapshot.devices:
+        if device.node not in cut:
+            devices.append(device)
+            continue
+        set_name = "gpu-" + device.id.rpartition("/")[2]
+        counter_sets.append(CounterSet(set_name, device.node, {"slices": parts}))
+        devices.append(replace(device, consumes_counters={set_name: {"slices": parts}}))
+        attributes = {**device.attributes, "model": device.attributes["model"] + "-" + PARTITION_PROFILE}
+        for part in range(parts):
+            devices.append(
+                replace(
+                    device,
+                    id=f"{device.id}:{PARTITION_PROFILE}#{part}",
+                    attributes=attributes,
+                    consumes_counters={set_name: {"slices": 1}},
+                )
+            )
+    slice_class = DeviceClass(
+        "mig-1g",
+        selector=f'device.attributes["{DRIVER}"].model in ["H100-{PARTITION_PROFILE}", "A100-{PARTITION_PROFILE}"]',
+        price_per_hour=0.6,
+    )
+    one_slice = PodSet("main", 1, None, 1, ("mig-1g",))
+    pending = tuple(
+        replace(workload, pod_sets=(one_slice,), resource_class=None, topology_required=None)
+        if workload.pod_sets[0].devices_per_pod == 1 and workload.pod_sets[0].count == 1 and chance.random() < share
+        else workload
+        for workload in snapshot.pending
+    )
+    queues = tuple(
+        replace(queue, quota={**queue.quota, "mig-1g": 7 * queue.quota.get("h100", 0)}) if queue.quota else queue
+        for queue in snapshot.queues
+    )
+    return replace(
+        snapshot,
+        devices=tuple(devices),
+        counter_sets=tuple(counter_sets),
+        device_classes=(*snapshot.device_classes, slice_class),
+        queues=queues,
+        pending=pending,
     )

@@ -91,6 +91,9 @@ class Workload(models.Model):
     )  # fmt: skip
     eviction_rule = models.CharField(max_length=32, blank=True)
     eviction_message = models.TextField(blank=True)
+    preemption_count = models.PositiveIntegerField(
+        default=0, help_text="How often it was preempted; a bound (PREEMPTION_MAX_PER_WORKLOAD) then protects it."
+    )
     nominated_devices = models.JSONField(
         default=list, blank=True, help_text="Device pks its victims free for it; held for it until it is admitted."
     )

@@ -11,8 +11,9 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from broker import events
 from broker.audit.models import record
-from broker.cycle.triggers import request_cycle_after_commit
+from broker.events import request_cycle_after_commit
 from broker.governance import approvals, guidance
 from broker.inventory.models import TopologyLevel
 from broker.policy import roles
@@ -301,7 +302,7 @@ def approve_workload(workload, actor, comment, not_before=None, not_after=None, 
             after={"approval": workload.approval, "state": workload.state, **approvals.grant_summary(granted)},
             reason=workload.approval_comment,
         )
-        approvals.notify.after_commit(approvals.notify.APPROVERS, "approval.decided", workload.pk)
+        events.approval_changed_after_commit("approval.decided", workload.pk)
         request_cycle_after_commit(f"workload {workload.pk} approved")
     return workload
 
@@ -321,7 +322,7 @@ def reject_workload(workload, actor, comment):
             after={"approval": workload.approval, "state": workload.state},
             reason=workload.approval_comment,
         )
-        approvals.notify.after_commit(approvals.notify.APPROVERS, "approval.decided", workload.pk)
+        events.approval_changed_after_commit("approval.decided", workload.pk)
         # The queue behind it moves up and needs fresh positions.
         request_cycle_after_commit(f"workload {workload.pk} rejected")
     return workload

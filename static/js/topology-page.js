@@ -79,7 +79,7 @@
       var node = data.node;
       crumbs(current.rackData ? current.rackData.rack : null, node.name);
       document.getElementById("node-card").hidden = false;
-      document.getElementById("node-title").textContent = "Node " + node.name + (node.cordoned ? " — cordoned" : "") + " · " + node.path;
+      document.getElementById("node-title").textContent = "Node " + node.name + (node.cordoned ? " — cordoned" : "") + " · " + node.path + (node.cluster ? " · cluster " + node.cluster : "");
       var actions = document.getElementById("node-actions");
       actions.innerHTML = "";
       if (isOperator) {
@@ -93,6 +93,7 @@
         var held = d.workload ? el("a", { href: d.workload.url, text: d.team + " / " + d.workload.name }) : (d.team ? d.team + " (not yours to see)" : "—");
         var tr = el("tr", { dataset: { device: d.id, state: d.state } }, [
           el("td", { class: "mono", text: d.node + "/" + d.name }),
+          el("td", { class: "small mono", text: d.pool ? d.driver + " / " + d.pool : "—" }),
           el("td", {}, [el("span", { class: "badge", text: d.state + (d.state === "busy" && d.unavailable ? " · takes no new work" : ""),
             dataset: { deviceState: d.state === "busy" && d.unavailable ? "unhealthy" : d.state } })]),
           el("td", { text: d.health + (d.taints.length ? " · " + d.taints.map(function (t) { return t.key; }).join(",") : "") }),

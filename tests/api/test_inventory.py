@@ -76,7 +76,17 @@ class TestNodes(ModelAPITests):
         return {"name": f"new-node-{n}", "domain": rack("r2").pk, "labels": {"pool": "a"}}
 
     def update_data(self, cluster):
-        return {"labels": {"pool": "b"}}
+        return {"labels": {"pool": "b"}, "shared_counters": {"gpu-0": {"memory": "80Gi"}}}
+
+    def test_it_refuses_shared_counters_that_are_not_quantities(self, cluster, api_client, olivia):
+        node = Node.objects.create(name="spare", domain=rack())
+        response = signed_in(api_client, olivia).patch(
+            f"{self.url}{node.pk}/", {"shared_counters": {"gpu-0": {"memory": "lots"}}}, format="json"
+        )
+        assert response.status_code == 400
+        assert "must be a non-negative quantity" in response.json()["shared_counters"][0]
+        node.refresh_from_db()
+        assert node.shared_counters is None
 
     def bad_create_data(self, cluster):
         return [
@@ -143,7 +153,26 @@ class TestDevices(ModelAPITests):
             ({"node": "n1", "name": "0"}, ["non_field_errors"]),
             ({"node": "n1", "name": "t", "taints": [{"effect": "NoSchedule"}]}, ["taints"]),
             ({"node": "n1", "name": "u", "taints": [{"key": "k", "effect": "Sometimes"}]}, ["taints"]),
+            # n1 publishes no counter set: a partition cannot consume one.
+            ({"node": "n1", "name": "p", "consumes_counters": {"gpu-0": {"memory": 1}}}, ["consumes_counters"]),
         ]
+
+    def test_it_refuses_a_partition_consuming_a_counter_its_device_lacks(self, cluster, api_client, olivia):
+        Node.objects.filter(name="n1").update(shared_counters={"gpu-0": {"memory": "80Gi", "compute": 7}})
+        client = signed_in(api_client, olivia)
+        before = Device.objects.count()
+
+        response = client.post(
+            self.url, {"node": "n1", "name": "0:1g", "consumes_counters": {"gpu-0": {"slices": 1}}}, format="json"
+        )
+
+        assert response.status_code == 400
+        assert response.json()["consumes_counters"] == [
+            "Counter 'slices' is not in counter set 'gpu-0' (its counters: compute, memory)."
+        ]
+        assert Device.objects.count() == before
+        good = {"node": "n1", "name": "0:1g", "consumes_counters": {"gpu-0": {"memory": "10Gi", "compute": 1}}}
+        assert client.post(self.url, good, format="json").status_code == 201
 
     def test_it_marks_unhealthy_and_healthy_as_audited_interventions(self, cluster, api_client, olivia):
         device = cluster.nodes[1].devices.first()

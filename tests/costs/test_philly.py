@@ -10,8 +10,9 @@ import pytest
 from django.conf import settings
 
 from broker.costs.exports import chargeback_rows
-from broker.costs.sampling import record_capacity_sample, sample_capacity
+from broker.costs.sampling import record_capacity_sample
 from broker.costs.statement import monthly_statement
+from broker.cycle.commit import sample_capacity
 from broker.inventory.models import Device, Node
 from broker.policy.models import Team
 from broker.workloads.models import Allocation, PodSet, Workload

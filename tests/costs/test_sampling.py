@@ -3,7 +3,8 @@ from decimal import Decimal
 
 from broker.costs.models import CapacitySample
 from broker.costs.report import allocation_report
-from broker.costs.sampling import record_capacity_sample, sample_capacity
+from broker.costs.sampling import record_capacity_sample
+from broker.cycle.commit import sample_capacity
 from broker.inventory.models import Device, Health
 from broker.policy.models import Reservation
 from broker.workloads.states import State

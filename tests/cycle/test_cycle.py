@@ -195,6 +195,9 @@ def test_it_evicts_victims_gracefully_and_admits_the_preemptor_once_they_are_gon
     assert list(hog.transitions.values_list("to_state", flat=True))[-2:] == [State.PREEMPTED, State.PENDING]
     evicted = AuditEvent.objects.get(action="workload.evicted", target_id=str(hog.pk))
     assert (evicted.after["rule"], evicted.after["preemptor"]) == ("WithinQueue", claimant.pk)
+    assert hog.preemption_count == 1
+    requeued = ExplanationChange.objects.get(workload=hog, reason="Requeued").message
+    assert requeued.endswith("the restart from its last checkpoint loses about 60 s of 8 devices' work")
 
     # 4. A rival ordered first (its queue uses nothing) may not take the devices freed for the claimant.
     rival = pending(cluster.queue_b, "rival", replicas=2, devices_per_pod=4, resource_class=cluster.training)
@@ -206,6 +209,22 @@ def test_it_evicts_victims_gracefully_and_admits_the_preemptor_once_they_are_gon
     assert set(Allocation.objects.filter(workload=claimant).values_list("device_id", flat=True)) == {
         device.pk for device in rack_1
     }
+
+
+def test_it_no_longer_preempts_a_workload_preempted_as_often_as_the_bound_allows(cluster, settings):
+    preempting_within(cluster.queue_a)
+    hog = running(cluster.queue_a, "hog", rack_devices("r1"), cluster.h100, resource_class=cluster.training, priority=1)
+    running(cluster.queue_a, "steady", rack_devices("r2"), cluster.h100, priority=500, preemptible=False)
+    pending(cluster.queue_a, "claimant", replicas=2, devices_per_pod=4, resource_class=cluster.training, priority=100)
+    Workload.objects.filter(pk=hog.pk).update(preemption_count=2)
+    settings.PREEMPTION_MAX_PER_WORKLOAD = 2
+
+    snapshot, _ = load_snapshot(timezone.now())
+    assert next(w for w in snapshot.running if w.id == str(hog.pk)).preemptions == 2
+    assert run_once().preempted == ()
+
+    settings.PREEMPTION_MAX_PER_WORKLOAD = 3
+    assert run_once().preempted == (hog.pk,)
 
 
 def test_it_runs_a_whole_cycle_without_the_cyclic_collector_and_turns_it_back_on(cluster, monkeypatch):

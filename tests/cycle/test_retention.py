@@ -316,7 +316,7 @@ def test_it_defaults_to_two_weeks_of_cycles_and_all_of_the_history(tmp_path):
 
 
 def test_it_prunes_in_the_embedded_loop_at_start_and_then_once_a_day(cluster, now, settings):
-    from broker.cycle.runner import Runner
+    from broker.cycle.embedded import Runner
 
     settings.CYCLE_RETENTION_DAYS = 14
     old = cycle_at(now - timedelta(days=30))
@@ -333,13 +333,13 @@ def test_it_prunes_in_the_embedded_loop_at_start_and_then_once_a_day(cluster, no
 
 
 def test_it_runs_the_retention_as_one_of_the_embedded_loops_steps(cluster, now, settings, monkeypatch):
-    from broker.cycle import runner as runner_module
+    from broker.cycle import embedded
 
     settings.CYCLE_RETENTION_DAYS = 14
     old = cycle_at(now - timedelta(days=30))
     cycle_at(now - timedelta(seconds=3))
-    monkeypatch.setattr(runner_module, "run_once", lambda: None)  # this test is about the retention step
-    runner_module.Runner(interval=1).step(runner_module.get_executor())
+    monkeypatch.setattr(embedded, "run_once", lambda: None)  # this test is about the retention step
+    embedded.Runner(interval=1).step(embedded.get_executor())
 
     assert not SchedulingCycle.objects.filter(pk=old.pk).exists()
 

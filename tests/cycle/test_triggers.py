@@ -1,4 +1,5 @@
 import pytest
+from celery import current_app
 from django.conf import settings as django_settings
 
 from broker.cycle import triggers
@@ -16,7 +17,12 @@ def celery_mode(settings, monkeypatch):
     client = triggers.redis_client()
     client.delete(triggers.debounce_key(), triggers.requests_key())
     queued = []
-    monkeypatch.setattr(run_cycle, "apply_async", lambda **kwargs: queued.append(kwargs))
+
+    def send_task(name, **kwargs):
+        assert name == run_cycle.name, "the trigger queues the cycle task by a name no task has"
+        queued.append(kwargs)
+
+    monkeypatch.setattr(current_app, "send_task", send_task)
     yield queued
     client.delete(triggers.debounce_key(), triggers.requests_key())
 

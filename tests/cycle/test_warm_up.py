@@ -5,8 +5,9 @@ from django.utils import timezone
 from broker.audit.models import AuditEvent
 from broker.cycle import loader
 from broker.cycle import runner as runner_module
+from broker.cycle.embedded import Runner
 from broker.cycle.loader import load_snapshot
-from broker.cycle.runner import Runner, run_once, warm_up
+from broker.cycle.runner import run_once, warm_up
 from broker.inventory.models import Device
 from broker.workloads.models import Allocation, Explanation, ExplanationChange, SchedulingCycle, Workload
 from tests.cycle.helpers import pending, running
@@ -76,10 +77,12 @@ def test_it_connects_the_warm_up_to_every_celery_worker_process_start():
 
 
 def test_it_warms_the_embedded_loop_up_before_its_first_step(db, settings, monkeypatch):
+    from broker.cycle import embedded
+
     steps = []
-    monkeypatch.setattr(runner_module, "warm_up", lambda: steps.append("warm up"))
+    monkeypatch.setattr(embedded, "warm_up", lambda: steps.append("warm up"))
     monkeypatch.setattr(Runner, "step", lambda self, executor: steps.append("step") or self.stop())
-    monkeypatch.setattr(runner_module, "wait_for_request", lambda interval: None)
+    monkeypatch.setattr(embedded, "wait_for_request", lambda interval: None)
 
     settings.CYCLE_WARM_UP = True
     Runner(interval=0.01).run()

@@ -77,6 +77,7 @@ def class_form(cluster, **changes):
         "sharing": "Exclusive",
         "priority_class": cluster.training.priority_class.pk,
         "preemptible": "on",
+        "checkpoint_restart_seconds": "60",
         "max_devices": "",
         "max_devices_per_pod": "",
         "max_duration_seconds": "",

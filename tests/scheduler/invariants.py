@@ -32,6 +32,7 @@ def assert_valid_result(snapshot, result):
         assert_gang_complete(workload, admission)
     doubled = [device_id for device_id, count in held.items() if count > 1]
     assert not doubled, f"devices allocated twice: {sorted(doubled, key=natural_key)}"
+    assert_counters_hold(snapshot, held)
     assert_gangs_survive_shrinking(snapshot, result)
 
 
@@ -62,3 +63,24 @@ def assert_gang_complete(workload, admission):
         for pod in admission.pods:
             if pod.pod_set == pod_set.name:
                 assert len(pod.device_ids) == pod_set.devices_per_pod
+
+
+def assert_counters_hold(snapshot, held):
+    """No shared counter (DRA counter set) is consumed beyond its value by the devices held once the
+    result applies: a whole device never together with its partitions."""
+    value = {
+        (counter_set.node, counter_set.name, counter): amount
+        for counter_set in snapshot.counter_sets
+        for counter, amount in counter_set.counters.items()
+    }
+    used = Counter()
+    devices = {device.id: device for device in snapshot.devices}
+    for device_id in held:
+        device = devices.get(device_id)
+        if device is None:
+            continue
+        for set_name, counters in device.consumes_counters.items():
+            for counter, amount in counters.items():
+                used[(device.node, set_name, counter)] += amount
+    over = {key: amount for key, amount in used.items() if amount > value.get(key, 0)}
+    assert not over, f"counters exceeded: {over}"

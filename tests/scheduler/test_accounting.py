@@ -271,3 +271,32 @@ def test_it_agrees_with_a_brute_force_and_the_parts_sum_to_the_total(snapshot):
     held |= {device_id for a in result.admissions for pod in a.pods for device_id in pod.device_ids}
     billed = sum(1 for device in snapshot.devices if device.id not in held) + len(held)
     assert sum(row.total for row in rows) == billed  # every device once (each one some class selects)
+
+
+def test_it_bills_a_partitionable_gpu_once_and_its_partitions_by_use():
+    from broker.scheduler.scenario import load_scenario
+
+    snapshot = load_scenario(
+        """
+device_classes:
+  whole: {match: {profile: whole}}
+  slice: {match: {profile: 1g}}
+  half: {match: {profile: 4g}}
+nodes:
+  - name: n1
+    devices: 2
+    counters: {memory: 8}
+    partitions:
+      - {profile: 1g, count: 8, consumes: {memory: 1}}
+      - {profile: 4g, count: 2, consumes: {memory: 4}}
+queues: [{name: q}]
+running:
+  - {name: r, queue: q, device_class: slice, pods: [{node: n1, devices: ["1:1g#0", "1:1g#1"]}]}
+"""
+    )
+    rows = {row.device_class: row for row in capacity_by_class(snapshot, CycleResult())}
+    # n1/0 is idle whole (one device, not eleven); on n1/1 two slices are busy and of what fits the
+    # rest (six slices, one 4g) only the largest, the 4g, is billed.
+    assert (rows["whole"].total, rows["whole"].idle) == (1, 1)
+    assert (rows["slice"].total, rows["slice"].busy) == (2, 2)
+    assert (rows["half"].total, rows["half"].idle) == (1, 1)

@@ -124,6 +124,9 @@ def test_it_finds_the_victims_a_scan_of_all_running_work_finds():
     )
     snapshot = replace(
         snapshot,
+        # Healthy devices: work on failed ones would be evicted first (issue 26), taking the borrowers
+        # above the preemptors' priority this test looks for out of the victim search.
+        devices=tuple(replace(device, healthy=True) for device in snapshot.devices),
         queues=queues,
         reservations=reservations,
         config=replace(snapshot.config, preemptions_per_queue_per_cycle=5),

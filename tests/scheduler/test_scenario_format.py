@@ -49,6 +49,42 @@ def test_it_rejects_malformed_scenarios_with_one_line(addition, message):
     assert "\n" not in str(error.value)
 
 
+PARTITIONED = """
+device_classes: {gpu: {}}
+queues: [{name: q}]
+nodes:
+  - name: n1
+    devices: 1
+    counters: {memory: 2}
+"""
+
+
+@pytest.mark.parametrize(
+    ("addition", "message"),
+    [
+        (
+            "    partitions: [{profile: half, count: 2, consumes: {slices: 1}}]",
+            "nodes[0].partitions[0].consumes: counter 'slices' is not published by its device (counters: memory)",
+        ),
+        ("    partitions: [{profile: half, count: 2}]", "a partition must consume some of its device's counters"),
+        (
+            "    partitions: [{profile: half, consumes: {memory: 1}}, {profile: half, consumes: {memory: 1}}]",
+            "nodes[0].partitions[1].profile: duplicate profile 'half'",
+        ),
+        (
+            "    partitions: [{profile: half, count: 2, consumes: {memory: 1}}]\n"
+            "running: [{name: r, queue: q, pods: [{node: n1, devices: [0, '0:half#1']}]}]",
+            "running 'r': n1/0:half#1 would exceed counter 'memory' of counter set gpu-0 on n1",
+        ),
+    ],
+)
+def test_it_rejects_malformed_partitions_with_one_line(addition, message):
+    with pytest.raises(ScenarioError) as error:
+        load_scenario(PARTITIONED + addition)
+    assert message in str(error.value)
+    assert "\n" not in str(error.value)
+
+
 def test_it_rejects_a_bad_selector_and_bad_yaml():
     with pytest.raises(ScenarioError, match=r"device_classes.x.selector: invalid CEL selector"):
         load_scenario("device_classes: {x: {selector: 'device.attributes['}}")

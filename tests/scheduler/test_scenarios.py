@@ -31,6 +31,11 @@ def test_it_decides_scenario_as_expected(path):
         if name == "preempted":
             assert output["preempted"] == wanted
             continue
+        if name == "evicted":
+            assert len(output["evicted"]) == len(wanted), output["evicted"]
+            pairs = zip(output["evicted"], wanted, strict=True)
+            assert [{key: entry[key] for key in want} for entry, want in pairs] == wanted
+            continue
         assert name in by_name, f"{name} missing from the output"
         check_workload(by_name[name], wanted)
 

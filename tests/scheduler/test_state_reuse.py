@@ -152,7 +152,7 @@ def test_it_keeps_no_state_of_a_cycle_that_failed(monkeypatch):
     decide(snapshot)
     InventoryIndex._last._spare.clear()
 
-    def broken(cycle):
+    def broken(cycle, rerun):
         raise RuntimeError("explanations failed")
 
     monkeypatch.setattr("broker.scheduler.explanation.explain_all", broken)

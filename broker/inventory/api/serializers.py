@@ -30,7 +30,7 @@ class NodeSerializer(ValidatedModelSerializer):
 
     class Meta:
         model = Node
-        fields = ["id", "name", "domain", "labels", "cordoned", "device_count", "created", "updated"]
+        fields = ["id", "name", "domain", "labels", "shared_counters", "cordoned", "device_count", "created", "updated"]
         # Cordoning is a manual intervention with its own audited actions (/cordon/, /uncordon/).
         read_only_fields = ["cordoned"]
 
@@ -62,6 +62,7 @@ class DeviceSerializer(ValidatedModelSerializer):
             "health",
             "taints",
             "parent",
+            "consumes_counters",
         ]
         # Health changes by hand are manual interventions with their own audited actions.
         read_only_fields = ["health"]

@@ -117,6 +117,8 @@ class ResourceClassSerializer(ValidatedModelSerializer):
             "sharing",
             "priority_class",
             "preemptible",
+            "preempts_across_queues",
+            "checkpoint_restart_seconds",
             "max_devices",
             "max_devices_per_pod",
             "max_duration_seconds",

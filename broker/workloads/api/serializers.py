@@ -74,6 +74,7 @@ class WorkloadSerializer(serializers.ModelSerializer):
             "priority",
             "disruption_mode",
             "preemptible",
+            "preemption_count",
             "topology_required",
             "topology_preferred",
             "expected_duration_seconds",

@@ -23,8 +23,9 @@ class Command(BaseCommand):
         from daphne import server as daphne_server
         from daphne.endpoints import build_endpoint_description_strings
 
+        from broker import live
         from broker.asgi import application
-        from broker.cycle import runner
+        from broker.cycle import embedded
 
         background = None
         if settings.CYCLE_MODE == "inprocess" and not no_runner:
@@ -33,8 +34,8 @@ class Command(BaseCommand):
                 from broker.cycle.replay import PhillyReplay
 
                 replay = PhillyReplay.resume()
-            runner.bind_event_loop(daphne_server.twisted_loop)
-            background = runner.Runner(replay=replay)
+            live.bind_event_loop(daphne_server.twisted_loop)
+            background = embedded.Runner(replay=replay)
             background.start()
             what = "cycles, simulated executor" + ("" if no_replay else ", Philly replay")
             self.stdout.write(f"In-process runner started ({what}) every {settings.CYCLE_INTERVAL_SECONDS}s.")

@@ -27,7 +27,7 @@ def leave_the_queue(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("workloads", "0018_workload_change_log"),
+        ("workloads", "0019_short_waits"),
     ]
 
     operations = [

@@ -1,0 +1,318 @@
+"""Decisions out: the applier drains the outbox the cycle's commit wrote, exactly once.
+
+For an admitted workload (a Bind entry), pod by pod in the gang's order: allocate the pod's ResourceClaim
+(`status.allocation` names the devices the cycle chose, on the pod's node, and `reservedFor` the pod), then
+bind the pod to that node through the `binding` subresource; then the workload is Running. For a victim
+(an Evict entry): every pod of its group goes through the Eviction API with the grace period; the sync
+completes the eviction when the pods are gone (broker.kube.intake.pod_deleted).
+
+Exactly once: the entry is locked while it is applied and marked done in the same transaction that moves
+the workload, so a worker that dies anywhere leaves it open and the next one applies it again; every call
+reads first and skips what is already so (a claim allocated with these devices, a pod bound to this node),
+so nothing is done twice. A `409 Conflict` (someone wrote the object since it was read) is re-read and
+retried, up to KUBE_CONFLICT_RETRIES times.
+
+Every PodGroup also carries a `PodGroupScheduled` condition with the broker's reason code and message, the
+same words as the dashboard (`write_conditions`).
+"""
+
+import json
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from broker.cycle.executor import move
+from broker.kube.connection import api_client
+from broker.kube.models import Action, MirroredClaim, MirroredPod, MirroredPodGroup, OutboxEntry
+from broker.workloads.models import Allocation, Explanation
+from broker.workloads.states import HOLDING_STATES, State
+
+log = logging.getLogger(__name__)
+CONFLICT = 409
+MERGE_PATCH = "application/merge-patch+json"
+CONDITION = "PodGroupScheduled"
+PARALLEL_PODS = 16
+
+
+def request_name(claim, device_class=None):
+    """The request an allocation result names: for firstAvailable, the subrequest of the device class the
+    cycle chose (`request/subrequest`)."""
+    request = claim["spec"]["devices"]["requests"][0]
+    if request.get("firstAvailable"):
+        subs = request["firstAvailable"]
+        chosen = next((sub for sub in subs if sub.get("deviceClassName") == device_class), subs[0])
+        return f"{request['name']}/{chosen['name']}"
+    return request["name"]
+
+
+class ApplyFailed(Exception):
+    pass
+
+
+class Applier:
+    def __init__(self, api=None):
+        self.api = api or api_client()
+        self.core = client.CoreV1Api(self.api)
+        self.resource = client.ResourceV1Api(self.api)
+        self.scheduling = client.SchedulingV1alpha2Api(self.api)
+
+    # --- the outbox ----------------------------------------------------------------------------------
+
+    def drain(self, limit=100):
+        """Apply the open entries, oldest first; returns the ids done. An entry that fails stays open with
+        its error and is tried again on the next drain."""
+        done = []
+        ids = list(OutboxEntry.objects.filter(done_at__isnull=True).values_list("pk", flat=True)[:limit])
+        for pk in ids:
+            try:
+                if self.apply(pk):
+                    done.append(pk)
+            except Exception as error:  # one entry's failure must not stop the others
+                log.warning(
+                    "outbox entry %s: %s", pk, error, exc_info=not isinstance(error, ApplyFailed | ApiException)
+                )
+                OutboxEntry.objects.filter(pk=pk).update(
+                    attempts=F("attempts") + 1, last_error=f"{type(error).__name__}: {error}"[:2000]
+                )
+        return done
+
+    def apply(self, pk):
+        with transaction.atomic():
+            entry = (
+                OutboxEntry.objects.select_for_update(skip_locked=True, of=("self",))
+                .select_related("pod_group__workload")
+                .filter(pk=pk, done_at__isnull=True)
+                .first()
+            )
+            if entry is None:
+                return False  # done meanwhile, or another applier holds it
+            applied = self.bind(entry.pod_group) if entry.action == Action.BIND else self.evict(entry.pod_group)
+            entry.done_at = timezone.now()
+            entry.attempts += 1
+            entry.applied = applied
+            entry.last_error = ""
+            entry.save(update_fields=["done_at", "attempts", "applied", "last_error"])
+            return True
+
+    # --- bind ----------------------------------------------------------------------------------------
+
+    def placement(self, group):
+        """{pod name: (node, [(driver, pool, device)])} from the workload's active allocations."""
+        rows = (
+            Allocation.objects.filter(workload_id=group.workload_id, released_at__isnull=True)
+            .order_by("pod_index", "device__name")
+            .values_list("pod_index", "device__node__name", "device__driver", "device__pool", "device__name")
+        )
+        out = {}
+        for index, node, driver, pool, device in rows:
+            if index >= len(group.pods):
+                raise ApplyFailed(f"allocation for pod index {index}, but {group} has {len(group.pods)} pods")
+            pod = group.pods[index]
+            if out.setdefault(pod, (node, []))[0] != node:
+                raise ApplyFailed(f"pod {pod} has devices on two nodes")
+            out[pod][1].append((driver, pool, device))
+        return out
+
+    def bind(self, group):
+        workload = group.workload
+        if workload is None or workload.state not in HOLDING_STATES or workload.eviction_requested_at is not None:
+            return {"skipped": f"workload is {workload.state if workload else 'gone'}"}
+        placement = self.placement(group)
+        if workload.chosen_device_class_id:
+            workload.chosen_device_class  # read once here, not in each pod's thread  # noqa: B018
+        present = set(
+            MirroredPod.objects.filter(cluster=group.cluster_id, namespace=group.namespace, pod_group=group.name)
+            .filter(name__in=list(placement))
+            .values_list("name", flat=True)
+        )
+        missing = sorted(set(placement) - present)
+        if missing:
+            # Gone since it was taken (evicted, deleted); its controller recreates it: try again then.
+            raise ApplyFailed(f"pods {', '.join(missing)} of {group} do not exist (yet)")
+        # Pod by pod in parallel, as kube-scheduler binds in goroutines: each pod's calls are its own.
+        with ThreadPoolExecutor(max_workers=min(PARALLEL_PODS, len(placement) or 1)) as pool:
+            list(pool.map(lambda item: self.place(group, *item), placement.items()))
+        if workload.state == State.ADMITTED:
+            move([workload.pk], State.ADMITTED, State.RUNNING, timezone.now(), "its pods were bound in the cluster")
+        return {"pods": {pod: node for pod, (node, _) in placement.items()}}
+
+    def place(self, group, pod, placed):
+        node, devices = placed
+        pod_object = self.read(self.core.read_namespaced_pod, pod, group.namespace)
+        chosen = group.workload.chosen_device_class.name if group.workload.chosen_device_class_id else None
+        self.allocate_claim(group.namespace, group.claims[pod], pod_object, node, devices, chosen)
+        self.bind_pod(group.namespace, pod, node, pod_object)
+
+    def allocate_claim(self, namespace, name, pod, node, devices, device_class=None):
+        for _ in range(settings.KUBE_CONFLICT_RETRIES):
+            claim = self.read(self.resource.read_namespaced_resource_claim, name, namespace)
+            results = [
+                {"request": request_name(claim, device_class), "driver": driver, "pool": pool, "device": device}
+                for driver, pool, device in devices
+            ]
+            allocation = (claim.get("status") or {}).get("allocation")
+            if allocation:
+                have = [(r["driver"], r["pool"], r["device"]) for r in allocation["devices"]["results"]]
+                if sorted(have) == sorted(devices):
+                    return False  # allocated already (by an applier that died before marking its entry done)
+                raise ApplyFailed(f"claim {namespace}/{name} is allocated other devices: {have}")
+            status = {
+                "allocation": {
+                    "devices": {"results": results},
+                    "nodeSelector": {
+                        "nodeSelectorTerms": [
+                            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                        ]
+                    },
+                },
+                "reservedFor": [{"resource": "pods", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}],
+            }
+            body = {
+                "metadata": {"name": name, "resourceVersion": claim["metadata"]["resourceVersion"]},
+                "status": status,
+            }
+            try:
+                self.resource.replace_namespaced_resource_claim_status(name, namespace, body, _preload_content=False)
+                return True
+            except ApiException as error:
+                if error.status != CONFLICT:
+                    raise
+        raise ApplyFailed(f"claim {namespace}/{name}: still conflicting after {settings.KUBE_CONFLICT_RETRIES} tries")
+
+    def bind_pod(self, namespace, name, node, pod=None):
+        for _ in range(settings.KUBE_CONFLICT_RETRIES):
+            pod = pod or self.read(self.core.read_namespaced_pod, name, namespace)
+            bound = (pod.get("spec") or {}).get("nodeName")
+            if bound == node:
+                return False  # bound already
+            if bound:
+                raise ApplyFailed(f"pod {namespace}/{name} is bound to {bound}, not {node}")
+            binding = client.V1Binding(
+                metadata=client.V1ObjectMeta(name=name, namespace=namespace, uid=pod["metadata"].get("uid")),
+                target=client.V1ObjectReference(api_version="v1", kind="Node", name=node),
+            )
+            try:
+                # Unread: the server answers with a Status, which the client's V1Binding cannot hold.
+                self.core.create_namespaced_pod_binding(name, namespace, binding, _preload_content=False)
+                return True
+            except ApiException as error:
+                if error.status != CONFLICT:
+                    raise
+                pod = None  # read it again
+        raise ApplyFailed(f"pod {namespace}/{name}: still conflicting after {settings.KUBE_CONFLICT_RETRIES} tries")
+
+    # --- evict ---------------------------------------------------------------------------------------
+
+    def evict(self, group):
+        evicted = []
+        for pod in group.pods:
+            eviction = client.V1Eviction(
+                metadata=client.V1ObjectMeta(name=pod, namespace=group.namespace),
+                delete_options=client.V1DeleteOptions(grace_period_seconds=int(settings.EVICTION_GRACE_SECONDS)),
+            )
+            try:
+                self.core.create_namespaced_pod_eviction(pod, group.namespace, eviction, _preload_content=False)
+                evicted.append(pod)
+            except ApiException as error:
+                if error.status != 404:  # gone already
+                    raise
+        return {"evicted": evicted}
+
+    # --- release -------------------------------------------------------------------------------------
+
+    def release_claims(self):
+        """Deallocate the claims of PodGroups that hold no devices any more (ended, or evicted and
+        requeued) once none of their pods runs; returns the claims released."""
+        idle = MirroredPodGroup.objects.exclude(workload__state__in=HOLDING_STATES)
+        released = []
+        for group in idle:
+            live = set(
+                MirroredPod.objects.filter(cluster=group.cluster_id, namespace=group.namespace, pod_group=group.name)
+                .exclude(phase__in=("Succeeded", "Failed"))
+                .values_list("name", flat=True)
+            )
+            names = [claim for pod, claim in group.claims.items() if pod not in live]
+            for claim in MirroredClaim.objects.filter(
+                cluster=group.cluster_id, namespace=group.namespace, name__in=names, allocated=True
+            ):
+                if self.deallocate(claim.namespace, claim.name):
+                    released.append(f"{claim.namespace}/{claim.name}")
+                MirroredClaim.objects.filter(pk=claim.pk).update(allocated=False)
+        return released
+
+    def deallocate(self, namespace, name):
+        for _ in range(settings.KUBE_CONFLICT_RETRIES):
+            try:
+                claim = self.read(self.resource.read_namespaced_resource_claim, name, namespace)
+            except ApiException as error:
+                if error.status == 404:
+                    return False
+                raise
+            if not (claim.get("status") or {}).get("allocation"):
+                return False
+            body = {"metadata": {"name": name, "resourceVersion": claim["metadata"]["resourceVersion"]}, "status": {}}
+            try:
+                self.resource.replace_namespaced_resource_claim_status(name, namespace, body, _preload_content=False)
+                return True
+            except ApiException as error:
+                if error.status != CONFLICT:
+                    raise
+        raise ApplyFailed(f"claim {namespace}/{name}: still conflicting after {settings.KUBE_CONFLICT_RETRIES} tries")
+
+    # --- conditions ----------------------------------------------------------------------------------
+
+    def wanted_condition(self, group, explanation):
+        workload = group.workload
+        if group.refused:
+            return {"status": "False", "reason": group.refused, "message": group.refused_message}
+        if workload is None:
+            return None
+        if workload.state in HOLDING_STATES and workload.eviction_requested_at is not None:
+            return {"status": "False", "reason": "Preempted", "message": workload.eviction_message or "being evicted"}
+        if workload.state in HOLDING_STATES:
+            return {"status": "True", "reason": "Scheduled", "message": f"admitted by the broker as {workload}"}
+        if explanation is not None:
+            return {"status": "False", "reason": explanation[0], "message": explanation[1]}
+        return {"status": "False", "reason": workload.state, "message": f"{workload} is {workload.state}"}
+
+    def write_conditions(self):
+        """Write each PodGroup's condition whose content changed since last written; returns how many."""
+        groups = list(MirroredPodGroup.objects.select_related("workload"))
+        explanations = {
+            workload_id: (reason, message)
+            for workload_id, reason, message in Explanation.objects.filter(
+                workload_id__in=[group.workload_id for group in groups if group.workload_id]
+            ).values_list("workload_id", "reason", "message")
+        }
+        written = 0
+        for group in groups:
+            wanted = self.wanted_condition(group, explanations.get(group.workload_id))
+            if wanted is None or wanted == group.condition:
+                continue
+            condition = {
+                "type": CONDITION,
+                **wanted,
+                "lastTransitionTime": timezone.now().strftime("%Y-%m-%dT%H:%M:%SZ"),
+            }
+            body = {"status": {"conditions": [condition]}}
+            try:
+                self.scheduling.patch_namespaced_pod_group_status(
+                    group.name, group.namespace, body, _content_type=MERGE_PATCH, _preload_content=False
+                )
+            except ApiException as error:
+                if error.status == 404:
+                    continue  # deleted meanwhile; the sync forgets it
+                raise
+            MirroredPodGroup.objects.filter(pk=group.pk).update(condition=wanted)
+            written += 1
+        return written
+
+    @staticmethod
+    def read(reader, name, namespace):
+        return json.loads(reader(name, namespace, _preload_content=False).data)

@@ -1,0 +1,405 @@
+"""Work in: PodGroups (scheduling.k8s.io/v1alpha2), their pods and ResourceClaims become the broker's workloads.
+
+A PodGroup is one broker workload with one pod set: its pods (those whose `spec.schedulingGroup` names it
+and whose `schedulerName` is the broker's) are the replicas, its gang policy's `minCount` the gang, its
+first topology constraint's label key the required topology level, its priority and disruption mode the
+workload's. The queue is the PodGroup's queue label (settings.KUBE_QUEUE_LABEL), else its namespace's
+name; the resource class is its resource-class label. Each pod claims its devices through one
+ResourceClaim with one request: `exactly` (a device class and a count) or `firstAvailable` (classes in
+fallback order, one count). The workload is submitted once every pod of the gang and every claim exists.
+
+A PodGroup the broker cannot take keeps a reason code and message (`refused`), which the applier writes
+as the PodGroup's condition: an unknown queue or class, a claim the broker cannot read.
+
+What the cluster says wins: a bound pod deleted by hand ends its workload (Failed, devices released,
+audited as a manual intervention); pods that all succeeded end it Succeeded; a pod that failed, Failed.
+"""
+
+import logging
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.utils import timezone
+
+from broker.audit.models import record
+from broker.cycle.executor import complete_evictions, move
+from broker.events import request_cycle_after_commit
+from broker.kube.mirror import level_for_label
+from broker.kube.models import MirroredClaim, MirroredPod, MirroredPodGroup
+from broker.policy.models import DeviceClass, Queue, ResourceClass
+from broker.workloads.models import Allocation, DisruptionMode, Workload
+from broker.workloads.services import InvalidSubmission, PodSetRequest, Submission, submit_workload
+from broker.workloads.states import FINAL_STATES, HOLDING_STATES, State
+
+log = logging.getLogger(__name__)
+SYNC_USER = "kube-sync"
+
+
+def sync_user():
+    """The actor the sync submits as: an admin that cannot log in (the cluster's RBAC already decided)."""
+    user, created = get_user_model().objects.get_or_create(
+        username=SYNC_USER, defaults={"is_superuser": True, "is_staff": False, "is_active": False}
+    )
+    if created:
+        user.set_unusable_password()
+        user.save(update_fields=["password"])
+    return user
+
+
+# --- what the cluster says -----------------------------------------------------------------------------
+
+
+def pod_group_spec(obj):
+    spec = obj.get("spec") or {}
+    gang = ((spec.get("schedulingPolicy") or {}).get("gang") or {}).get("minCount")
+    topology = ((spec.get("schedulingConstraints") or {}).get("topology") or [{}])[0].get("key", "")
+    return {
+        "min_count": gang,
+        "topology_key": topology,
+        "priority": spec.get("priority"),
+        "disruption_mode": spec.get("disruptionMode") or "",
+        "labels": (obj["metadata"].get("labels") or {}),
+        "resource_claims": spec.get("resourceClaims") or [],
+    }
+
+
+def pod_groups_changed(cluster, objs):
+    touched = set()
+    for obj in objs:
+        meta = obj["metadata"]
+        group, created = MirroredPodGroup.objects.get_or_create(
+            cluster=cluster, namespace=meta["namespace"], name=meta["name"], defaults={"uid": meta.get("uid", "")}
+        )
+        spec = pod_group_spec(obj)
+        if group.uid != meta.get("uid", "") and not created:
+            # Deleted and created again under the same name while the sync was away: a new group.
+            forget_group(group, "it was replaced by a new PodGroup of the same name")
+            group = MirroredPodGroup.objects.create(
+                cluster=cluster, namespace=meta["namespace"], name=meta["name"], uid=meta.get("uid", "")
+            )
+        if group.spec != spec:
+            group.spec = spec
+            group.save(update_fields=["spec"])
+        touched.add(group.pk)
+    return sum(reconcile(pk) for pk in touched)
+
+
+def pod_group_deleted(cluster, obj):
+    meta = obj["metadata"]
+    group = MirroredPodGroup.objects.filter(cluster=cluster, namespace=meta["namespace"], name=meta["name"]).first()
+    if group is None:
+        return 0
+    forget_group(group, "its PodGroup was deleted in the cluster")
+    return 1
+
+
+def forget_group(group, why):
+    workload = group.workload
+    if workload is not None and workload.state not in FINAL_STATES:
+        end(workload, State.FAILED if workload.state in HOLDING_STATES else State.CANCELLED, why, manual=True)
+    group.delete()
+
+
+def claim_requests(obj):
+    """[{name, classes, count}] of a ResourceClaim's device requests."""
+    requests = []
+    for request in ((obj.get("spec") or {}).get("devices") or {}).get("requests") or []:
+        if request.get("exactly"):
+            exactly = request["exactly"]
+            count = exactly.get("count") or 1
+            if exactly.get("allocationMode") == "All":
+                count = None  # every matching device on the node: not a count the broker can place
+            requests.append({"name": request["name"], "classes": [exactly.get("deviceClassName")], "count": count})
+        elif request.get("firstAvailable"):
+            subs = request["firstAvailable"]
+            counts = {sub.get("count") or 1 for sub in subs}
+            requests.append(
+                {
+                    "name": request["name"],
+                    "classes": [sub.get("deviceClassName") for sub in subs],
+                    "count": counts.pop() if len(counts) == 1 else None,
+                    "subrequests": [sub["name"] for sub in subs],
+                }
+            )
+    return requests
+
+
+def claims_changed(cluster, objs):
+    namespaces = set()
+    for obj in objs:
+        meta = obj["metadata"]
+        MirroredClaim.objects.update_or_create(
+            cluster=cluster,
+            namespace=meta["namespace"],
+            name=meta["name"],
+            defaults={
+                "uid": meta.get("uid", ""),
+                "requests": claim_requests(obj),
+                "allocated": bool((obj.get("status") or {}).get("allocation")),
+            },
+        )
+        namespaces.add(meta["namespace"])
+    return reconcile_waiting(cluster, namespaces)
+
+
+def claim_deleted(cluster, obj):
+    meta = obj["metadata"]
+    MirroredClaim.objects.filter(cluster=cluster, namespace=meta["namespace"], name=meta["name"]).delete()
+    return 0
+
+
+def pod_claims(obj):
+    """The ResourceClaim names a pod uses: named directly, or generated from a template (pod status)."""
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+    generated = {s["name"]: s.get("resourceClaimName") for s in status.get("resourceClaimStatuses") or []}
+    names = []
+    for claim in spec.get("resourceClaims") or []:
+        name = claim.get("resourceClaimName") or generated.get(claim["name"])
+        if name:
+            names.append(name)
+    return names
+
+
+def ours(obj):
+    spec = obj.get("spec") or {}
+    return spec.get("schedulerName") == settings.KUBE_SCHEDULER_NAME and (spec.get("schedulingGroup") or {}).get(
+        "podGroupName"
+    )
+
+
+def pods_changed(cluster, objs):
+    groups = set()
+    for obj in objs:
+        if not ours(obj):
+            continue
+        meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
+        pod, _ = MirroredPod.objects.update_or_create(
+            cluster=cluster,
+            namespace=meta["namespace"],
+            name=meta["name"],
+            defaults={
+                "uid": meta.get("uid", ""),
+                "pod_group": spec["schedulingGroup"]["podGroupName"],
+                "node_name": spec.get("nodeName") or "",
+                "phase": status.get("phase") or "",
+                "claims": pod_claims(obj),
+                "terminating": bool(meta.get("deletionTimestamp")),
+            },
+        )
+        groups.add((pod.namespace, pod.pod_group))
+    return sum(reconcile_named(cluster, namespace, name) for namespace, name in groups)
+
+
+def pod_deleted(cluster, obj):
+    meta = obj["metadata"]
+    pod = MirroredPod.objects.filter(cluster=cluster, namespace=meta["namespace"], name=meta["name"]).first()
+    if pod is None:
+        return 0
+    pod.delete()
+    group = MirroredPodGroup.objects.filter(cluster=cluster, namespace=pod.namespace, name=pod.pod_group).first()
+    if group is None or group.workload_id is None:
+        return reconcile_named(cluster, pod.namespace, pod.pod_group)
+    workload = Workload.objects.get(pk=group.workload_id)
+    if workload.state not in HOLDING_STATES or pod.name not in group.pods:
+        return 0
+    if workload.eviction_requested_at is not None:
+        # Evicted by the broker: once the last pod is gone its eviction is complete.
+        if not MirroredPod.objects.filter(cluster=cluster, namespace=pod.namespace, pod_group=group.name).exists():
+            complete_evictions([workload.pk], timezone.now())
+        return 1
+    end(workload, State.FAILED, f"pod {pod.namespace}/{pod.name} was deleted in the cluster", manual=True)
+    return 1
+
+
+def reconcile_waiting(cluster, namespaces):
+    groups = MirroredPodGroup.objects.filter(cluster=cluster, namespace__in=namespaces, workload__isnull=True)
+    return sum(reconcile(pk) for pk in groups.values_list("pk", flat=True))
+
+
+def reconcile_named(cluster, namespace, name):
+    group = MirroredPodGroup.objects.filter(cluster=cluster, namespace=namespace, name=name).first()
+    return reconcile(group.pk) if group is not None else 0
+
+
+# --- from the cluster's words to a workload ------------------------------------------------------------
+
+
+class Refused(Exception):
+    def __init__(self, reason, message):
+        super().__init__(message)
+        self.reason, self.message = reason, message
+
+
+def reconcile(pk, again=True):
+    """Bring one PodGroup's workload up to what the cluster says; returns 1 if anything changed.
+
+    The pods, the claims and the group come in on three watches, each committing on its own: two of them
+    can each decide in their transaction that the other's row is missing. So a group left waiting is looked
+    at once more after the transaction commits, when whichever committed last sees both; the group's row
+    lock keeps two of these from submitting it twice."""
+    with transaction.atomic():
+        changed = reconcile_locked(pk)
+        group = MirroredPodGroup.objects.filter(pk=pk).values_list("workload_id", flat=True).first()
+    if again and group is None and MirroredPodGroup.objects.filter(pk=pk).exists():
+        transaction.on_commit(lambda: reconcile(pk, again=False), robust=True)
+    return changed
+
+
+def reconcile_locked(pk):
+    group = MirroredPodGroup.objects.select_for_update(of=("self",)).select_related("cluster").filter(pk=pk).first()
+    if group is None:
+        return 0
+    pods = list(MirroredPod.objects.filter(cluster=group.cluster, namespace=group.namespace, pod_group=group.name))
+    if group.workload_id is not None:
+        return follow_pods(group, pods)
+    try:
+        submission, claims = submission_for(group, pods)
+    except Refused as refusal:
+        return refuse(group, refusal.reason, refusal.message)
+    if submission is None:
+        return refuse(group, "WaitingForPods", claims)
+    try:
+        with transaction.atomic():
+            workload = submit_workload(submission, sync_user())
+            group.workload = workload
+            group.pods = [pod.name for pod in sorted(pods, key=lambda pod: pod.name)]
+            group.claims = claims
+            group.refused = group.refused_message = ""
+            group.save(update_fields=["workload", "pods", "claims", "refused", "refused_message"])
+    except InvalidSubmission as invalid:
+        return refuse(group, "InvalidRequest", "; ".join(flatten(invalid.errors)))
+    return 1
+
+
+def flatten(errors, prefix=""):
+    if isinstance(errors, dict):
+        return [line for key, value in errors.items() for line in flatten(value, f"{prefix}{key}: ")]
+    if isinstance(errors, list):
+        return [line for value in errors for line in flatten(value, prefix)]
+    return [f"{prefix}{errors}"]
+
+
+def refuse(group, reason, message):
+    if (group.refused, group.refused_message) == (reason, message):
+        return 0
+    group.refused, group.refused_message = reason, message
+    group.save(update_fields=["refused", "refused_message"])
+    return 1
+
+
+def submission_for(group, pods):
+    """(Submission, {pod: claim}) once the gang is complete; (None, why it waits) before; raises Refused."""
+    spec = group.spec
+    labels = spec.get("labels") or {}
+    queue_name = labels.get(settings.KUBE_QUEUE_LABEL) or group.namespace
+    queue = Queue.objects.select_related("team").filter(name=queue_name).first()
+    if queue is None:
+        raise Refused(
+            "UnknownQueue", f"no queue named {queue_name!r} (label {settings.KUBE_QUEUE_LABEL} or the namespace)"
+        )
+    class_name = labels.get(settings.KUBE_RESOURCE_CLASS_LABEL)
+    resource_class = ResourceClass.objects.filter(name=class_name).first() if class_name else None
+    if resource_class is None:
+        raise Refused(
+            "UnknownResourceClass",
+            f"label {settings.KUBE_RESOURCE_CLASS_LABEL} must name a resource class"
+            + (f"; there is none named {class_name!r}" if class_name else ""),
+        )
+    topology = ""
+    if spec.get("topology_key"):
+        topology = level_for_label(spec["topology_key"])
+        if topology is None:
+            raise Refused(
+                "InvalidRequest", f"topology key {spec['topology_key']!r} is no topology level the broker knows"
+            )
+    if spec.get("resource_claims"):
+        raise Refused("InvalidRequest", "PodGroup-level resource claims are not brokered yet; claim devices per pod")
+    min_count = spec.get("min_count")
+    wanted = min_count or 1
+    if len(pods) < wanted:
+        return None, f"{len(pods)} of the gang's {wanted} pods exist"
+    claims, shapes = {}, set()
+    known = {
+        claim.name: claim for claim in MirroredClaim.objects.filter(cluster=group.cluster, namespace=group.namespace)
+    }
+    for pod in sorted(pods, key=lambda pod: pod.name):
+        if len(pod.claims) != 1:
+            raise Refused("InvalidRequest", f"pod {pod.name} must claim its devices through exactly one ResourceClaim")
+        claim = known.get(pod.claims[0])
+        if claim is None:
+            return None, f"ResourceClaim {pod.claims[0]} of pod {pod.name} does not exist yet"
+        if len(claim.requests) != 1 or not claim.requests[0]["count"]:
+            raise Refused(
+                "InvalidRequest", f"ResourceClaim {claim.name} must have one request with an exact device count"
+            )
+        request = claim.requests[0]
+        shapes.add((tuple(request["classes"]), request["count"]))
+        claims[pod.name] = claim.name
+    if len(shapes) != 1:
+        raise Refused("InvalidRequest", "every pod of the group must claim the same devices")
+    classes, count = shapes.pop()
+    unknown = [name for name in classes if not DeviceClass.objects.filter(name=name).exists()]
+    if unknown:
+        raise Refused("InvalidRequest", f"unknown device class {', '.join(unknown)}")
+    priority = spec.get("priority")
+    return (
+        Submission(
+            name=f"{group.namespace}-{group.name}"[:94] + f"-{group.uid[:5]}",
+            queue=queue,
+            resource_class=resource_class,
+            pod_sets=(
+                PodSetRequest(
+                    name="main", replicas=len(pods), devices_per_pod=count, min_count=min_count, device_classes=classes
+                ),
+            ),
+            priority=priority,
+            disruption_mode=spec.get("disruption_mode") if spec.get("disruption_mode") in DisruptionMode.values else "",
+            topology_required=topology or None,
+        ),
+        claims,
+    )
+
+
+def follow_pods(group, pods):
+    """A workload that runs: all its pods succeeded -> Succeeded; one failed -> Failed."""
+    workload = Workload.objects.get(pk=group.workload_id)
+    if workload.state != State.RUNNING:
+        return 0
+    phases = {pod.name: pod.phase for pod in pods if pod.name in group.pods}
+    if any(phase == "Failed" for phase in phases.values()):
+        return end(workload, State.FAILED, "a pod failed")
+    if len(phases) == len(group.pods) and all(phase == "Succeeded" for phase in phases.values()):
+        return end(workload, State.SUCCEEDED, "every pod succeeded")
+    return 0
+
+
+def end(workload, target, why, manual=False):
+    now = timezone.now()
+    source = workload.state
+    moved = move([workload.pk], source, target, now, why)
+    if not moved:
+        return 0
+    Allocation.objects.filter(workload=workload, released_at__isnull=True).update(released_at=now)
+    if manual:
+        record(
+            "workload.ended_in_cluster",
+            workload,
+            before={"state": source},
+            after={"state": target},
+            reason=why,
+            manual_intervention=True,
+        )
+    request_cycle_after_commit(f"workload {workload.pk} {target.lower()} in the cluster")
+    return 1
+
+
+def forget_missing(cluster, resource, present):
+    """After a list: what the mirror holds of `resource` that the cluster no longer lists was deleted."""
+    present = set(present)  # (namespace, name)
+    model = {"podgroups": MirroredPodGroup, "resourceclaims": MirroredClaim, "pods": MirroredPod}[resource]
+    gone = [row for row in model.objects.filter(cluster=cluster) if (row.namespace, row.name) not in present]
+    handler = {"podgroups": pod_group_deleted, "resourceclaims": claim_deleted, "pods": pod_deleted}[resource]
+    for row in gone:
+        handler(cluster, {"metadata": {"namespace": row.namespace, "name": row.name}})
+    return len(gone)

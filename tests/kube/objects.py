@@ -1,0 +1,140 @@
+"""Kubernetes objects for the tests, built from the official client's models (never hand-written dicts),
+so a test cannot describe a shape the client, and the real API server, would not know."""
+
+from kubernetes import client
+
+DRIVER = "gpu.example.com"
+BLOCK = "cloud.provider.com/topology-block"
+RACK = "cloud.provider.com/topology-rack"
+SCHEDULER = "capacity-broker"
+H100 = f'device.attributes["{DRIVER}"].model == "H100"'
+
+
+def meta(name, namespace=None, labels=None, **more):
+    return client.V1ObjectMeta(name=name, namespace=namespace, labels=labels, **more)
+
+
+def node(name, rack="r1", block="b1", ready="True", unschedulable=None):
+    return client.V1Node(
+        api_version="v1",
+        kind="Node",
+        metadata=meta(name, labels={BLOCK: block, RACK: rack, "kubernetes.io/hostname": name}),
+        spec=client.V1NodeSpec(unschedulable=unschedulable),
+        status=client.V1NodeStatus(conditions=[client.V1NodeCondition(type="Ready", status=ready)]),
+    )
+
+
+def device(name, model="H100", memory="80Gi", taints=None):
+    return client.V1Device(
+        name=name,
+        attributes={
+            "model": client.V1DeviceAttribute(string=model),
+            f"{DRIVER}/index": client.V1DeviceAttribute(int=int(name.rsplit("-", 1)[-1])),
+            "pcie.example.com/root": client.V1DeviceAttribute(string="pci0"),
+        },
+        capacity={"memory": client.V1DeviceCapacity(value=memory)},
+        taints=taints,
+    )
+
+
+def resource_slice(node_name, devices=8, model="H100", taints=None):
+    return client.V1ResourceSlice(
+        api_version="resource.k8s.io/v1",
+        kind="ResourceSlice",
+        metadata=meta(f"{node_name}-{DRIVER}"),
+        spec=client.V1ResourceSliceSpec(
+            driver=DRIVER,
+            node_name=node_name,
+            pool=client.V1ResourcePool(name=node_name, generation=1, resource_slice_count=1),
+            devices=[device(f"gpu-{i}", model, taints=taints if i == 0 else None) for i in range(devices)],
+        ),
+    )
+
+
+def device_class(name="h100", expression=H100):
+    return client.V1DeviceClass(
+        api_version="resource.k8s.io/v1",
+        kind="DeviceClass",
+        metadata=meta(name),
+        spec=client.V1DeviceClassSpec(
+            selectors=[
+                client.V1DeviceSelector(cel=client.V1CELDeviceSelector(expression=f'device.driver == "{DRIVER}"')),
+                client.V1DeviceSelector(cel=client.V1CELDeviceSelector(expression=expression)),
+            ]
+        ),
+    )
+
+
+def taint_rule(name, pool=None, device_name=None, effect="NoExecute"):
+    return client.V1beta2DeviceTaintRule(
+        api_version="resource.k8s.io/v1beta2",
+        kind="DeviceTaintRule",
+        metadata=meta(name),
+        spec=client.V1beta2DeviceTaintRuleSpec(
+            device_selector=client.V1beta2DeviceTaintSelector(driver=DRIVER, pool=pool, device=device_name),
+            taint=client.V1beta2DeviceTaint(key="example.com/broken", value="ecc", effect=effect),
+        ),
+    )
+
+
+def pod_group(name, namespace="ml", min_count=8, resource_class="training", topology=RACK, priority=None, queue=None):
+    labels = {"broker.capacity.io/resource-class": resource_class} if resource_class else {}
+    if queue:
+        labels["broker.capacity.io/queue"] = queue
+    return client.V1alpha2PodGroup(
+        api_version="scheduling.k8s.io/v1alpha2",
+        kind="PodGroup",
+        metadata=meta(name, namespace, labels=labels),
+        spec=client.V1alpha2PodGroupSpec(
+            scheduling_policy=client.V1alpha2PodGroupSchedulingPolicy(
+                gang=client.V1alpha2GangSchedulingPolicy(min_count=min_count)
+            ),
+            scheduling_constraints=client.V1alpha2PodGroupSchedulingConstraints(
+                topology=[client.V1alpha2TopologyConstraint(key=topology)] if topology else None
+            ),
+            priority=priority,
+            disruption_mode="PodGroup",
+        ),
+    )
+
+
+def claim(name, namespace="ml", device_class_name="h100", count=1):
+    return client.ResourceV1ResourceClaim(
+        api_version="resource.k8s.io/v1",
+        kind="ResourceClaim",
+        metadata=meta(name, namespace),
+        spec=client.V1ResourceClaimSpec(
+            devices=client.V1DeviceClaim(
+                requests=[
+                    client.V1DeviceRequest(
+                        name="gpus",
+                        exactly=client.V1ExactDeviceRequest(device_class_name=device_class_name, count=count),
+                    )
+                ]
+            )
+        ),
+    )
+
+
+def pod(name, group, namespace="ml", claim_name=None, scheduler=SCHEDULER):
+    return client.V1Pod(
+        api_version="v1",
+        kind="Pod",
+        metadata=meta(name, namespace),
+        spec=client.V1PodSpec(
+            scheduler_name=scheduler,
+            scheduling_group=client.V1PodSchedulingGroup(pod_group_name=group),
+            containers=[client.V1Container(name="main", image="trainer:1")],
+            resource_claims=[client.V1PodResourceClaim(name="gpus", resource_claim_name=claim_name)]
+            if claim_name
+            else None,
+        ),
+    )
+
+
+def gang(cluster, name, pods=8, devices_per_pod=1, namespace="ml", **group):
+    """A PodGroup, its pods and one claim per pod, created in the mock cluster."""
+    cluster.create(pod_group(name, namespace, min_count=pods, **group))
+    for i in range(pods):
+        cluster.create(claim(f"{name}-{i}-gpus", namespace, count=devices_per_pod))
+        cluster.create(pod(f"{name}-{i}", name, namespace, claim_name=f"{name}-{i}-gpus"))
