@@ -56,12 +56,13 @@ HEATMAP_INTERACTIVE = """() => {
   return false;
 }""".replace("PLOTLY_DRAWN", PLOTLY_DRAWN)
 
+# The page rereads its live regions whole, so the counter's element is replaced: watch the page.
 WATCH_COUNTER = """() => {
   window.__benchSeen = [];
-  const el = document.querySelector('[data-counter="last_cycle_ms"]');
   new MutationObserver(() => {
-    window.__benchSeen.push([el.textContent, performance.timeOrigin + performance.now()]);
-  }).observe(el, {childList: true, characterData: true, subtree: true});
+    const el = document.querySelector('[data-counter="last_cycle_ms"]');
+    if (el) window.__benchSeen.push([el.textContent, performance.timeOrigin + performance.now()]);
+  }).observe(document.body, {childList: true, characterData: true, subtree: true});
 }"""
 
 SEEN = """(value) => {

@@ -84,6 +84,7 @@ MIDDLEWARE = [
     "broker.governance.access.RolePagesMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "dashboard.errors.NotFoundPageMiddleware",
     # Last: turns a login refused for a lockout into broker.governance.lockouts.lockout_response.
     "axes.middleware.AxesMiddleware",
 ]
@@ -106,6 +107,7 @@ TEMPLATES = [
                 "dashboard.context_processors.navigation",
                 "dashboard.context_processors.live_updates",
                 "csp.context_processors.nonce",
+                "dashboard.context_processors.live_cycle",
             ],
         },
     },

@@ -17,7 +17,7 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from broker import live
-from broker.workloads.models import Allocation
+from broker.workloads.models import Allocation, SchedulingCycle
 from broker.workloads.states import WAITING_STATES
 from dashboard import queries
 from dashboard.inventory_state import state_key
@@ -48,6 +48,12 @@ def inventory_changed(domain_ids):
             log.warning("could not tell the sockets that racks %s changed", racks, exc_info=True)
 
     transaction.on_commit(send)
+
+
+def last_cycle():
+    """The last committed cycle's id: a page drawn after it needs no catch-up when its socket opens."""
+    committed = SchedulingCycle.objects.filter(outcome=SchedulingCycle.Outcome.COMMITTED)
+    return committed.values_list("pk", flat=True).first()
 
 
 def fresh_user(user):

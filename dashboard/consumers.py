@@ -19,7 +19,8 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             await self.channel_layer.group_add(group, self.channel_name)
             self.joined.append(group)
         await self.accept()
-        await self.send_json({"type": "hello", "user": user.get_username()})
+        cycle = await database_sync_to_async(broadcast.last_cycle)()
+        await self.send_json({"type": "hello", "user": user.get_username(), "cycle": cycle})
 
     async def disconnect(self, code):
         for group in getattr(self, "joined", []):

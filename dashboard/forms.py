@@ -66,6 +66,8 @@ class SubmitForm(forms.Form):
     def __init__(self, user, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.user = user
+        # A browser cuts a pasted name at maxlength without a word; the server refuses it with a reason.
+        self.fields["name"].widget.attrs.pop("maxlength", None)
         queues = Queue.objects.select_related("team").order_by("name")
         if not is_admin(user):
             queues = queues.filter(team_id__in=team_ids(user))

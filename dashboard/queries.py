@@ -6,6 +6,7 @@ workloads; everybody else reads their own teams' workloads and sees the rest onl
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from datetime import timedelta
 
@@ -33,6 +34,19 @@ from broker.workloads.states import HOLDING_STATES, WAITING_STATES, State
 from dashboard.inventory_state import STATES, cached, current_state, inventory_state
 
 QUEUE_PAGE_SIZE = 100
+# One colour per team, from its id: the same on every load, in the rack map, the drill-down and the
+# legend (an index into the teams present moved colours whenever a team started or stopped running).
+TEAM_PALETTE = ("#2f6feb", "#12b76a", "#0e9384", "#7a2e0e", "#66c61c", "#0086c9", "#c11574", "#444ce7", "#b54708")
+NATURAL_PARTS = re.compile(r"(\d+)")
+
+
+def natural_key(name):
+    """Sort key putting m2 before m10 (names as people number them)."""
+    return tuple(int(part) if part.isdigit() else part for part in NATURAL_PARTS.split(name or ""))
+
+
+def team_colors():
+    return {name: TEAM_PALETTE[pk % len(TEAM_PALETTE)] for pk, name in Team.objects.values_list("pk", "name")}
 
 
 # --- visibility ------------------------------------------------------------------------------------------
@@ -270,6 +284,57 @@ def with_device_totals(workloads):
     for workload in workloads:
         workload.device_total = totals.get(workload.pk)
     return workloads
+
+
+# --- a member's history (as Slurm's sacct): finished work too, sortable -----------------------------------
+
+HISTORY_SORTS = {
+    "submitted": "submitted_at",
+    "started": "started_at",
+    "finished": "finished_at",
+    "name": "name",
+    "state": "state",
+    "priority": "priority",
+}
+HISTORY_SCOPES = ("mine", "team")
+
+
+def history_params(params):
+    """(scope, sort) from the query string; anything unknown falls back to the default, newest first."""
+    scope = params.get("scope", "mine")
+    sort = params.get("sort", "-submitted")
+    if sort.lstrip("-") not in HISTORY_SORTS:
+        sort = "-submitted"
+    return (scope if scope in HISTORY_SCOPES else "mine"), sort
+
+
+def history_rows(user, scope, sort, page=1, now=None):
+    """The user's own workloads (scope "mine") or their teams' ("team"), any state, sorted by `sort`."""
+    now = now or timezone.now()
+    workloads = Workload.objects.filter(submitted_by=user)
+    if scope == "team":
+        workloads = Workload.objects.filter(team_id__in=team_ids(user))
+    field = F(HISTORY_SORTS[sort.lstrip("-")])
+    order = field.desc(nulls_last=True) if sort.startswith("-") else field.asc(nulls_last=True)
+    ordered = workloads.order_by(order, "-id")
+    total = ordered.count()
+    start = (page - 1) * QUEUE_PAGE_SIZE
+    shown = with_device_totals(page_of(ordered, start, QUEUE_PAGE_SIZE, ("team", "resource_class")))
+    rows = []
+    for workload in shown:
+        began, ended = workload.started_at or workload.admitted_at, workload.finished_at
+        rows.append(
+            {
+                "workload": workload,
+                "devices": workload.device_total,
+                # Waited: until it started, or until now while it waits; ran: until it ended, or until now.
+                "waited": ((began or ended or now) - workload.submitted_at).total_seconds(),
+                "ran": ((ended or now) - began).total_seconds() if began else None,
+            }
+        )
+    by_state = dict(workloads.order_by().values("state").annotate(n=Count("id")).values_list("state", "n"))
+    pages = max(1, -(-total // QUEUE_PAGE_SIZE))
+    return {"rows": rows, "total": total, "page": page, "pages": pages, "by_state": dict(sorted(by_state.items()))}
 
 
 def queue_filters(params):
@@ -532,10 +597,17 @@ def _heatmap_racks(key):
                 "teams": teams_by_domain.get(domain_id, {}),
             }
         )
-    cells.sort(key=lambda cell: (cell["row"], cell["name"]))
+    cells.sort(key=lambda cell: (natural_key(cell["row"]), natural_key(cell["name"])))
     levels = list(TopologyLevel.objects.values_list("name", flat=True))
     teams = sorted({team for cell in cells for team in cell["teams"]})
-    return {"level": "rack", "levels": [*levels, "node"], "rows": sorted(rows), "cells": cells, "teams": teams}
+    return {
+        "level": "rack",
+        "levels": [*levels, "node"],
+        "rows": sorted(rows, key=natural_key),
+        "cells": cells,
+        "teams": teams,
+        "team_colors": team_colors(),
+    }
 
 
 def device_state(device, busy_team, reserved_ids, stranded):
@@ -576,6 +648,7 @@ def _devices_with_state(user, devices, highlight=None):
             "device_id", "workload_id", "workload__name", "workload__team_id", "workload__team__name", "allocated_at"
         )
     }
+    devices.sort(key=lambda device: (natural_key(device["node__name"]), device["id"]))
     out = []
     for device in devices:
         holder = holders.get(device["id"])
@@ -592,6 +665,9 @@ def _devices_with_state(user, devices, highlight=None):
             "health": device["health"],
             "taints": device["taints"],
             "cordoned": device["node__cordoned"],
+            # Busy but failed, tainted or cordoned: its work runs on (or is being moved off) a device that
+            # takes nothing new; drawn as such at once, not only once the work has left it.
+            "unavailable": bool(device["health"] != Health.HEALTHY or device["taints"] or device["node__cordoned"]),
             "classes": sorted(classes),
             "driver": device["driver"],
             "pool": device["pool"],
@@ -614,13 +690,16 @@ def _devices_with_state(user, devices, highlight=None):
 def heatmap_rack(user, rack_id, highlight=None):
     """Nodes of one rack as rows and their devices as columns, each device with its state."""
     domain = Domain.objects.select_related("level").get(pk=rack_id)
-    nodes = list(Node.objects.filter(domain_id=rack_id).order_by("name").values("id", "name", "cordoned"))
+    nodes = sorted(
+        Node.objects.filter(domain_id=rack_id).values("id", "name", "cordoned"), key=lambda n: natural_key(n["name"])
+    )
     devices = _devices_with_state(user, Device.objects.filter(node__domain_id=rack_id), highlight=highlight)
     return {
         "level": "node",
         "rack": {"id": domain.pk, "name": domain.name, "path": path_of(domain.pk, domain_paths())},
         "nodes": nodes,
         "devices": devices,
+        "team_colors": team_colors(),
     }
 
 

@@ -7,6 +7,7 @@ app_name = "dashboard"
 urlpatterns = [
     path("", views.overview, name="overview"),
     path("queue/", views.queue, name="queue"),
+    path("history/", views.history, name="history"),
     path("workloads/<int:pk>/", views.workload_detail, name="workload"),
     path("workloads/<int:pk>/cancel/", views.workload_cancel, name="workload-cancel"),
     path("workloads/<int:pk>/priority/", views.workload_priority, name="workload-priority"),

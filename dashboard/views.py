@@ -79,6 +79,26 @@ def workload_detail(request, pk):
 
 
 @login_required
+def history(request):
+    scope, sort = queries.history_params(request.GET)
+    context = {
+        "scope": scope,
+        "sort": sort,
+        "history": queries.history_rows(request.user, scope, sort, page_number(request)),
+        "in_team": bool(team_ids(request.user)),
+        "columns": [
+            ("name", "Workload"),
+            ("state", "State"),
+            ("priority", "Priority"),
+            ("submitted", "Submitted"),
+            ("started", "Started"),
+            ("finished", "Ended"),
+        ],
+    }
+    return render(request, "dashboard/history.html", context)
+
+
+@login_required
 def topology(request):
     context = {"is_operator": is_operator(request.user), "clusters": queries.kube_clusters()}
     return render(request, "dashboard/topology.html", context)

@@ -1,3 +1,6 @@
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
@@ -31,6 +34,10 @@ class AuditEvent(models.Model):
     manual_intervention = models.BooleanField(
         default=False, help_text="An operator changed a placement, health, priority or quota by hand."
     )
+    replayed = models.BooleanField(
+        default=False,
+        help_text="Written by the demo's trace replay on a member's behalf, not by the person named.",
+    )
 
     objects = AuditEventQuerySet.as_manager()
 
@@ -49,9 +56,24 @@ class AuditEvent(models.Model):
         raise ImmutableError("Audit events cannot be deleted.")
 
 
+# Set while the demo's trace replay acts for a member (broker.cycle.replay): its events say so.
+_replaying = ContextVar("audit_replaying", default=False)
+
+
+@contextmanager
+def replaying():
+    """Everything recorded inside is marked as replayed activity."""
+    token = _replaying.set(True)
+    try:
+        yield
+    finally:
+        _replaying.reset(token)
+
+
 def record(action, target, actor=None, before=None, after=None, reason="", manual_intervention=False):
     """Write one audit event about `target` (a model instance) and return it."""
     return AuditEvent.objects.create(
+        replayed=_replaying.get(),
         actor=actor if actor is not None and actor.is_authenticated else None,
         actor_name=actor.get_username() if actor is not None and actor.is_authenticated else "system",
         action=action,

@@ -18,7 +18,10 @@ COLUMNS = (
     "reserved_unused_cost",
     "charge",
     "pending_cost_not_billed",
+    # When the figures were read: a month still running changes with every hour.
+    "as_of",
 )
+TEXT_COLUMNS = ("month", "line", "kind", "as_of")
 PLATFORM_LINES = ("idle", "stranded", "unhealthy")
 ZERO = Decimal("0.00")
 MONEY_COLUMNS = ("allocated_cost", "reserved_unused_cost", "charge", "pending_cost_not_billed")
@@ -32,6 +35,7 @@ def chargeback_rows(start, end, now=None):
     bill = chargeback(start, end, now=now)
     pending = pending_report(start, end, aggregate=("team",), step="month", now=now)["totals"]["pending"]
     month = f"{start:%Y-%m}"
+    as_of = min(end, now).isoformat(timespec="seconds")
     rows = []
     for team in bill["teams"]:
         rows.append(
@@ -44,6 +48,7 @@ def chargeback_rows(start, end, now=None):
                 "reserved_unused_cost": team["reserved_unused_cost"],
                 "charge": team["charge"],
                 "pending_cost_not_billed": pending.get(team["team"], {}).get("cost", ZERO),
+                "as_of": as_of,
             }
         )
     for name in PLATFORM_LINES:
@@ -58,6 +63,7 @@ def chargeback_rows(start, end, now=None):
                 "reserved_unused_cost": ZERO,
                 "charge": figure["cost"],
                 "pending_cost_not_billed": ZERO,
+                "as_of": as_of,
             }
         )
     rows.append(
@@ -70,6 +76,7 @@ def chargeback_rows(start, end, now=None):
             "reserved_unused_cost": sum((r["reserved_unused_cost"] for r in rows), ZERO),
             "charge": bill["total"]["cost"],
             "pending_cost_not_billed": sum((r["pending_cost_not_billed"] for r in rows), ZERO),
+            "as_of": as_of,
         }
     )
     return rows
@@ -104,7 +111,7 @@ def to_xlsx(rows):
     for row in rows:
         # Decimals are written as numbers; cents fit a double exactly enough for any realistic bill, and the
         # number format shows them to the cent.
-        sheet.append([float(row[key]) if key not in ("month", "line", "kind") else row[key] for key in COLUMNS])
+        sheet.append([row[key] if key in TEXT_COLUMNS else float(row[key]) for key in COLUMNS])
     for column, key in enumerate(COLUMNS, start=1):
         if key in MONEY_COLUMNS:
             for (cell,) in sheet.iter_rows(min_row=2, min_col=column, max_col=column):

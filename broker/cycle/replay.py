@@ -32,6 +32,7 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.utils import timezone
 
+from broker.audit.models import replaying
 from broker.policy.models import Queue, ResourceClass
 from broker.workloads import services
 from broker.workloads.models import Workload
@@ -187,7 +188,8 @@ class PhillyReplay:
             expected_duration_seconds=job.duration,
         )
         try:
-            workload = services.submit_workload(submission, actor)
+            with replaying():  # the audit log says the replay did it, not the member it acts for
+                workload = services.submit_workload(submission, actor)
         except services.InvalidSubmission as error:
             log.info("replay: skipped %s: %s", job.trace_id, error.errors)
             return False

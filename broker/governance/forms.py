@@ -98,5 +98,11 @@ class AuditFilterForm(forms.Form):
     manual = forms.ChoiceField(
         required=False, choices=[("", "any"), ("yes", "manual interventions"), ("no", "not manual")]
     )
+    source = forms.ChoiceField(
+        required=False,
+        label="Who",
+        choices=[("", "people"), ("replay", "the demo's replay"), ("all", "people and the replay")],
+        help_text="The demo's trace replay submits for members; its events are left out unless asked for.",
+    )
     after = UtcDateTimeField(required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
     before = UtcDateTimeField(required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))

@@ -84,6 +84,7 @@ def approval_row(workload, user, form=None):
         "workload": workload,
         "request": approval_request,
         "own": workload.submitted_by_id == user.pk,
+        "not_entitled": services.entitlement_refusal(workload),
         "overdue": approval_request is not None and approval_request.due_at <= timezone.now(),
         "form": form or DecisionForm(prefix=f"w{workload.pk}"),
     }
@@ -159,6 +160,9 @@ def filtered_events(data):
             events = events.filter(**{lookup: data[field]})
     if data.get("target_id"):
         events = events.filter(target_id=data["target_id"])
+    source = data.get("source") or ""
+    if source != "all":
+        events = events.filter(replayed=source == "replay")
     if data.get("manual") in ("yes", "no"):
         events = events.filter(manual_intervention=data["manual"] == "yes")
     if data.get("after"):

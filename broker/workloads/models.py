@@ -153,7 +153,7 @@ class Workload(models.Model):
             self.admitted_at = at
         elif target == State.RUNNING:
             self.started_at = at
-        elif target in (State.SUCCEEDED, State.FAILED, State.CANCELLED, State.PREEMPTED):
+        elif target in (State.SUCCEEDED, State.FAILED, State.CANCELLED, State.REJECTED, State.PREEMPTED):
             self.finished_at = at
         elif target == State.PENDING:
             self.finished_at = None

@@ -255,6 +255,28 @@ def decision_checks(workload, actor, comment):
         raise ActionRefused(f"The workload is not awaiting a decision (it is {workload.state}, {workload.approval}).")
 
 
+def entitlement_refusal(workload):
+    """Why an approval would be refused because the team may not use the class (the menu may have
+    changed since the request), or "" when it may."""
+    resource_class = workload.resource_class
+    if resource_class is None or not resource_class.allowed_teams.exists():
+        return ""
+    if resource_class.allowed_teams.filter(pk=workload.team_id).exists():
+        return ""
+    return (
+        f"{workload.team.name} may not use {resource_class.name}, so an approval would never let it run; "
+        "reject it, or entitle the team to the class in the menu first."
+    )
+
+
+def entitlement_checks(workload):
+    """An approval cannot grant what the menu refuses: a request its team may not use would be approved
+    and then never run (the cycle holds it NotEntitled)."""
+    refusal = entitlement_refusal(workload)
+    if refusal:
+        raise ActionRefused(refusal)
+
+
 def decide(workload, actor, comment, approval):
     workload.approval = approval
     workload.approval_decided_by = actor
@@ -269,6 +291,7 @@ def approve_workload(workload, actor, comment, not_before=None, not_after=None, 
     with transaction.atomic():
         workload = locked(workload)
         decision_checks(workload, actor, comment)
+        entitlement_checks(workload)
         decide(workload, actor, comment, ApprovalState.APPROVED)
         workload.transition(State.PENDING, actor=actor, reason=f"approved: {workload.approval_comment}")
         granted = approvals.grant(workload, actor, comment, not_before, not_after, reserve)
@@ -286,20 +309,23 @@ def approve_workload(workload, actor, comment, not_before=None, not_after=None, 
 
 
 def reject_workload(workload, actor, comment):
-    """Reject a request: it stays AwaitingApproval, marked Rejected, and is never scheduled."""
+    """Reject a request: it becomes Rejected, a final state, and leaves its queue."""
     with transaction.atomic():
         workload = locked(workload)
         decision_checks(workload, actor, comment)
         decide(workload, actor, comment, ApprovalState.REJECTED)
+        workload.transition(State.REJECTED, actor=actor, reason=f"rejected: {workload.approval_comment}")
         record(
             "workload.reject",
             workload,
             actor=actor,
-            before={"approval": ApprovalState.REQUESTED},
+            before={"approval": ApprovalState.REQUESTED, "state": State.AWAITING_APPROVAL},
             after={"approval": workload.approval, "state": workload.state},
             reason=workload.approval_comment,
         )
         events.approval_changed_after_commit("approval.decided", workload.pk)
+        # The queue behind it moves up and needs fresh positions.
+        request_cycle_after_commit(f"workload {workload.pk} rejected")
     return workload
 
 

@@ -13,11 +13,13 @@ class State(models.TextChoices):
     FAILED = "Failed"
     PREEMPTED = "Preempted"
     CANCELLED = "Cancelled"
+    # An approver said no: the request leaves the queue for good (a new submission is a new request).
+    REJECTED = "Rejected"
 
 
 TRANSITIONS = {
     State.SUBMITTED: {State.AWAITING_APPROVAL, State.PENDING, State.CANCELLED, State.FAILED},
-    State.AWAITING_APPROVAL: {State.PENDING, State.CANCELLED},
+    State.AWAITING_APPROVAL: {State.PENDING, State.CANCELLED, State.REJECTED},
     State.PENDING: {State.ADMITTED, State.CANCELLED, State.FAILED},
     State.ADMITTED: {State.RUNNING, State.PREEMPTED, State.CANCELLED, State.FAILED},
     State.RUNNING: {State.SUCCEEDED, State.FAILED, State.PREEMPTED, State.CANCELLED},
@@ -26,6 +28,7 @@ TRANSITIONS = {
     State.SUCCEEDED: set(),
     State.FAILED: set(),
     State.CANCELLED: set(),
+    State.REJECTED: set(),
 }
 
 FINAL_STATES = frozenset(state for state, targets in TRANSITIONS.items() if not targets)

@@ -10,6 +10,12 @@
   const colors = { allocated: "#2f6feb", idle: "#d0d5dd", stranded: "#7a5af8", unhealthy: "#d92d20",
                    reserved_unused: "#f79009", pending: "#12b76a" };
   const errorBox = document.getElementById("cost-error");
+  const MONEY_AXIS = { title: { text: "cost (USD)" }, tickprefix: "$", separatethousands: true };
+  // Each chart says it is loading until its data is drawn (or says why it is not).
+  const drawn = (id) => document.getElementById(id).setAttribute("aria-busy", "false");
+  const failed = (message) => document.querySelectorAll(".chart[aria-busy='true']").forEach((el) => {
+    el.setAttribute("aria-busy", "false"); el.dataset.error = message;
+  });
 
   function api(path, query) {
     const url = path + "?" + new URLSearchParams(query).toString();
@@ -28,7 +34,7 @@
       type: "bar", name: name.replace("_", " "), x: x, marker: { color: colors[name] },
       y: report.steps.map((s) => num(s.totals[name].cost)),
     }));
-    Plotly.newPlot("stacked", traces, { barmode: "stack", margin: { t: 10 }, yaxis: { title: "cost" } },
+    Plotly.newPlot("stacked", traces, { barmode: "stack", margin: { t: 10 }, yaxis: MONEY_AXIS },
                    { displaylogo: false, responsive: true });
   }
 
@@ -39,7 +45,7 @@
         y: report.steps.map((s) => num(s.totals.idle.cost) + num(s.totals.stranded.cost)) },
       { type: "scatter", mode: "lines", name: "pending (not billed)", x: pending.steps.map((s) => s.start),
         line: { color: colors.pending, dash: "dot" }, y: pending.steps.map((s) => num(s.total.cost)) },
-    ], { margin: { t: 10 }, yaxis: { title: "cost" } }, { displaylogo: false, responsive: true });
+    ], { margin: { t: 10 }, yaxis: MONEY_AXIS }, { displaylogo: false, responsive: true });
   }
 
   function treemap(report) {
@@ -62,7 +68,7 @@
     Plotly.newPlot("top-workloads", [{ type: "bar", orientation: "h", marker: { color: colors.allocated },
       x: rows.map(([, row]) => num(row.cost)), y: rows.map(([key]) => key),
       text: rows.map(([, row]) => num(row.device_hours).toFixed(1) + " device-h"), hoverinfo: "x+y+text" }],
-      { margin: { t: 10, l: 220 } }, { displaylogo: false, responsive: true });
+      { margin: { t: 10, l: 220 }, xaxis: MONEY_AXIS }, { displaylogo: false, responsive: true });
   }
 
   const base = { window: windowParam, step: step };
@@ -72,8 +78,11 @@
     api("/api/costs/allocation", { window: windowParam, step: "month", aggregate: "team,device_class" }),
     api("/api/costs/allocation", { window: windowParam, step: "month", aggregate: "workload", top: TOP_WORKLOADS }),
   ]).then(([byTeam, pending, byClass, byWorkload]) => {
-    stacked(byTeam); idleVsPending(byTeam, pending); treemap(byClass); topWorkloads(byWorkload);
-  }).catch((error) => { errorBox.textContent = error.message; });
+    stacked(byTeam); drawn("stacked");
+    idleVsPending(byTeam, pending); drawn("idle-vs-pending");
+    treemap(byClass); drawn("treemap");
+    topWorkloads(byWorkload); drawn("top-workloads");
+  }).catch((error) => { errorBox.textContent = error.message; failed(error.message); });
 
   // --- ticker ---
   const ticker = document.getElementById("ticker");
@@ -83,6 +92,7 @@
       el.textContent = money(payload[group] && payload[group][name]);
     });
     ticker.dataset.updated = payload.at;
+    document.getElementById("ticker-as-of").textContent = "As of " + new Date(payload.at).toLocaleString() + ".";
   }
   let polling = null;
   function poll() {

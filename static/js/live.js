@@ -1,17 +1,54 @@
-/* Live updates: one authenticated socket per page, deltas patched into the DOM in place.
- * On every (re)connect the page first catches up from the database (/dashboard/api/live/), so a delta
- * lost while the socket was down loses nothing. Reconnects back off exponentially (0.5 s .. 30 s). */
+/* Live updates: one authenticated socket per page; the database stays the one source of truth.
+ *
+ * A socket message says that something changed (and carries the new values); a page never adds deltas
+ * up. Every region a page marks `data-live-region` is re-read whole from the server on each message (the
+ * same view that drew the page draws it again), so a lost, late or reordered message can never leave a
+ * count, a position or a reason row wrong: the next message, or the catch-up on reconnect, rereads it.
+ * Pages that draw from JSON (the topology, the finance ticker) register their own reader with
+ * BrokerLive.onChange. Reads are coalesced: one at a time, and a message that arrives during a read
+ * triggers exactly one more.
+ *
+ * The page pings every PING_MS; a socket that has said nothing for SILENT_MS is treated as dead (a
+ * silent network loss never closes a socket by itself): the badge says offline and a new socket is
+ * opened. The badge says how long ago the page was last known to be current. */
 (function () {
   "use strict";
+  var PING_MS = 3000;
+  var SILENT_MS = 8000;
   var statusEl = document.getElementById("live-status");
   var attempt = 0;
   var socket = null;
   var lastCycle = null;
+  var lastHeard = 0;
+  var updatedAt = null;
+  var readers = [];
+  var reading = false;
+  var readAgain = false;
+  var reconnectTimer = null;
+  var lastPing = 0;
+  var wasLive = false;
+  var pageDrawn = Date.now();
 
-  function setStatus(state, text) {
+  function setStatus(state, label) {
     if (!statusEl) return;
     statusEl.dataset.state = state;
-    statusEl.textContent = text;
+    statusEl.dataset.label = label;
+    showStatus();
+  }
+
+  function ago(ms) {
+    var s = Math.max(0, Math.round(ms / 1000));
+    if (s < 60) return s + " s ago";
+    var m = Math.round(s / 60);
+    return m < 60 ? m + " min ago" : Math.round(m / 60) + " h ago";
+  }
+
+  function showStatus() {
+    if (!statusEl) return;
+    var label = statusEl.dataset.label || "";
+    var text = updatedAt ? label + " · updated " + ago(Date.now() - updatedAt) : label;
+    if (statusEl.textContent !== text) statusEl.textContent = text;
+    if (updatedAt) statusEl.dataset.updated = new Date(updatedAt).toISOString();
   }
 
   function text(el, value) {
@@ -24,6 +61,14 @@
     var d = new Date(iso);
     return d.toLocaleString([], { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" });
   }
+
+  function localTimes(root) {
+    (root || document).querySelectorAll("[data-iso]").forEach(function (el) {
+      if (el.dataset.iso) el.textContent = when(el.dataset.iso);
+    });
+  }
+
+  // --- pages that patch single elements (the workload page): the message carries full values ---------
 
   function patchCounters(counters) {
     if (!counters) return;
@@ -50,36 +95,71 @@
     });
   }
 
-  function patchCapacity(capacity) {
-    (capacity || []).forEach(function (row) {
-      var tr = document.querySelector('[data-capacity-row="' + row.device_class + '"]');
-      if (!tr) return;
-      ["busy", "free", "unhealthy", "reserved", "stranded"].forEach(function (state) {
-        var cell = tr.querySelector('[data-cap="' + state + '"]');
-        if (cell) text(cell, row[state]);
-        var seg = tr.querySelector('[data-seg="' + state + '"]');
-        if (seg) seg.style.width = (row.total ? (100 * row[state] / row.total) : 0) + "%";
-      });
-      var idle = tr.querySelector('[data-cap="idle_cost_per_hour"]');
-      if (idle) text(idle, Number(row.idle_cost_per_hour).toFixed(2));
-    });
+  // --- pages with live regions: reread them whole -----------------------------------------------------
+
+  function liveRegions(root) {
+    var found = {};
+    root.querySelectorAll("[data-live-region]").forEach(function (el) { found[el.dataset.liveRegion] = el; });
+    return found;
   }
 
-  function patchReasons(rows) {
-    (rows || []).forEach(function (row) {
-      var tr = document.querySelector('[data-reason-row="' + row.reason + '"]');
-      if (!tr) return;
-      tr.querySelectorAll("[data-field]").forEach(function (f) { text(f, row[f.dataset.field]); });
-    });
+  function readRegions() {
+    return fetch(location.href, { credentials: "same-origin", headers: { Accept: "text/html", "X-Live-Refresh": "1" } })
+      .then(function (r) { if (!r.ok) throw new Error(r.status); return r.text(); })
+      .then(function (html) {
+        var fresh = liveRegions(new DOMParser().parseFromString(html, "text/html"));
+        var shown = liveRegions(document);
+        Object.keys(shown).forEach(function (name) {
+          var next = fresh[name];
+          if (!next || shown[name].innerHTML === next.innerHTML) return;
+          shown[name].innerHTML = next.innerHTML;
+          localTimes(shown[name]);
+        });
+        document.dispatchEvent(new CustomEvent("broker:regions"));
+      });
   }
+
+  function onChange(reader) { readers.push(reader); }
+
+  function read() {
+    if (reading) { readAgain = true; return Promise.resolve(); }
+    reading = true;
+    readAgain = false;
+    var started = Date.now();
+    return Promise.all(readers.map(function (reader) { return reader(); }))
+      .then(function () { updatedAt = started; showStatus(); })
+      .catch(function (error) { if (window.console) console.warn("live read failed", error); })
+      .then(function () {
+        reading = false;
+        if (readAgain) return read();
+      });
+  }
+
+  // --- the socket -------------------------------------------------------------------------------------
 
   function apply(message) {
-    if (message.type === "hello" || message.type === "pong") return;
-    patchCounters(message.counters);
-    (message.workloads || []).forEach(patchWorkload);
-    patchCapacity(message.capacity);
-    patchReasons(message.pending_by_reason);
+    if (message.type === "hello") {
+      // Live once the server itself answers, not when a socket opens (a proxy may open it and go silent).
+      attempt = 0;
+      setStatus("live", "live");
+      if (message.cycle) lastCycle = message.cycle;
+      // The first socket of a page drawn at the cycle the server is still at has nothing to catch up.
+      var drawnAt = document.body.dataset.liveCycle;
+      if (!wasLive && drawnAt && String(message.cycle) === drawnAt) { updatedAt = pageDrawn; showStatus(); }
+      else catchUp();
+      wasLive = true;
+      return;
+    }
+    if (message.type === "pong") {
+      // Nothing announced since the last read finished and the socket answers: the page is current.
+      if (!reading && updatedAt) { updatedAt = Date.now(); showStatus(); }
+      return;
+    }
     if (message.cycle) lastCycle = message.cycle;
+    // Counters come whole in the message: shown at once, then confirmed by the read.
+    patchCounters(message.counters);
+    if (readers.length) read();
+    else (message.workloads || []).forEach(patchWorkload);
     document.dispatchEvent(new CustomEvent("broker:delta", { detail: message }));
   }
 
@@ -90,41 +170,88 @@
   }
 
   function catchUp() {
+    if (readers.length) return read();
     var url = "/dashboard/api/live/?workloads=" + workloadIdsOnPage().join(",");
     return fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } })
       .then(function (r) { if (!r.ok) throw new Error(r.status); return r.json(); })
-      .then(function (data) { apply(data); })
+      .then(function (data) { apply(data); updatedAt = Date.now(); showStatus(); })
       .catch(function () { /* the next delta or reconnect catches up */ });
+  }
+
+  function reconnectLater(why) {
+    if (reconnectTimer) return;
+    var delay = Math.min(30000, 500 * Math.pow(2, attempt)) * (0.8 + Math.random() * 0.4);
+    attempt += 1;
+    setStatus("down", "offline" + (why ? " (" + why + ")" : "") + " — retrying in " + Math.round(delay / 1000) + " s");
+    reconnectTimer = setTimeout(function () { reconnectTimer = null; connect(); }, delay);
+  }
+
+  function drop(dead, why) {
+    if (!dead) return;
+    dead.onopen = dead.onmessage = dead.onclose = dead.onerror = null;
+    try { dead.close(); } catch (e) { /* already closed */ }
+    if (socket === dead) socket = null;
+    reconnectLater(why);
   }
 
   function connect() {
     var scheme = location.protocol === "https:" ? "wss://" : "ws://";
     setStatus("connecting", attempt ? "reconnecting…" : "connecting…");
-    socket = new WebSocket(scheme + location.host + "/ws/live/");
-    socket.onopen = function () {
-      attempt = 0;
-      setStatus("live", "live");
-      catchUp();
+    var current = new WebSocket(scheme + location.host + "/ws/live/");
+    socket = current;
+    lastHeard = Date.now();
+    current.onopen = function () {
+      lastHeard = Date.now();
+      setStatus("connecting", "waiting for the server…");
     };
-    socket.onmessage = function (event) {
+    current.onmessage = function (event) {
+      lastHeard = Date.now();
       try { apply(JSON.parse(event.data)); } catch (e) { if (window.console) console.error(e); }
     };
-    socket.onclose = function (event) {
+    current.onclose = function (event) {
       // 4401: the session ended (logout here or in another tab, or expiry); retrying cannot help.
-      if (event.code === 4401) { setStatus("down", "signed out — log in again"); return; }
-      var delay = Math.min(30000, 500 * Math.pow(2, attempt)) * (0.8 + Math.random() * 0.4);
-      attempt += 1;
-      setStatus("down", "offline — retrying in " + Math.round(delay / 1000) + " s");
-      setTimeout(connect, delay);
+      if (event && event.code === 4401) {
+        current.onopen = current.onmessage = current.onclose = current.onerror = null;
+        if (socket === current) socket = null;
+        setStatus("down", "signed out — log in again");
+        return;
+      }
+      drop(current, "");
     };
   }
+
+  function heartbeat() {
+    var current = socket;
+    if (current && current.readyState === WebSocket.OPEN) {
+      if (Date.now() - lastHeard > SILENT_MS) {
+        drop(current, "no answer for " + Math.round(SILENT_MS / 1000) + " s");
+        return;
+      }
+      if (Date.now() - lastPing >= PING_MS) {
+        lastPing = Date.now();
+        try { current.send(JSON.stringify({ type: "ping" })); } catch (e) { drop(current, ""); }
+      }
+    } else if (current && current.readyState === WebSocket.CONNECTING && Date.now() - lastHeard > SILENT_MS) {
+      drop(current, "cannot connect");
+    }
+    showStatus();
+  }
+
+  if (document.querySelector("[data-live-region]")) onChange(readRegions);
+  localTimes(document);
 
   window.BrokerLive = {
     apply: apply,
     catchUp: catchUp,
+    read: read,
+    onChange: onChange,
     when: when,
     lastCycle: function () { return lastCycle; },
     socket: function () { return socket; },
+    // Tests and the bench: close the socket as a network drop would.
+    drop: function () { drop(socket, "dropped"); },
+    reading: function () { return reading || readAgain; },
   };
+  setInterval(heartbeat, 1000);
   connect();
 })();

@@ -16,11 +16,17 @@
     var gang = parseInt(value("min_count"), 10) || replicas;
     var rc = selectedClass(), price = rc ? rc.closest("label").querySelector(".price") : null;
     var total = replicas * per;
+    if (replicas < 1 || per < 1) {
+      // No negative devices and no negative price: the server refuses such a size anyway.
+      summary.textContent = "A gang needs at least 1 pod and 1 device per pod.";
+      box.hidden = true;
+      return;
+    }
     var text = plural(total, "device") + ": " + plural(replicas, "pod") + " × " + per + ", " + gang + " must start together.";
     if (rc && rc.dataset.max && total > parseInt(rc.dataset.max, 10)) text += " This class allows at most " + rc.dataset.max + " devices.";
     if (price && price.firstChild) {
       var perHour = parseFloat(price.firstChild.textContent.replace("$", ""));
-      if (!isNaN(perHour)) text += " About $" + (perHour * total).toFixed(2) + " per hour.";
+      if (!isNaN(perHour)) text += " About " + (perHour * total).toLocaleString(undefined, { style: "currency", currency: "USD" }) + " per hour.";
     }
     summary.textContent = text;
     box.hidden = true;

@@ -58,7 +58,7 @@
   function openRack(rackId, quiet) {
     current.rack = rackId;
     document.getElementById("drill-card").hidden = false;
-    return T.loadRack(drillEl, rackId, { onDevice: function (d) { openNode(d.node_id, d.id); } }).then(function (data) {
+    return T.loadRack(drillEl, rackId, { onDevice: function (d) { openNode(d.node_id, d.id); }, legend: document.getElementById("team-legend") }).then(function (data) {
       current.rackData = data;
       crumbs(data.rack, null);
       var buttons = document.getElementById("node-buttons");
@@ -94,7 +94,8 @@
         var tr = el("tr", { dataset: { device: d.id, state: d.state } }, [
           el("td", { class: "mono", text: d.node + "/" + d.name }),
           el("td", { class: "small mono", text: d.pool ? d.driver + " / " + d.pool : "—" }),
-          el("td", {}, [el("span", { class: "badge", text: d.state, dataset: { deviceState: d.state } })]),
+          el("td", {}, [el("span", { class: "badge", text: d.state + (d.state === "busy" && d.unavailable ? " · takes no new work" : ""),
+            dataset: { deviceState: d.state === "busy" && d.unavailable ? "unhealthy" : d.state } })]),
           el("td", { text: d.health + (d.taints.length ? " · " + d.taints.map(function (t) { return t.key; }).join(",") : "") }),
           el("td", { class: "small", text: d.classes.join(", ") }),
           el("td", {}, [held]),
@@ -121,16 +122,15 @@
     if (rack && rack !== "null") openRack(rack).then(function () { if (node && node !== "null") openNode(node); });
   });
 
-  document.addEventListener("broker:delta", function (event) {
-    var racks = event.detail.racks || [];
-    if (!racks.length) return;
-    rackMap.patch(racks);
-    summarise(rackMap.data);
-    var touched = racks.some(function (c) { return String(c.id) === String(current.rack); });
-    if (touched) {
+  // Every change the socket announces rereads the whole rack map and the open rack and node: a
+  // completion, a health change or a cordon is shown as it is now, whichever message carried it.
+  window.BrokerLive.onChange(function () {
+    return rackMap.load().then(function (data) {
+      summarise(data);
+      if (!current.rack) return null;
       var node = current.node;
-      openRack(current.rack, true).then(function () { if (node) openNode(node, null, true); });
-    }
+      return openRack(current.rack, true).then(function () { return node ? openNode(node, null, true) : null; });
+    });
   });
   window.BrokerTopologyPage = { openRack: openRack, openNode: openNode, rackMap: rackMap };
 })();

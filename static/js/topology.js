@@ -56,9 +56,26 @@
     });
   }
 
-  function teamColor(teams, team) {
+  /* The server gives each team its colour (by team, the same on every load); the palette is the fallback. */
+  function teamColor(teams, team, colors) {
+    if (colors && colors[team]) return colors[team];
     var i = teams.indexOf(team);
     return TEAM_COLORS[(i < 0 ? 0 : i) % TEAM_COLORS.length];
+  }
+
+  /* A legend of the teams drawn, in their colours, into `el` (if the page has one). */
+  function teamLegend(el, teams, colors) {
+    if (!el) return;
+    el.innerHTML = "";
+    teams.forEach(function (team) {
+      var item = document.createElement("span");
+      var swatch = document.createElement("i");
+      swatch.style.background = teamColor(teams, team, colors);
+      item.appendChild(swatch);
+      item.appendChild(document.createTextNode(team));
+      el.appendChild(item);
+    });
+    el.hidden = !teams.length;
   }
 
   function discreteScale(colors) {
@@ -132,10 +149,10 @@
   };
 
   RackMap.prototype.scale = function () {
-    var teams = this.data.teams;
+    var teams = this.data.teams, colors = this.data.team_colors;
     if (this.metric === "team") {
       return {
-        colorscale: discreteScale(["#eaecf0"].concat(teams.map(function (t) { return teamColor(teams, t); }))),
+        colorscale: discreteScale(["#eaecf0"].concat(teams.map(function (t) { return teamColor(teams, t, colors); }))),
         zmin: -0.5, zmax: teams.length + 0.5,
       };
     }
@@ -145,6 +162,7 @@
   RackMap.prototype.height = function (rows) { return Math.max(260, 28 * rows + 60); };
 
   RackMap.prototype.draw = function () {
+    if (!this.data) return;  // a control changed before the map's data arrived: the load draws it
     if (window.Plotly) this.drawChart(); else this.drawPreview();
   };
 
@@ -261,7 +279,7 @@
     data.devices.forEach(function (d) { if (d.team && teams.indexOf(d.team) < 0) teams.push(d.team); });
     teams.sort();
     var palette = [STATE_COLORS.free, STATE_COLORS.stranded, STATE_COLORS.reserved, STATE_COLORS.unhealthy, HIGHLIGHT]
-      .concat(teams.map(function (t, i) { return TEAM_COLORS[i % TEAM_COLORS.length]; }));
+      .concat(teams.map(function (t) { return teamColor(teams, t, data.team_colors); }));
     var code = { free: 0, stranded: 1, reserved: 2, unhealthy: 3 };
     var z = [], text = [], ids = [];
     nodes.forEach(function (n) {
@@ -269,10 +287,13 @@
       for (var i = 0; i < width; i++) {
         var d = list[i];
         if (!d) { zr.push(null); tr.push(""); ir.push(null); continue; }
-        var value = d.state === "busy" ? (d.highlight ? 4 : 5 + teams.indexOf(d.team)) : code[d.state];
+        // A busy device that failed or sits on a cordoned node shows as unavailable at once (its team in the hover).
+        var value = d.state === "busy" && !d.unavailable ? (d.highlight ? 4 : 5 + teams.indexOf(d.team))
+          : code[d.state === "busy" ? "unhealthy" : d.state];
         zr.push(value);
         var who = d.team ? "<br>" + plain(d.team) + (d.workload ? " · " + plain(d.workload.name) : " (another team's workload)") : "";
-        tr.push("<b>" + plain(d.node) + "/" + plain(d.name) + "</b> · " + d.state + who + "<br>" + plain(d.health) + (d.cordoned ? " · node cordoned" : "") +
+        var shown = d.state === "busy" && d.unavailable ? "busy, " + (d.health !== "Healthy" ? plain(d.health).toLowerCase() : d.cordoned ? "node cordoned" : "tainted") : d.state;
+        tr.push("<b>" + plain(d.node) + "/" + plain(d.name) + "</b> · " + shown + who + "<br>" + plain(d.health) + (d.cordoned ? " · node cordoned" : "") +
           (d.taints && d.taints.length ? " · tainted" : "") + "<br>" + plain(d.classes.join(", ")));
         ir.push(d);
       }
@@ -300,6 +321,7 @@
       });
     }
     el._brokerOnDevice = options.onDevice || null;
+    teamLegend(options.legend, teams, data.team_colors);
     return { teams: teams };
   }
 
@@ -310,7 +332,7 @@
   }
 
   window.BrokerTopology = {
-    RackMap: RackMap, drawRack: drawRack, loadRack: loadRack, getJSON: getJSON, plotlyReady: plotlyReady,
+    RackMap: RackMap, drawRack: drawRack, teamLegend: teamLegend, loadRack: loadRack, getJSON: getJSON, plotlyReady: plotlyReady,
     STATE_COLORS: STATE_COLORS, TEAM_COLORS: TEAM_COLORS, HIGHLIGHT: HIGHLIGHT,
   };
 })();

@@ -392,7 +392,7 @@ class TestApproval:
         workload = awaiting_approval(cluster, alice)
         response = signed_in(api_client, april).post(f"{URL}{workload.pk}/reject/", {"comment": "use a smaller class"})
         assert response.status_code == 200
-        assert (response.data["state"], response.data["approval"]) == (State.AWAITING_APPROVAL, ApprovalState.REJECTED)
+        assert (response.data["state"], response.data["approval"]) == (State.REJECTED, ApprovalState.REJECTED)
         assert AuditEvent.objects.get(action="workload.reject").reason == "use a smaller class"
         # A rejection is final: it cannot be approved afterwards.
         again = signed_in(api_client, april).post(f"{URL}{workload.pk}/approve/", {"comment": "changed my mind"})

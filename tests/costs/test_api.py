@@ -212,6 +212,8 @@ def test_it_exports_the_same_totals_as_csv_xlsx_and_the_api(api_client, october,
     )
     assert Decimal(by_line["idle"]["charge"]) == money(totals["idle"]["cost"])
     assert sum(Decimal(r["charge"]) for r in rows if r["kind"] != "total") == Decimal(by_line["total"]["charge"])
+    # Both say when the figures were read: October is over, so as of its end.
+    assert {r["as_of"] for r in rows} == {r["as_of"] for r in xrows} == {"2026-11-01T00:00:00+00:00"}
 
 
 def test_it_reports_pending_cost_beside_the_bill(api_client, cluster, fiona):

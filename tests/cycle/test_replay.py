@@ -110,3 +110,31 @@ def test_it_submits_denser_than_the_trace_by_the_replay_density(replay_menu, tmp
     assert PhillyReplay.resume(path=path, now=start, start=None).tick(start + timedelta(seconds=1.5)) == 3
     # Durations are not compressed: the executor still runs them at SIMULATION_SPEED.
     assert Workload.objects.get(trace_id="philly:000000").expected_duration_seconds == 100
+
+
+def test_it_marks_its_audit_events_as_replayed_and_the_trail_leaves_them_out(replay_menu, tmp_path, client):
+    from django.urls import reverse
+
+    from broker.audit.models import AuditEvent, record
+
+    path = tmp_path / "philly.csv"
+    path.write_text(TRACE)
+    start = timezone.now()
+    replay = PhillyReplay.resume(path=path, speed=60, now=start, start=None)
+    assert replay.tick(start + timedelta(seconds=1.5)) == 3
+    operator = make_user("olivia", roles=["operator"])
+    record("node.cordon", replay_menu.nodes[0], actor=operator, reason="firmware", manual_intervention=True)
+
+    submits = AuditEvent.objects.filter(action="workload.submit")
+    assert submits.count() == 3 and all(event.replayed for event in submits)
+    assert {event.actor_name for event in submits} <= {"member-team-a", "member-team-b"}
+    assert not AuditEvent.objects.get(action="node.cordon").replayed
+
+    client.force_login(operator)
+    url = reverse("governance:audit")
+    shown = [e.action for e in client.get(url).context["page"]]
+    assert shown == ["node.cordon"]  # people's actions only, by default
+    replayed = list(client.get(url, {"source": "replay"}).context["page"])
+    assert len(replayed) >= 3 and all(event.replayed for event in replayed)
+    assert len(client.get(url, {"source": "all"}).context["page"]) == len(replayed) + 1
+    assert "replayed</span>" in client.get(url, {"source": "replay"}).content.decode()

@@ -156,3 +156,44 @@ def test_it_shows_a_device_that_a_plain_update_took_down(client, scene, olivia, 
     after = {cell["name"]: cell for cell in client.get(reverse("dashboard:api-heatmap")).json()["cells"]}
 
     assert after["r1"]["counts"]["unhealthy"] == before["r1"]["counts"]["unhealthy"] + 1
+
+
+def test_it_orders_nodes_as_people_number_them_and_keeps_each_teams_colour(client, scene, olivia, cluster):
+    from broker.inventory.models import Device
+    from broker.policy.models import Team
+    from dashboard.queries import TEAM_PALETTE, natural_key
+
+    for name in ("n10", "n2x", "n9"):
+        node = Node.objects.create(name=name, domain=scene.r1)
+        Device.objects.create(node=node, name="0", attributes={"model": "H100", "memory": 80})
+    client.force_login(olivia)
+    url = reverse("dashboard:api-heatmap-rack", args=[scene.r1.pk])
+    data = client.get(url).json()
+    assert [n["name"] for n in data["nodes"]] == ["n1", "n2", "n2x", "n9", "n10"]
+    assert [d["node"] for d in data["devices"]] == sorted((d["node"] for d in data["devices"]), key=natural_key)
+
+    colours = client.get(reverse("dashboard:api-heatmap")).json()["team_colors"]
+    assert colours["team-a"] == TEAM_PALETTE[cluster.team_a.pk % len(TEAM_PALETTE)]
+    Team.objects.create(name="aaa-new", display_name="New")  # a new team takes no colour from another
+    again = client.get(url).json()["team_colors"]
+    assert again["team-a"] == colours["team-a"] and again["team-b"] == colours["team-b"]
+
+
+def test_it_marks_a_busy_device_that_failed_or_was_cordoned_at_once(client, scene, olivia, cluster):
+    from broker.inventory.models import Health
+
+    client.force_login(olivia)
+    url = reverse("dashboard:api-heatmap-rack", args=[scene.r1.pk])
+    busy = [d for d in client.get(url).json()["devices"] if d["state"] == "busy"]
+    assert busy and not any(d["unavailable"] for d in busy)
+
+    failed = cluster.nodes[0].devices.order_by("id").first()
+    failed.health = Health.UNHEALTHY
+    failed.save()
+    devices = {d["id"]: d for d in client.get(url).json()["devices"]}
+    assert devices[failed.pk]["state"] == "busy" and devices[failed.pk]["unavailable"] is True
+    assert not any(d["unavailable"] for pk, d in devices.items() if pk != failed.pk and d["node"] == "n1")
+
+    Node.objects.filter(pk=cluster.nodes[0].pk).update(cordoned=True)
+    devices = client.get(url).json()["devices"]
+    assert all(d["unavailable"] for d in devices if d["node"] == "n1")

@@ -347,3 +347,22 @@ def test_it_names_its_icon_on_every_page_and_answers_browsers_that_ask_for_favic
     response = client.get("/favicon.ico")
     assert (response.status_code, response["Location"]) == (301, icon)
     assert finders.find("img/favicon.svg")
+
+
+def test_it_refuses_a_name_over_100_characters_instead_of_cutting_it(client, scene, alice, cluster):
+    client.force_login(alice)
+    page = client.get(reverse("dashboard:submit")).content.decode()
+    assert 'maxlength="100"' not in page  # the browser would cut a pasted name without a word
+    response = client.post(
+        reverse("dashboard:submit"),
+        {
+            "name": "n" * 101,
+            "queue": cluster.queue_a.pk,
+            "resource_class": cluster.training.pk,
+            "replicas": 1,
+            "devices_per_pod": 1,
+        },
+    )
+    assert response.status_code == 200
+    assert "at most 100 characters (it has 101)" in response.content.decode()
+    assert not Workload.objects.filter(name__startswith="nnnn").exists()

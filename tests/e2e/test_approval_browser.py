@@ -111,7 +111,7 @@ def test_it_approves_live_and_the_workload_is_admitted_rejected_never_runs(stack
     run_a_cycle()
     run_a_cycle()
     rejected.refresh_from_db()
-    assert (rejected.state, rejected.approval) == (State.AWAITING_APPROVAL, ApprovalState.REJECTED)
+    assert (rejected.state, rejected.approval) == (State.REJECTED, ApprovalState.REJECTED)
     assert not Allocation.objects.filter(workload=rejected).exists()
     assert Allocation.objects.filter(released_at__isnull=True).count() == 8, "8 devices stayed free"
     member.goto(f"{base}/workloads/{rejected.pk}/")

@@ -1,13 +1,16 @@
-"""The queue page in the browser: live deltas move waiting rows into the order their new positions give.
+"""The queue page in the browser: a live message makes the page reread its tables from the database, so
+waiting rows come in the order their new positions give and a workload that was admitted moves from
+Pending to Running, whatever the message itself said.
 
-No worker runs here (Django's live server, no cycles), so nothing but the delta this test hands the page
-moves a row."""
+No worker runs here (Django's live server, no cycles): the test changes the database and hands the
+page a message."""
 
 import pytest
 from django.conf import settings
 from django.test import Client
 
-from broker.workloads.models import SchedulingCycle
+from broker.workloads.models import Explanation, SchedulingCycle
+from broker.workloads.states import State
 from tests.builders import make_workload
 from tests.dashboard.conftest import wait
 
@@ -49,11 +52,17 @@ def test_it_reorders_waiting_rows_when_a_cycle_moves_them(live_server, browser, 
     assert waiting_order(page) == ["first", "second", "third"]
 
     # Fair share moved "third" ahead; "first" was admitted and has no position any more.
-    delta = [
-        {"id": workloads["third"].pk, "position_in_cluster": 1},
-        {"id": workloads["second"].pk, "position_in_cluster": 2},
-        {"id": workloads["first"].pk, "state": "Admitted", "position_in_cluster": None},
-    ]
-    page.evaluate("delta => window.BrokerLive.apply({type: 'cycle', workloads: delta})", delta)
-    assert waiting_order(page) == ["third", "second", "first"]
-    assert page.inner_text(f'tr[data-workload="{workloads["first"].pk}"] [data-field="state"]') == "Admitted"
+    Explanation.objects.filter(workload=workloads["third"]).update(position_in_cluster=1)
+    Explanation.objects.filter(workload=workloads["first"]).delete()
+    workloads["first"].transition(State.ADMITTED)
+    # The message is stale and partial (it names only "second"): the page trusts the database, not it.
+    delta = [{"id": workloads["second"].pk, "position_in_cluster": 9, "state": "Pending"}]
+    page.evaluate("delta => window.BrokerLive.apply({type: 'delta', cycle: 2, workloads: delta})", delta)
+    page.wait_for_function("() => !window.BrokerLive.reading()")
+    assert waiting_order(page) == ["third", "second"]
+    assert page.inner_text("#pending-card h2") == "Pending (2)"
+    assert page.inner_text("#running-card h2") == "Running (1)"
+    assert (
+        page.inner_text(f'#running-table tr[data-workload="{workloads["first"].pk}"] [data-field="state"]')
+        == "Admitted"
+    )

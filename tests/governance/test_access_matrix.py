@@ -17,6 +17,7 @@ from django.urls import get_resolver, reverse
 
 from broker.asgi import application
 from broker.workloads.states import State
+from dashboard.navigation import submits
 from tests.builders import make_workload
 
 WHO = ("anonymous", "alice", "bob", "olivia", "fiona", "april", "adam", "nora")
@@ -31,6 +32,7 @@ PAGES = [
     # url name                         method  expected for                  anon alice bob olivia fiona april adam nora
     ("dashboard:overview", "get", ANY),
     ("dashboard:queue", "get", ANY),
+    ("dashboard:history", "get", ANY),
     ("dashboard:workload", "get", TEAM_A_ROW),
     ("dashboard:workload-cancel", "post", (302, 302, 404, 302, 404, 403, 302, 403)),
     ("dashboard:workload-priority", "post", (302, 403, 403, 302, 403, 403, 302, 403)),
@@ -75,6 +77,7 @@ GATED = ("dashboard", "governance", "costs")
 DESTINATIONS = (
     "dashboard:overview",
     "dashboard:queue",
+    "dashboard:history",
     "dashboard:topology",
     "dashboard:teams",
     "dashboard:submit",
@@ -179,7 +182,11 @@ def top_bar_links(html):
 def test_it_links_in_the_top_bar_exactly_the_pages_a_persona_opens(request, cluster, who):
     client = Client()
     client.force_login(request.getfixturevalue(who))
+    user = request.getfixturevalue(who)
     opens = {reverse(name) for name in DESTINATIONS if client.get(reverse(name)).status_code == 200}
+    if not submits(user):
+        # Submit and their history only say "you are in no team" to them: no link leads there.
+        opens -= {reverse("dashboard:submit"), reverse("dashboard:history")}
     # Someone with no role gets the 403 page, which has the bar too.
     for page in ("dashboard:overview", "dashboard:queue"):
         assert top_bar_links(client.get(reverse(page)).content.decode()) == opens, page
@@ -214,3 +221,11 @@ def test_it_opens_each_socket_to_exactly_its_roles(request, cluster):
             if not connected:
                 assert code == (4401 if who == "anonymous" else 4403), (route, who, code)
         assert got == dict(zip(WHO, expected, strict=True)), route
+
+
+@pytest.mark.parametrize(("who", "linked"), [("alice", True), ("adam", True), ("olivia", False), ("fiona", False)])
+def test_it_links_submit_only_for_those_with_a_queue_to_submit_to(request, cluster, who, linked):
+    client = Client()
+    client.force_login(request.getfixturevalue(who))
+    links = top_bar_links(client.get(reverse("dashboard:overview")).content.decode())
+    assert (reverse("dashboard:submit") in links) is linked

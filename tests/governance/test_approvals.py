@@ -84,18 +84,40 @@ def test_it_refuses_self_approval_and_lets_another_approver_decide(cluster, paul
     assert workload.approval_decided_by == april
 
 
-def test_it_never_schedules_a_rejected_request(cluster, alice, april):
-    workload = submit(cluster, alice)
-    services.reject_workload(workload, april, "no budget this quarter")
+def test_it_never_schedules_a_rejected_request_and_takes_it_out_of_the_queue(cluster, alice, april):
+    ahead = submit(cluster, alice, name="ahead")
+    behind = submit(cluster, alice, name="behind")
+    run_once()
+    assert Explanation.objects.get(workload=behind).position_in_queue == 2
+
+    services.reject_workload(ahead, april, "no budget this quarter")
 
     for _ in range(3):
-        assert workload.pk not in run_once().admitted
-    workload.refresh_from_db()
-    assert (workload.state, workload.approval) == (State.AWAITING_APPROVAL, ApprovalState.REJECTED)
-    assert not Allocation.objects.filter(workload=workload).exists()
-    assert Explanation.objects.get(workload=workload).reason == "AwaitingApproval"
+        assert ahead.pk not in run_once().admitted
+    ahead.refresh_from_db()
+    assert (ahead.state, ahead.approval) == (State.REJECTED, ApprovalState.REJECTED)
+    assert ahead.finished_at is not None
+    assert ahead.transitions.last().to_state == State.REJECTED
+    assert not Allocation.objects.filter(workload=ahead).exists()
+    # It left the queue: the request behind it moved up, and the queue's counts leave it out.
+    assert Explanation.objects.get(workload=behind).position_in_queue == 1
     with pytest.raises(services.ActionRefused):
-        services.approve_workload(workload, april, "changed my mind")
+        services.approve_workload(ahead, april, "changed my mind")
+
+
+def test_it_refuses_to_approve_a_request_its_team_may_not_use(cluster, alice, bob, april):
+    workload = submit(cluster, alice)
+    cluster.reserved.allowed_teams.set([cluster.team_b])  # the menu changed after it was submitted
+
+    with pytest.raises(services.ActionRefused, match="team-a may not use large-reserved-training"):
+        services.approve_workload(workload, april, "looks fine")
+
+    workload.refresh_from_db()
+    assert (workload.state, workload.approval) == (State.AWAITING_APPROVAL, ApprovalState.REQUESTED)
+    assert not AuditEvent.objects.filter(action="workload.approve").exists()
+    services.reject_workload(workload, april, "not entitled to this class")
+    workload.refresh_from_db()
+    assert workload.state == State.REJECTED
 
 
 def test_it_keeps_an_approved_workload_out_of_the_cycle_until_its_window_opens(cluster, alice, april):

@@ -251,3 +251,19 @@ def test_it_shows_the_preemption_matrix_on_the_menu_page(client, cluster, olivia
     row = html.split('<tr data-preemptor="small-inference">')[-1].split("</tr>")[0]
     assert 'data-victim="distributed-training">may preempt' in row
     assert 'data-victim="large-reserved-training">—' in row
+
+
+def test_it_offers_only_rejection_of_a_request_its_team_may_not_use(client, cluster, alice, april):
+    workload = submit(cluster, alice)
+    cluster.reserved.allowed_teams.set([cluster.team_b])  # the menu changed after the request
+    client.force_login(april)
+
+    row = client.get(reverse("governance:approval-row", args=[workload.pk])).content.decode()
+    assert "team-a may not use large-reserved-training" in row
+    assert 'class="approve"' not in row and 'class="danger reject"' in row
+    response = client.post(reverse("governance:approve", args=[workload.pk]), {f"w{workload.pk}-comment": "ok"})
+    assert response.status_code == 302
+    workload.refresh_from_db()
+    assert workload.state == State.AWAITING_APPROVAL  # refused, with the reason in a message
+    page = client.get(reverse("governance:approvals")).content.decode()
+    assert "may not use large-reserved-training" in page
