@@ -70,6 +70,23 @@ class Cluster:
     def usable_devices(self) -> int:
         return len(self.devices)
 
+    def snapshot(self, queues, running: dict, pending: dict, now: float, config, reservations=()) -> Snapshot:
+        """The cluster at `now` with this running and pending work, its queues in one cohort."""
+        return Snapshot(
+            levels=self.levels,
+            nodes=self.nodes,
+            devices=self.devices,
+            device_classes=self.device_classes,
+            cohorts=(Cohort("philly"),),
+            queues=queues,
+            resource_classes=self.resource_classes,
+            reservations=reservations,
+            running=tuple(running.values()),
+            pending=tuple(pending.values()),
+            now=now,
+            config=config,
+        )
+
 
 def philly_cluster() -> Cluster:
     """The demo's Philly inventory as plain snapshot data (no database)."""
@@ -184,20 +201,7 @@ def simulate(
             running.pop(job_id)
             changed = True
         if changed and pending:
-            snapshot = Snapshot(
-                levels=cluster.levels,
-                nodes=cluster.nodes,
-                devices=cluster.devices,
-                device_classes=cluster.device_classes,
-                cohorts=(Cohort("philly"),),
-                queues=queues,
-                resource_classes=cluster.resource_classes,
-                reservations=reservations,
-                running=tuple(running.values()),
-                pending=tuple(pending.values()),
-                now=now,
-                config=config,
-            )
+            snapshot = cluster.snapshot(queues, running, pending, now, config, reservations)
             started = time.perf_counter()
             result = decide(snapshot)
             spent = time.perf_counter() - started

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 
 from bench.replay import DEFAULT_START, Cluster, Job, percentile, philly_cluster, trace_jobs
 from broker.scheduler.cycle import decide
-from broker.scheduler.snapshot import Cohort, Queue, RunningPod, RunningWorkload, SchedulerConfig, Snapshot
+from broker.scheduler.snapshot import Queue, RunningPod, RunningWorkload, SchedulerConfig
 
 SIZE_CLASSES = ((1, 1), (2, 4), (5, 8), (9, 31), (32, None))
 LARGE_GANG = 32
@@ -124,19 +124,7 @@ def simulate(cluster: Cluster, jobs: list[Job], rules: Rules, tick: float) -> Ou
             if not (changed and pending):
                 break
             changed = False
-            snapshot = Snapshot(
-                levels=cluster.levels,
-                nodes=cluster.nodes,
-                devices=cluster.devices,
-                device_classes=cluster.device_classes,
-                cohorts=(Cohort("philly"),),
-                queues=queues,
-                resource_classes=cluster.resource_classes,
-                running=tuple(running.values()),
-                pending=tuple(pending.values()),
-                now=now,
-                config=rules.config,
-            )
+            snapshot = cluster.snapshot(queues, running, pending, now, rules.config)
             started = time.perf_counter()
             result = decide(snapshot)
             outcome.decide_seconds += time.perf_counter() - started
