@@ -4,8 +4,10 @@ The same Philly slice as the replay section (bench/replay.py: 552 machines, 2,49
 2017-10-02, arrivals compressed 12x, durations known), replayed through the pure core under two rules:
 
 - today: fair share, priority, age; backfill protection; no preemption (the replay section's rules);
-- short waits: the menu's policy. Interactive and inference classes preempt preemptible batch and training
-  work across queues (ResourceClass.preempts_across_queues); a preempted job is requeued at its place in
+- short waits: the policy of issue 31. Interactive and inference classes preempt preemptible batch and
+  training work across queues (ResourceClass.preempts_across_queues, set here on the demo menu's
+  `PREEMPTING_CLASSES`; the demo itself keeps it off until large gangs no longer starve under it); a
+  preempted job is requeued at its place in
   line and pays its class's checkpoint-restart cost (60 s of its devices) inside its job completion time;
   no job is preempted before it ran `min_runtime` seconds or more than `max_preemptions` times; among equal
   priorities the shortest expected device-time goes first, aged so nothing starves.
@@ -36,10 +38,22 @@ LARGE_GANG = 32
 FOLLOW_UPS = 20  # cycles in a row at one instant, after preemptions, at the most
 
 
+PREEMPTING_CLASSES = ("small-inference", "interactive-experiment")
+
+
 @dataclass(frozen=True)
 class Rules:
     name: str
     config: SchedulerConfig
+    preempting_classes: tuple[str, ...] = ()
+
+    def on(self, cluster: Cluster) -> Cluster:
+        """The cluster with this rule's classes preempting across queues."""
+        classes = tuple(
+            replace(resource_class, preempts_across_queues=resource_class.name in self.preempting_classes)
+            for resource_class in cluster.resource_classes
+        )
+        return replace(cluster, resource_classes=classes)
 
 
 def today_rules() -> Rules:
@@ -61,6 +75,7 @@ def short_wait_rules(
             preemptions_per_queue_per_cycle=preemptors_per_queue,
             shorter_remaining_factor=shorter_factor,
         ),
+        PREEMPTING_CLASSES,
     )
 
 
@@ -95,6 +110,7 @@ def racks_needed(cluster: Cluster):
 
 
 def simulate(cluster: Cluster, jobs: list[Job], rules: Rules, tick: float) -> Outcome:
+    cluster = rules.on(cluster)
     queues = tuple(Queue(name, name, cohort="philly") for name in sorted({job.queue for job in jobs}))
     classes = {resource_class.name: resource_class for resource_class in cluster.resource_classes}
     by_id = {job.id: job for job in jobs}
