@@ -200,3 +200,10 @@ def history(cluster, olivia, adam, alice):
         cluster="elsewhere", started_at=at(70), finished_at=at(71), outcome=outcome.COMMITTED, decide_ms=500.0
     )
     return h
+
+
+@pytest.fixture(autouse=True)
+def scraper_token(settings):
+    """The metrics tests scrape as Prometheus does, with the bearer token (/metrics is closed otherwise)."""
+    settings.METRICS_TOKEN = "s3cret-scrape-token"
+    settings.METRICS_PUBLIC = False

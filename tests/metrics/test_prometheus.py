@@ -22,13 +22,6 @@ def series(samples, name):
     return {labels: value for (sample_name, labels), value in samples.items() if sample_name == name}
 
 
-@pytest.fixture(autouse=True)
-def scraper_token(settings):
-    """The figures below are scraped as Prometheus does, with the bearer token."""
-    settings.METRICS_TOKEN = "s3cret-scrape-token"
-    settings.METRICS_PUBLIC = False
-
-
 def scrape(client, **headers):
     response = client.get("/metrics", **{"HTTP_AUTHORIZATION": "Bearer s3cret-scrape-token", **headers})
     assert response.status_code == 200, response.content
