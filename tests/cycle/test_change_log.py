@@ -27,6 +27,8 @@ pytestmark = [
     ),
     # Every write committed on its own, as the API, the executor and the cycle write.
     pytest.mark.django_db(transaction=True, serialized_rollback=True),
+    # Horizons are the server's oldest open transaction: nothing else may hold one (cycle/conftest.py).
+    pytest.mark.usefixtures("quiet_server"),
 ]
 
 
