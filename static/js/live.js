@@ -13,8 +13,10 @@
  * opened. The badge says how long ago the page was last known to be current. */
 (function () {
   "use strict";
-  var PING_MS = 3000;
-  var SILENT_MS = 8000;
+  // Offline must show within 10 s of a silent loss even on a loaded machine that delays timers, so the
+  // silence limit leaves several seconds of slack.
+  var PING_MS = 2000;
+  var SILENT_MS = 6000;
   var statusEl = document.getElementById("live-status");
   var attempt = 0;
   var socket = null;
@@ -196,13 +198,17 @@
 
   function connect() {
     var scheme = location.protocol === "https:" ? "wss://" : "ws://";
-    setStatus("connecting", attempt ? "reconnecting…" : "connecting…");
+    // Once offline, the badge stays offline until the server speaks again: a page that is reconnecting
+    // is still not current.
+    var offline = statusEl && statusEl.dataset.state === "down";
+    setStatus(offline ? "down" : "connecting", attempt ? "offline — reconnecting…" : "connecting…");
     var current = new WebSocket(scheme + location.host + "/ws/live/");
     socket = current;
     lastHeard = Date.now();
     current.onopen = function () {
       lastHeard = Date.now();
-      setStatus("connecting", "waiting for the server…");
+      var offline = statusEl && statusEl.dataset.state === "down";
+      setStatus(offline ? "down" : "connecting", offline ? "offline — waiting for the server…" : "waiting for the server…");
     };
     current.onmessage = function (event) {
       lastHeard = Date.now();
@@ -252,6 +258,6 @@
     drop: function () { drop(socket, "dropped"); },
     reading: function () { return reading || readAgain; },
   };
-  setInterval(heartbeat, 1000);
+  setInterval(heartbeat, 500);
   connect();
 })();
