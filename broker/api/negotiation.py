@@ -11,7 +11,8 @@ class FormatCheckedNegotiation(DefaultContentNegotiation):
 
     def select_renderer(self, request, renderers, format_suffix=None):
         requested = None if format_suffix else request.query_params.get(api_settings.URL_FORMAT_OVERRIDE)
-        known = [renderer.format for renderer in renderers]
+        # drf-spectacular offers each schema format twice (two media types each); name each once.
+        known = list(dict.fromkeys(renderer.format for renderer in renderers))
         if requested and requested not in known:
             raise ValidationError({api_settings.URL_FORMAT_OVERRIDE: [f"Unknown format; one of: {', '.join(known)}."]})
         return super().select_renderer(request, renderers, format_suffix)

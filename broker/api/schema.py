@@ -14,6 +14,8 @@ operation that can give them (`document_errors`, a postprocessing hook):
 - 413: a body larger than the limit (broker.api.middleware), refused before it is read.
 """
 
+from drf_spectacular.views import SpectacularAPIView
+
 ERROR_DETAIL = {
     "type": "object",
     "description": "Why the request was refused, in one sentence.",
@@ -79,3 +81,16 @@ def document_errors(result, generator, request, public):
                     },
                 )
     return result
+
+
+class SchemaView(SpectacularAPIView):
+    """The OpenAPI schema, YAML unless asked otherwise. Its refusals (an unknown ?format=) are JSON: DRF
+    renders an error with the first renderer, and the schema's YAML renderer turns error details into
+    tagged objects that a client cannot read as field errors."""
+
+    def perform_content_negotiation(self, request, force=False):
+        if force:
+            for renderer in self.get_renderers():
+                if renderer.format == "json":
+                    return renderer, renderer.media_type
+        return super().perform_content_negotiation(request, force)

@@ -40,3 +40,11 @@ def test_it_issues_a_token_that_authenticates(db, cluster, alice, api_client):
     refused = api_client.get("/api/status/")
     # Session authentication comes first and sends no WWW-Authenticate challenge, so DRF answers 403.
     assert (refused.status_code, str(refused.data["detail"])) == (403, "Invalid token.")
+
+
+def test_it_refuses_an_unknown_schema_format_in_json_naming_each_format_once(db, api_client):
+    response = api_client.get("/api/schema/?format=xml")
+    assert response.status_code == 400
+    assert response["Content-Type"].endswith("json")
+    assert response.json() == {"format": ["Unknown format; one of: yaml, json."]}
+    assert api_client.get("/api/schema/?format=json").json()["openapi"].startswith("3.")
