@@ -710,6 +710,12 @@ class Cycle:
                     start += per_pod
         return None  # no node outside `excluded` has room for the one pod (more: the counts said they fit)
 
+    def unreserve(self, slots) -> None:
+        """An open reservation ends, as the estimated-start simulation reaches its end: its devices are
+        anyone's from then on, so the usable extras remembered per access (ranked by owner) are made anew."""
+        self.state.unreserve(slots)
+        self._extras_cache.clear()
+
     def slots_held_by(self, workload_id: str) -> list:
         plan = self.log.admitted_plans.get(workload_id) or self.simulated_plans.get(workload_id)
         if plan is not None:
