@@ -5,7 +5,12 @@ from django.db.models import Count, Q
 
 from broker.audit.models import record
 from broker.governance.approvals import approval_reasons, price_per_hour
-from broker.policy.models import ResourceClass
+from broker.inventory.models import Device, Domain, Node
+from broker.policy.models import DeviceClass, ResourceClass
+from broker.scheduler import snapshot as core
+from broker.scheduler.gang_search import fits_counts
+from broker.scheduler.placement import PodDemand
+from broker.scheduler.selectors import ClassMatcher
 from broker.workloads.models import Workload
 from broker.workloads.states import State
 
@@ -42,6 +47,99 @@ def fits(submission, resource_class):
     return True
 
 
+class ClusterAsBuilt:
+    """The cluster with every device healthy, free and unreserved (the decision core's InvalidRequest
+    test), read from the inventory only when a class is about to be advised: devices per node by what
+    they are (driver, attributes, capacity), matched to device classes once per kind."""
+
+    def __init__(self):
+        self._kinds = None
+
+    def holds(self, submission, resource_class):
+        """Whether the request could ever run in `resource_class`: in one of the device classes it would
+        use there, its gang fits the nodes as built of one domain of its required level (the whole
+        cluster without one). A bound for pod sets that match an attribute (not checked)."""
+        demands = tuple(
+            PodDemand(pod_set.name, pod_set.replicas, pod_set.min_count or pod_set.replicas, pod_set.devices_per_pod)
+            for pod_set in submission.pod_sets
+        )
+        level = submission.topology_required
+        if level is None:
+            level = resource_class.topology_required
+        declared = next((pod_set.device_classes for pod_set in submission.pod_sets if pod_set.device_classes), ())
+        classes = declared or [device_class.name for device_class in resource_class.ordered_device_classes()]
+        for class_name in classes:
+            for counts in self._domains(class_name, level or None).values():
+                if fits_counts(demands, counts):
+                    return True
+        return False
+
+    def _domains(self, class_name, level):
+        """{domain: [devices of the class per node as built]} at `level` (None: the whole cluster)."""
+        per_node: dict[int, int] = {}
+        for node_id, kind, count in self._rows():
+            if class_name in self._classes_of(kind):
+                per_node[node_id] = per_node.get(node_id, 0) + count
+        if level is None:
+            return {None: list(per_node.values())}
+        if level == "node":
+            return {node_id: [count] for node_id, count in per_node.items()}
+        domain_of = self._node_domains(level)
+        domains: dict = {}
+        for node_id, count in per_node.items():
+            domain = domain_of.get(node_id)
+            if domain is not None:
+                domains.setdefault(domain, []).append(count)
+        return domains
+
+    def _rows(self):
+        """(node id, kind, devices) of the whole inventory, one row per node and kind of device."""
+        if self._kinds is None:
+            rows = (
+                Device.objects.order_by()
+                .values_list("node_id", "driver", "attributes", "capacity")
+                .annotate(count=Count("id"))
+            )
+            self._kinds, self._per_node, self._matched = {}, [], {}
+            for node_id, driver, attributes, capacity, count in rows:
+                kind = (driver, _key(attributes), _key(capacity))
+                self._kinds.setdefault(kind, (driver, attributes or {}, capacity or {}))
+                self._per_node.append((node_id, kind, count))
+            self._matcher = ClassMatcher(
+                tuple(core.DeviceClass(dc.name, selector=dc.selector or None) for dc in DeviceClass.objects.all())
+            )
+        return self._per_node
+
+    def _classes_of(self, kind):
+        found = self._matched.get(kind)
+        if found is None:
+            driver, attributes, capacity = self._kinds[kind]
+            device = core.Device("as-built", "as-built", driver, attributes, capacity)
+            found = self._matched[kind] = self._matcher.classes_of(device)
+        return found
+
+    def _node_domains(self, level):
+        """{node id: id of its domain at `level`}, through the domains' parents."""
+        domains = {
+            pk: (level_name, parent)
+            for pk, level_name, parent in Domain.objects.values_list("pk", "level__name", "parent_id")
+        }
+
+        def at_level(domain):
+            while domain is not None:
+                level_name, parent = domains[domain]
+                if level_name == level:
+                    return domain
+                domain = parent
+            return None
+
+        return {node_id: at_level(domain) for node_id, domain in Node.objects.values_list("pk", "domain_id")}
+
+
+def _key(mapping):
+    return tuple(sorted((str(name), repr(value)) for name, value in (mapping or {}).items()))
+
+
 def first_price(resource_class):
     choices = sorted(resource_class.device_class_choices.all(), key=lambda choice: choice.rank)
     return choices[0].device_class.price_per_hour if choices else None
@@ -71,10 +169,13 @@ def better_class(submission):
             found.append((0, price, candidate.max_devices or 0, candidate.name, "cheaper_class", candidate))
         elif smaller(candidate, chosen):
             found.append((1, price or 0, candidate.max_devices, candidate.name, "smaller_class", candidate))
-    if not found:
-        return None
-    best = min(found, key=lambda row: row[:4])
-    return best[4], best[5]
+    # Best first, and only a class whose devices could ever hold the request: "would also fit" a class
+    # where it is an InvalidRequest is advice nobody can take (a request invalid everywhere gets none).
+    cluster = ClusterAsBuilt()
+    for row in sorted(found, key=lambda row: row[:4]):
+        if cluster.holds(submission, row[5]):
+            return row[4], row[5]
+    return None
 
 
 def class_advice(submission):

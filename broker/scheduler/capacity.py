@@ -574,6 +574,7 @@ class CapacityState:
         self._journal: list[tuple[Slot, str | None]] | None = None  # see for_cycle
         self._running: dict | None = None  # the running work held, by id; None: not rebasable
         self._reserved: list[Slot] = []
+        self._reserved_by: dict[str, list[Slot]] = {}
 
     def _hold_running(self, snapshot: Snapshot) -> None:
         slot_by_id = self.slot_by_id
@@ -627,6 +628,7 @@ class CapacityState:
 
     def _reserve(self, snapshot: Snapshot) -> None:
         self._reserved = []
+        self._reserved_by: dict[str, list[Slot]] = {}  # the devices of each open reservation, by name
         active = [r for r in snapshot.reservations if r.start <= snapshot.now < r.end]
         if not active:
             return  # the maps below would cost a pass over all running work for nothing
@@ -652,11 +654,38 @@ class CapacityState:
                 (_reservation_tier(slot, reservation.team, team_of_holder, preemptible), slot) for slot in in_domain
             ]
             tiers.sort(key=lambda entry: (entry[0], entry[1].order))
+            taken = self._reserved_by.setdefault(reservation.name, [])
             for _, slot in [entry for entry in tiers if entry[0] < 3][: reservation.count]:
                 slot.owner = reservation.team
                 if slot.category == PLAIN:
                     slot.category = RESERVED
                 self._reserved.append(slot)
+                taken.append(slot)
+
+    def reserved_by(self, name: str) -> list[Slot]:
+        """The devices the open reservation `name` holds (none when it is not open or took none)."""
+        return self._reserved_by.get(name, [])
+
+    def unreserve(self, slots: list[Slot]) -> None:
+        """The reservation that held `slots` has ended (used only by the estimated-start simulation, after
+        all decisions): they are nobody's any more, plain again unless unhealthy or tainted, and free ones
+        count as free. A rebase restores them, as it restores every reservation."""
+        made_plain = set()
+        freed: dict[int, list[Slot]] = {}
+        for slot in slots:
+            if slot.owner is None:
+                continue
+            slot.owner = None
+            if slot.category == RESERVED:
+                slot.category = PLAIN
+                made_plain.add(id(slot))
+                if slot.holder is None:
+                    freed.setdefault(slot.node, []).append(slot)
+        if made_plain:
+            self.extras = [slot for slot in self.extras if id(slot) not in made_plain]
+        for node, plain in freed.items():
+            self.free_plain[node] = sorted(self.free_plain[node] + plain, key=lambda slot: slot.order)
+            self._shift_slots(plain, node, 1)
 
     def _in_domain(self, node: int, domain: dict | None) -> bool:
         if not domain:
@@ -1077,6 +1106,24 @@ class View:
             return 0
         extra = self.extra_by_node.get(node)
         return self.state.node_free[self.class_index][node] + (len(extra) if extra else 0)
+
+    def node_counts(self, nodes: list[int]) -> list[int]:
+        """`node_count` of each of `nodes`, in order: read off the state's per-node list in one pass, then
+        the view's few extras and exclusions put right (the node level of a large cluster asks for
+        every node, and a call per node cost more than the rest of an explanation's numbers)."""
+        free = self.state.node_free[self.class_index]
+        counts = list(map(free.__getitem__, nodes))
+        if self.extra_by_node or self.excluded:
+            position = {node: at for at, node in enumerate(nodes)}
+            for node, extra in self.extra_by_node.items():
+                at = position.get(node)
+                if at is not None:
+                    counts[at] += len(extra)
+            for node in self.excluded:
+                at = position.get(node)
+                if at is not None:
+                    counts[at] = 0
+        return counts
 
     def total(self) -> int:
         total = self.state.total_free[self.class_index] + self.extra_count

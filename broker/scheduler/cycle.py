@@ -32,6 +32,7 @@ from broker.scheduler.snapshot import (
 from broker.scheduler.windows import Window, future_windows
 
 NOMINATED = "nominated:"  # slot holder prefix for devices held for a nominated preemptor
+NOTHING: frozenset = frozenset()
 
 
 def decide(snapshot: Snapshot, on_admission: Callable[[Admission], None] | None = None) -> CycleResult:
@@ -100,7 +101,10 @@ class Cycle:
         # Gangs ahead in line whose planned start work behind them may not delay, first in line first.
         self.protections: list[backfill.Protection] = []
         self._excluded_unions: dict[tuple, frozenset] = {}
-        self._excluded_memo: dict[tuple, frozenset] = {}  # see excluded_for
+        self._excluded_memo: dict = {}  # see excluded_for and _new_marks
+        self._marks: list | None = None
+        self._marked = -1  # how many protections `_marks` counts
+        self._now = snapshot.now
         self._protected_ids: set[str] = set()
         self.windows: list[Window] = []
         self._failed: set = set()
@@ -483,17 +487,42 @@ class Cycle:
     def excluded_for(self, request: Request) -> frozenset:
         """Nodes `request` may not take now: those held for every protected gang ahead whose planned
         start it would delay (it runs past that start, or no start is planned), and those of reservation
-        windows it would overrun. Asked for every request, often twice: by what the answer depends on."""
+        windows it would overrun. Asked for every request, two or three times: by what the answer
+        depends on, which is where its expected run ends among the marks (see `_new_marks`)."""
         protections = self.protections
         if not protections and not self.windows:
-            return frozenset()
-        workload = request.workload
-        own = request.id if request.id in self._protected_ids else None
-        key = (len(protections), workload.expected_duration, request.team, request.preemptible, own)
+            return NOTHING
+        if len(protections) != self._marked:
+            self._new_marks()
+        if request.id in self._protected_ids:
+            return self._excluded_now(request)  # its own protection holds nothing against it: a few only
+        duration = request.workload.expected_duration
+        if duration is None:
+            key = -1
+        else:
+            end = self._now + duration
+            # Marks strictly before the end: a protection holds its nodes against an end past its
+            # planned start, a window blocks an end past its opening.
+            key = bisect_left(self._marks, end) if end == end and self._marks is not None else ("end", duration)
+        if self.windows:  # only a window reads the team and preemptibility: else they would split the memo
+            key = (key, request.team, request.preemptible)
         found = self._excluded_memo.get(key)
         if found is None:
             found = self._excluded_memo[key] = self._excluded_now(request)
         return found
+
+    def _new_marks(self) -> None:
+        """The planned starts of the protections so far and the windows' openings, in order, and a memo
+        for them. A protection and a window read a request's expected end (now + duration) only by
+        comparing it with its mark, so requests whose ends fall between the same marks are answered
+        alike. Keyed by the duration itself, the memo missed for nearly every request (durations are
+        distinct to the second), and each miss asked every protection and window again."""
+        starts = [p.planned_start for p in self.protections if p.planned_start is not None]
+        starts += [window.reservation.start for window in self.windows]
+        # A NaN mark has no place in an order: then each duration keys on its own (compared as ever).
+        self._marks = sorted(set(starts)) if all(start == start for start in starts) else None
+        self._marked = len(self.protections)
+        self._excluded_memo = {}
 
     def _excluded_now(self, request: Request) -> frozenset:
         now = self.snapshot.now
@@ -680,6 +709,12 @@ class Cycle:
                         return new_tuple(GangPlan, (class_index, ROOT, tuple(pods)))
                     start += per_pod
         return None  # no node outside `excluded` has room for the one pod (more: the counts said they fit)
+
+    def unreserve(self, slots) -> None:
+        """An open reservation ends, as the estimated-start simulation reaches its end: its devices are
+        anyone's from then on, so the usable extras remembered per access (ranked by owner) are made anew."""
+        self.state.unreserve(slots)
+        self._extras_cache.clear()
 
     def slots_held_by(self, workload_id: str) -> list:
         plan = self.log.admitted_plans.get(workload_id) or self.simulated_plans.get(workload_id)

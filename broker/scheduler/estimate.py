@@ -2,8 +2,9 @@
 
 Running work (and work admitted this cycle with a known duration) ends at its expected end; at each
 release the waiting workloads are started in cluster order wherever they fit (quota included), and
-those that start release their devices after their own expected duration. A workload's estimate is the
-first release time at which it starts. Work with unknown duration never ends in this model, so a
+those that start release their devices after their own expected duration. An open reservation window
+ends too: from its end its devices are anyone's, not only its team's (issue 27). A workload's estimate
+is the first release time at which it starts. Work with unknown duration never ends in this model, so a
 workload stuck behind it has no estimate, and the note says so. Victims being evicted end now.
 This runs after every decision of the cycle is made: it consumes the cycle's free-capacity state.
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 from collections import deque
 
 from broker.scheduler.backfill import admitted_without_end, release_timeline, unknown_ends
@@ -77,8 +79,18 @@ class _Simulation:
         self.cycle = cycle
         timeline = release_timeline(cycle)
         self.events = [(end, order, workload_id) for order, (end, workload_id) in enumerate(timeline)]
-        heapq.heapify(self.events)
         self.counter = len(self.events)
+        # Open reservation windows end as well: events of their own (no workload), ordered among the
+        # releases by time; they are no releases, so they do not count towards the horizon.
+        self.window_ends: dict[int, list] = {}
+        now = cycle.snapshot.now
+        for reservation in sorted(cycle.snapshot.reservations, key=lambda r: r.name):
+            slots = cycle.state.reserved_by(reservation.name)
+            if slots and reservation.start <= now < reservation.end and math.isfinite(reservation.end):
+                self.counter += 1
+                self.window_ends[self.counter] = slots
+                self.events.append((reservation.end, self.counter, None))
+        heapq.heapify(self.events)
         self.started: dict[str, float] = {}
         self.head = head = cycle.protection.workload_id if cycle.protection is not None else None
         # Shapes are numbered: the loops below look them up by number, not by hashing the shape again.
@@ -106,7 +118,10 @@ class _Simulation:
         while events and self.waiting and handled < self.cycle.config.estimate_horizon_events:
             time = events[0][0]
             while events and events[0][0] == time:
-                _, _, workload_id = heapq.heappop(events)
+                _, order, workload_id = heapq.heappop(events)
+                if workload_id is None:
+                    self.cycle.unreserve(self.window_ends[order])
+                    continue
                 _release(self.cycle, workload_id)
                 handled += 1
             self.start_what_fits(time)

@@ -682,7 +682,7 @@ def _largest_domain(view: View, level_index: int, level: str) -> dict:
     # Free devices per node there (every node at the node level), most first: the shape a gang's pods
     # must fit; kept short, as the details are stored with every explanation.
     nodes = view.state.nodes_of(key if level != NODE_LEVEL else ROOT)
-    counts = list(filter(None, map(view.node_count, nodes)))
+    counts = list(filter(None, view.node_counts(nodes)))
     largest["nodes"] = nlargest(8, counts)
     largest["nodes_with_free"] = len(counts)
     return largest

@@ -62,12 +62,30 @@
           var html = "<strong>Not now</strong> — <span class='reason' data-reason='" + escape(res.reason) + "'>" + escape(res.reason) + "</span><br>" + escape(res.message);
           if (res.position_in_queue) html += "<br>It would be number " + res.position_in_queue + " in your queue.";
           if (res.estimated_start) html += "<br>Estimated start: " + escape(window.BrokerLive.when(res.estimated_start));
-          if (res.suggestions && res.suggestions.length) html += "<br>What would help: <ul>" + res.suggestions.map(function (s) { return "<li>" + escape(s.description || s) + "</li>"; }).join("") + "</ul>";
+          if (res.suggestions && res.suggestions.length) {
+            // Each one a change the form can make: one click sets the fields and asks again.
+            html += "<br>What would help: <ul>" + res.suggestions.map(function (s, i) {
+              return "<li>" + escape(s.description) + ' <button type="button" class="secondary apply-suggestion" data-kind="' +
+                escape(s.kind) + '" data-index="' + i + '">Apply</button></li>';
+            }).join("") + "</ul>";
+          }
           show("no", html);
+          [].forEach.call(box.querySelectorAll(".apply-suggestion"), function (button) {
+            button.addEventListener("click", function () { apply(res.suggestions[parseInt(button.dataset.index, 10)].form); });
+          });
         }
       })
       .catch(function (e) { show("no", "The what-if failed: " + escape(e.message)); });
   });
+  function apply(fields) {
+    Object.keys(fields || {}).forEach(function (name) {
+      var field = form.elements[name];
+      if (field) field.value = fields[name];
+    });
+    updateSummary();
+    if (whatifButton) whatifButton.click();
+  }
+
   form.addEventListener("input", updateSummary);
   form.addEventListener("change", updateSummary);
   updateSummary();

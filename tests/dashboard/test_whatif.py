@@ -57,3 +57,39 @@ def test_it_freezes_a_large_inventory_it_read_as_a_cycle_does(client, scene, ali
     assert ask(client, cluster, cluster.inference, 1, 1).json()["ok"] is True  # the same inventory: nothing new
 
     assert calls == ["collect", "freeze"]
+
+
+def test_it_offers_only_changes_the_form_makes_and_each_starts_the_gang(client, scene, alice, cluster):
+    client.force_login(alice)
+    answer = ask(client, cluster, cluster.training, 4, 2).json()  # 8 devices in one rack: 5 free in r2 at most
+    assert answer["admitted"] is False
+    assert answer["suggestions"], answer
+
+    for suggestion in answer["suggestions"]:
+        assert set(suggestion["form"]) <= {"replicas", "devices_per_pod", "min_count"}, suggestion
+        applied = {"replicas": 4, "devices_per_pod": 2, **suggestion["form"]}
+        again = ask(
+            client, cluster, cluster.training, applied.pop("replicas"), applied.pop("devices_per_pod"), **applied
+        )
+        assert again.json()["admitted"] is True, (suggestion, again.json())
+
+
+def test_it_keeps_advice_the_submitter_cannot_apply_out_of_the_form():
+    from broker.scheduler.snapshot import Suggestion
+    from dashboard import whatif
+
+    made = (
+        Suggestion("IncreaseQuota", "raise queue team-a's h100 quota from 8 to 16: starts now", {"queue": "team-a"}),
+        Suggestion("RelaxTopology", "drop the one-rack requirement: starts now", {"topology_required": ""}),
+        Suggestion(
+            "ShrinkGang", "run 2 pods instead of 4: starts now", {"pod_sets": {"main": {"count": 2, "min_count": 2}}}
+        ),
+    )
+
+    assert whatif.form_suggestions(made) == [
+        {
+            "kind": "ShrinkGang",
+            "description": "run 2 pods instead of 4: starts now",
+            "form": {"replicas": 2, "min_count": 2},
+        }
+    ]

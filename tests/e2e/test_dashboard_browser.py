@@ -129,3 +129,31 @@ def test_it_admits_a_blocked_gang_live_when_an_operator_frees_capacity(stack, br
     assert "gang-8" in operator.inner_text("#devices")
     shot(operator, "07-topology-node-devices")
     assert (member.console_errors, operator.console_errors) == ([], [])
+
+
+def test_it_applies_a_suggestion_of_the_what_if_in_one_click(stack, browser, cluster, alice, bob):
+    base, _logs = stack
+    n1, _, n3, _ = cluster.nodes
+    # team-b holds a node in each rack: a rack-local 2 × 4 gang does not fit, 1 × 4 does.
+    for name, node in (("blocker-1", n1), ("blocker-2", n3)):
+        blocker = make_workload(
+            cluster.queue_b, name, devices_per_pod=4, priority=1000, preemptible=False, chosen_device_class=cluster.h100
+        )
+        hold(blocker, [node], cluster.h100)
+
+    member = log_in(browser, base, "alice")
+    member.goto(f"{base}/submit/")
+    member.fill("input[name=name]", "gang-shrunk")
+    member.check('input[name=resource_class][data-name="distributed-training"]')
+    member.fill("input[name=replicas]", "2")
+    member.fill("input[name=devices_per_pod]", "4")
+    member.click("#whatif-button")
+    member.wait_for_selector('#whatif[data-verdict="no"] .apply-suggestion[data-kind="ShrinkGang"]')
+    shot(member, "submit-whatif-suggestion")
+
+    member.click('.apply-suggestion[data-kind="ShrinkGang"]')
+    member.wait_for_selector('#whatif[data-verdict="yes"]')
+
+    assert member.input_value("input[name=replicas]") == "1"
+    assert member.input_value("input[name=min_count]") == "1"
+    assert "it would start now" in member.inner_text("#whatif")

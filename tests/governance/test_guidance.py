@@ -5,6 +5,7 @@ from django.urls import reverse
 
 from broker.audit.models import AuditEvent
 from broker.governance.guidance import AUDIT_ACTION
+from broker.inventory.models import Device, Domain, Node
 from broker.policy.models import DeviceClass
 from broker.workloads.states import State
 from tests.builders import make_resource_class, make_workload
@@ -12,13 +13,31 @@ from tests.builders import make_resource_class, make_workload
 
 @pytest.fixture
 def budget(cluster):
-    """A cheaper class (A100 at $2) that only team-a may use."""
+    """A cheaper class (A100 at $2, one rack per gang) that only team-a may use, on two racks of one
+    node with 4 A100 each."""
+    block = Domain.objects.get(name="b1")
+    for rack_name, node_name in (("r3", "a1"), ("r4", "a2")):
+        rack = Domain.objects.create(level_id=Domain.objects.get(name="r1").level_id, name=rack_name, parent=block)
+        node = Node.objects.create(name=node_name, domain=rack)
+        for index in range(4):
+            Device.objects.create(node=node, name=str(index), attributes={"model": "A100", "memory": 40})
     a100 = DeviceClass.objects.create(
         name="a100", selector='device.attributes["gpu.example.com"].model == "A100"', price_per_hour="2.00"
     )
-    budget = make_resource_class("budget-training", cluster.training.priority_class, [a100], max_devices=16)
+    budget = make_resource_class(
+        "budget-training", cluster.training.priority_class, [a100], max_devices=16, topology_required="rack"
+    )
     budget.allowed_teams.add(cluster.team_a)
     return budget
+
+
+@pytest.fixture
+def spot(cluster):
+    """The cheapest class of all (L4 at $0.90, open to every team), whose devices the cluster has none of."""
+    l4 = DeviceClass.objects.create(
+        name="l4", selector='device.attributes["gpu.example.com"].model == "L4"', price_per_hour="0.90"
+    )
+    return make_resource_class("batch-inference", cluster.training.priority_class, [l4], max_devices=16)
 
 
 def submit(api_client, user, name, resource_class, replicas=1, devices_per_pod=1):
@@ -111,3 +130,29 @@ def test_it_shows_the_guidance_after_a_submission_on_the_page(client, cluster, a
 
     assert response.status_code == 200
     assert "would also fit Budget training at $2.00 per device-hour" in response.content.decode()
+
+
+@pytest.mark.parametrize(
+    ("who", "replicas", "devices_per_pod", "advised"),
+    [
+        # Fits the A100 racks: the cheapest class that could hold it, never the one without devices.
+        ("alice", 1, 1, [("cheaper_class", "budget-training")]),
+        ("alice", 4, 1, [("cheaper_class", "budget-training")]),
+        # Six in one rack: an H100 rack holds it, no A100 rack (4 each) does.
+        ("alice", 6, 1, []),
+        # Invalid in every class: 8 devices per pod, and no node has more than 4.
+        ("alice", 1, 8, []),
+        ("bob", 1, 8, []),
+        # Not entitled to the A100s: the smaller class, which holds it.
+        ("bob", 1, 1, [("smaller_class", "small-inference")]),
+    ],
+)
+def test_it_advises_only_a_class_whose_devices_could_hold_the_request(
+    cluster, alice, bob, api_client, budget, spot, who, replicas, devices_per_pod, advised
+):
+    user = {"alice": alice, "bob": bob}[who]
+    name = f"{who}-{replicas}x{devices_per_pod}"
+    body = submit(api_client, user, name, "distributed-training", replicas=replicas, devices_per_pod=devices_per_pod)
+
+    assert [(g["kind"], g["resource_class"]) for g in body["guidance"]] == advised
+    assert not any("batch-inference" in g["message"] or "Batch inference" in g["message"] for g in body["guidance"])
