@@ -11,14 +11,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
 
-from broker.scheduler import backfill, explanation, preemption
+from broker.scheduler import backfill, claims, explanation, preemption
 from broker.scheduler.capacity import NODE_LEVEL, ROOT, Access, CapacityState, View
 from broker.scheduler.failures import evictions_for, failed_devices
 from broker.scheduler.ordering import FairShareOrder, ShareBook, shortest_first_key
 from broker.scheduler.placement import GangPlan, PlannedPod, choose_counted, place_gang, spend
 from broker.scheduler.quota import QuotaTree
 from broker.scheduler.requests import Request, all_levels, approval_problem, entitlement_problem, resolve
-from broker.scheduler.selectors import ClassMatcher
+from broker.scheduler.selectors import ClassMatcher, SelectorCache
 from broker.scheduler.snapshot import (
     Admission,
     CycleResult,
@@ -88,6 +88,7 @@ class Cycle:
         self.on_admission = on_admission
         self.config = snapshot.config
         self.matcher = ClassMatcher(snapshot.device_classes)
+        self.selectors = SelectorCache()
         self.class_names = tuple(sorted(device_class.name for device_class in snapshot.device_classes))
         self.lookups = {
             "queues": {queue.name: queue for queue in snapshot.queues},
@@ -334,6 +335,8 @@ class Cycle:
         quota = self.quota
         queue = request.queue.name
         needed = request.needed
+        if request.claimed:
+            return self._admit_claim(request, excluded)
         for class_name in request.classes:
             available = quota.available(queue, class_name)
             if available is not None and needed > available:
@@ -347,6 +350,41 @@ class Cycle:
             return True
         self.log.outcomes[request.id] = Outcome(request)
         return False
+
+    def _admit_claim(self, request: Request, excluded: frozenset) -> bool:
+        """Several-request claims: the plan says how many devices of each class it takes, and each
+        class's quota must hold them (a plan over quota waits, its optional pods too)."""
+        plan = self.find_plan(request, request.classes[0], excluded=excluded)
+        if plan is not None:
+            quota, queue = self.quota, request.queue.name
+            for class_name, count in claims.class_counts(plan.pods).items():
+                available = quota.available(queue, class_name)
+                if available is not None and count > available:
+                    plan = None
+                    break
+        if plan is None:
+            self.log.outcomes[request.id] = Outcome(request)
+            return False
+        # Recorded under the class of the first request's way (the GPUs of "8 GPUs and a NIC").
+        self._commit(request, plan.pods[0].requests[0][1], plan)
+        return True
+
+    def _claim_plan(self, request: Request, access: Access, excluded=frozenset()) -> GangPlan | None:
+        state = self.state
+        views = {name: self.view(name, access, excluded) for name in request.classes}
+        levels = state.levels
+        planner = claims.Planner(state, views, request.demands, self.selectors)
+        return planner.place(
+            levels.index(request.required) if request.required else None,
+            levels.index(request.preferred) if request.preferred else None,
+            state.class_index[request.classes[0]],
+        )
+
+    def claim_planner(self, request: Request, access: Access | None = None) -> claims.Planner:
+        """A planner over the current free state, for explanations."""
+        access = access or request.default_access
+        views = {name: self.view(name, access) for name in request.classes}
+        return claims.Planner(self.state, views, request.demands, self.selectors)
 
     @property
     def shrunk_victims(self) -> set[str]:
@@ -371,6 +409,7 @@ class Cycle:
                 index=pod.index,
                 node=node_names[pod.node],
                 device_ids=tuple([slot.id for slot in slots]),
+                requests=(),
             )
             pods = (placement,)
             domain = self._node_domain(pod.node)
@@ -385,12 +424,24 @@ class Cycle:
                         index=pod.index,
                         node=node_names[pod.node],
                         device_ids=tuple([slot.id for slot in pod.slots]),
+                        requests=(),
                     )
                     for pod in sorted(planned, key=_pod_order)
                 ]
             )
             domain = self.common_domain(plan)
-        self._charge(request.queue.name, class_name, len(slots))
+        if request.claimed:
+            pods = tuple(
+                [
+                    made(PodPlacement, pod_set=pod.pod_set, index=pod.index, node=placed.node,
+                         device_ids=placed.device_ids, requests=claims.slot_labels(pod))
+                    for pod, placed in zip(sorted(planned, key=_pod_order), pods, strict=True)
+                ]
+            )  # fmt: skip
+            for counted_class, count in claims.class_counts(planned).items():
+                self._charge(request.queue.name, counted_class, count)
+        else:
+            self._charge(request.queue.name, class_name, len(slots))
         admission = object.__new__(Admission)
         admission.__dict__.update(workload_id=request_id, device_class=class_name, pods=pods, domain=domain)
         log = self.log
@@ -424,6 +475,11 @@ class Cycle:
 
     def _after_failure(self, request: Request) -> None:
         if self.gate_problem(request):
+            return
+        if request.claimed:
+            # Victim searches and protected starts count devices of one class; a several-request claim
+            # waits for free devices instead (see broker.scheduler.claims).
+            self.log.outcomes[request.id].unprotectable = True
             return
         # Preemption may also make quota room (victims of the same queue give theirs back).
         if self.config.enable_preemption:
@@ -572,6 +628,14 @@ class Cycle:
         """Placement of `request` with one class on the current free state; failures are memoised
         because free capacity only shrinks during a cycle."""
         access = access or request.default_access
+        if request.claimed:
+            key = (None, request.demands, request.required, request.preferred, self.access_key(access), excluded)
+            if key in self._failed:
+                return None
+            plan = self._claim_plan(request, access, excluded)
+            if plan is None:
+                self._failed.add(key)
+            return plan
         if request.simple and not self.uses_extras(access):
             if not excluded:
                 # Answered from the bucketed free counts, a failure as fast as a memo lookup: no memo.
@@ -603,6 +667,8 @@ class Cycle:
     def plan_now(self, request: Request, class_name: str, access: Access, excluded=frozenset()):
         """Placement of `request` with one class on the current free state, remembering nothing (for
         callers during whose questions free capacity also grows, like the estimated-start simulation)."""
+        if request.claimed:
+            return self._claim_plan(request, access, excluded)
         if request.simple and not self.uses_extras(access):
             return self._simple_plan(self.state.class_index[class_name], request.demands[0], excluded)
         levels = self.state.levels

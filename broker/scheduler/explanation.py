@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from heapq import nlargest
 
-from broker.scheduler import estimate, preemption
+from broker.scheduler import claims, estimate, preemption
 from broker.scheduler.capacity import BLOCKED, NODE_LEVEL, ROOT, TAINTED, CapacityState, View
 from broker.scheduler.placement import place_gang
 from broker.scheduler.requests import Request, approval_problem, entitlement_problem
@@ -280,6 +280,13 @@ class Assessor:
         empty = self.cycle.empty_state()
         levels = empty.levels
         required = levels.index(request.required) if request.required else None
+        if request.claimed:
+            views = {name: View(empty, empty.class_index[name]) for name in request.classes}
+            planner = claims.Planner(empty, views, request.demands, self.cycle.selectors)
+            if planner.place(required, None, empty.class_index[request.classes[0]]) is not None:
+                return None
+            fresh = claims.Planner(empty, views, request.demands, self.cycle.selectors)
+            return "never fits the cluster as built: " + claims.why_not(fresh, request.required)
         problems = []
         for class_name in request.classes:
             view = View(empty, empty.class_index[class_name])
@@ -363,6 +370,11 @@ class Assessor:
             codes["Priority"] = f"{needs}; it fits now, but {described}{more}"
             details["held_for"] = holding[0].workload_id
             details["held_for_all"] = [protection.workload_id for protection in holding]
+        if request.claimed:
+            # Name the request that cannot be met, rather than a count of one of its classes.
+            for code in ("InsufficientCapacity", "TopologyFragmented"):
+                if code in codes:
+                    codes[code] = claims.why_not(self.cycle.claim_planner(request), request.required)
         return {"codes": codes, "details": details}
 
     def _numbers(self, request: Request, class_name: str) -> dict:
@@ -450,6 +462,8 @@ class Assessor:
         return None
 
     def _fallback_class(self, request: Request, codes) -> Suggestion | None:
+        if request.claimed:  # its requests name their classes (and their fallbacks) themselves
+            return None
         offered = request.resource_class.device_classes if request.resource_class else self.cycle.class_names
         prices = {dc.name: dc.price_per_hour for dc in self.cycle.snapshot.device_classes}
         others = sorted((name for name in offered if name not in request.classes), key=lambda n: (prices[n], n))
@@ -575,7 +589,12 @@ def pods(count: int) -> str:
 
 
 def _needs_text(request: Request, class_name: str) -> str:
-    parts = [f"{pods(demand.min_count)} × {demand.per_pod} {class_name}" for demand in request.demands]
+    parts = [
+        f"{pods(demand.min_count)} × ({claims.claim_text(demand.claim)})"
+        if demand.claim is not None
+        else f"{pods(demand.min_count)} × {demand.per_pod} {class_name}"
+        for demand in request.demands
+    ]
     text = "needs " + " + ".join(parts)
     if len(request.demands) > 1 or request.demands[0].min_count > 1:
         text += f" ({request.needed} in all)"

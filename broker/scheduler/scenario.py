@@ -18,6 +18,25 @@ device's set. A partition consuming a counter its device does not publish is an 
 names partitions by their name on the node (`devices: ["0:1g.10gb#0"]`); `devices: <count>` takes
 whole devices only, and running work that would exceed a counter is an error.
 
+Claims with several requests (DRA DeviceClaim, issue 26): a pod set (or the workload) gives
+`requests` instead of devices_per_pod / device_class / match_attribute, and `constraints` across them;
+devices of other kinds sit beside a node's accelerators as `other_devices`, e.g.
+
+    other_devices:
+      - {kind: nic, count: 2, attributes: {type: efa}, device_attributes: {0: {pcie_root: r0}}}
+    ...
+    requests:
+      - {name: gpu, device_class: h100, count: 8}
+      - {name: nic, device_class: efa, selectors: ['device.attributes["gpu.example.com"].speed >= 100']}
+      - {name: acc, first_available: [{name: big, device_class: h100}, {name: small, device_class: a100,
+         count: 2}]}
+    constraints:
+      - {match_attribute: pcie_root, requests: [gpu, nic]}
+
+makes devices "<node>/<kind>-<index>" carrying `kind: <kind>`. A request naming an unknown class, a class
+selecting no device of the cluster, or a constraint naming an unknown request is an error. In `--json`
+such a pod's placement gains `requests`: {request (a firstAvailable one as "<request>/<way>"): [devices]}.
+
 Any malformed input raises ScenarioError with one readable line that says where, e.g.
 "pending[2].queue: unknown queue 'foo'".
 """
@@ -29,6 +48,7 @@ from dataclasses import replace
 
 import yaml
 
+from broker.scheduler.claims import Claim, claim_problem
 from broker.scheduler.selectors import ClassMatcher, validate_selector
 from broker.scheduler.snapshot import (
     DISRUPTION_MODES,
@@ -40,6 +60,9 @@ from broker.scheduler.snapshot import (
     CycleResult,
     Device,
     DeviceClass,
+    DeviceConstraint,
+    DeviceRequest,
+    DeviceSubRequest,
     Node,
     PendingWorkload,
     PodSet,
@@ -109,7 +132,10 @@ class _Reader:
             "counter_sets": {(counter_set.node, counter_set.name): counter_set for counter_set in counter_sets},
         }
         now = _number(self.data.get("now", 0), "now")
-        running = self.running(lookups, ClassMatcher(device_classes), now)
+        matcher = ClassMatcher(device_classes)
+        selected = set().union(*(matcher.classes_of(device) for device in devices)) if devices else set()
+        lookups["selects"] = selected.__contains__
+        running = self.running(lookups, matcher, now)
         _check_counters(running, lookups)
         return Snapshot(
             levels=levels,
@@ -165,7 +191,7 @@ class _Reader:
         seen = set()
         allowed = {
             "name", "devices", "attributes", "device_attributes", "unhealthy", "cordoned", "taints", "labels",
-            "capacity", "counters", "partitions",
+            "capacity", "counters", "partitions", "other_devices",
         }  # fmt: skip
         for index, spec in enumerate(_list(self.data.get("nodes") or [], "nodes")):
             where = f"nodes[{index}]"
@@ -239,7 +265,33 @@ class _Reader:
                                 consumes_counters={set_name: dict(consumes)},
                             )
                         )
+            devices.extend(self.other_devices(spec.get("other_devices") or [], where + ".other_devices", name))
         return tuple(nodes), tuple(devices), tuple(counter_sets)
+
+    def other_devices(self, raw, where, node) -> list[Device]:
+        """Devices of other kinds beside the accelerators (NICs...): "<node>/<kind>-<index>"."""
+        devices = []
+        kinds = set()
+        for index, spec in enumerate(_list(raw, where)):
+            here = f"{where}[{index}]"
+            spec = _mapping(spec, here)
+            _keys(here, spec, {"kind", "count", "attributes", "device_attributes"})
+            kind = _required_str(spec, "kind", here)
+            if kind in kinds:
+                raise ScenarioError(f"{here}.kind: duplicate kind '{kind}'")
+            kinds.add(kind)
+            count = _int(spec.get("count", 1), here + ".count")
+            if count < 1:
+                raise ScenarioError(f"{here}.count: must be at least 1")
+            attributes = {"kind": kind, **_mapping(spec.get("attributes") or {}, here + ".attributes")}
+            per_device = _mapping(spec.get("device_attributes") or {}, here + ".device_attributes")
+            for key in per_device:
+                if not isinstance(key, int) or not 0 <= key < count:
+                    raise ScenarioError(f"{here}.device_attributes: no device {key!r} of {count}")
+            for device_index in range(count):
+                own = {**attributes, **_mapping(per_device.get(device_index) or {}, here)}
+                devices.append(Device(id=f"{node}/{kind}-{device_index}", node=node, driver=DRIVER, attributes=own))
+        return devices
 
     def partitions(self, raw, where, counters) -> list[tuple]:
         """(profile, count, consumes, attributes) of each partition profile."""
@@ -502,7 +554,7 @@ class _Reader:
         allowed = {
             "name", "queue", "team", "resource_class", "device_class", "device_classes", "topology", "pods",
             "min_count", "devices_per_pod", "match_attribute", "priority", "disruption", "submitted",
-            "approved", "duration", "preemptible", "tolerations", "pod_sets", "nominated",
+            "approved", "duration", "preemptible", "tolerations", "pod_sets", "nominated", "requests", "constraints",
         }  # fmt: skip
         for index, spec in enumerate(_list(self.data.get("pending") or [], "pending")):
             where = f"pending[{index}]"
@@ -564,7 +616,7 @@ class _Reader:
                 here,
                 raw,
                 {"name", "pods", "min_count", "devices_per_pod", "device_class", "device_classes",
-                 "match_attribute", "tolerations"},
+                 "match_attribute", "tolerations", "requests", "constraints"},
             )  # fmt: skip
             merged = {key: spec[key] for key in ("device_class", "device_classes", "tolerations") if key in spec}
             merged.update(raw)
@@ -585,7 +637,60 @@ class _Reader:
             else (),
             match_attribute=_optional_str(spec.get("match_attribute")),
             tolerations=self.tolerations(spec.get("tolerations") or [], where + ".tolerations"),
+            **self.claim(spec, where, lookups),
         )
+
+    def claim(self, spec, where, lookups) -> dict:
+        """A pod's several-request claim (DRA DeviceClaim): `requests` and `constraints` of PodSet."""
+        if spec.get("requests") is None:
+            if spec.get("constraints") is not None:
+                raise ScenarioError(f"{where}.constraints: constraints need requests")
+            return {}
+        for key in ("devices_per_pod", "device_class", "device_classes", "match_attribute"):
+            if key in spec:
+                raise ScenarioError(f"{where}.{key}: a pod set with requests says its devices in them")
+        requests = []
+        for index, raw in enumerate(_list(spec["requests"], where + ".requests")):
+            here = f"{where}.requests[{index}]"
+            raw = _mapping(raw, here)
+            _keys(here, raw, {"name", "device_class", "count", "selectors", "first_available"})
+            name = _required_str(raw, "name", here)
+            if raw.get("first_available") is not None:
+                if "device_class" in raw or "count" in raw or "selectors" in raw:
+                    raise ScenarioError(f"{here}: give device_class and count, or first_available, not both")
+                ways = []
+                for position, way in enumerate(_list(raw["first_available"], here + ".first_available")):
+                    there = f"{here}.first_available[{position}]"
+                    way = _mapping(way, there)
+                    _keys(there, way, {"name", "device_class", "count", "selectors"})
+                    ways.append(self.way(way, there, lookups, _required_str(way, "name", there)))
+                requests.append(DeviceRequest(name, first_available=tuple(ways)))
+            else:
+                requests.append(DeviceRequest(name, exactly=self.way(raw, here, lookups, name)))
+        constraints = []
+        for index, raw in enumerate(_list(spec.get("constraints") or [], where + ".constraints")):
+            here = f"{where}.constraints[{index}]"
+            raw = _mapping(raw, here)
+            _keys(here, raw, {"match_attribute", "requests"})
+            names = tuple(str(name) for name in _list(raw.get("requests") or [], here + ".requests"))
+            constraints.append(DeviceConstraint(_required_str(raw, "match_attribute", here), names))
+        problem = claim_problem(Claim(tuple(requests), tuple(constraints)), lookups["classes"])
+        if problem:
+            raise ScenarioError(f"{where}: {problem}")
+        return {"requests": tuple(requests), "constraints": tuple(constraints)}
+
+    def way(self, raw, where, lookups, name) -> DeviceSubRequest:
+        device_class = _required_str(raw, "device_class", where)
+        if device_class not in lookups["classes"]:
+            raise ScenarioError(f"{where}.device_class: unknown device class '{device_class}'")
+        selectors = tuple(str(text) for text in _list(raw.get("selectors") or [], where + ".selectors"))
+        for text in selectors:
+            problem = validate_selector(text)
+            if problem:
+                raise ScenarioError(f"{where}.selectors: {problem}")
+        if not lookups["selects"](device_class):
+            raise ScenarioError(f"{where}.device_class: device class '{device_class}' selects no device of the cluster")
+        return DeviceSubRequest(name, device_class, _int(raw.get("count", 1), where + ".count"), selectors)
 
     def tolerations(self, raw, where) -> tuple[Toleration, ...]:
         tolerations = []
@@ -805,13 +910,18 @@ def _admitted_json(workload: PendingWorkload, admission) -> dict:
         {"pod": index, "pod_set": pod.pod_set, "node": pod.node, "devices": list(pod.device_ids)}
         for index, pod in enumerate(pods)
     ]
+    for entry, pod in zip(placement, pods, strict=True):
+        if pod.requests:  # a several-request claim: which devices serve which request
+            entry["requests"] = {label: list(device_ids) for label, device_ids in pod.requests}
     where = ", ".join(f"{level} {name}" for level, name in admission.domain.items()) or "the cluster"
     devices = sum(len(pod.device_ids) for pod in pods)
+    # A several-request claim's devices are of several classes: `requests` in placement says which.
+    what = "devices" if any(pod.requests for pod in pods) else admission.device_class
     return {
         "name": workload.id,
         "status": "admitted",
         "reason": None,
-        "message": f"admitted: {len(pods)} pods, {devices} {admission.device_class} in {where}",
+        "message": f"admitted: {len(pods)} pods, {devices} {what} in {where}",
         "placement": placement,
         "domain": dict(admission.domain),
         "secondary": [],

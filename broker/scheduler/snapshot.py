@@ -242,6 +242,46 @@ class Reservation:
 
 
 @dataclass(frozen=True)
+class DeviceSubRequest:
+    """One way to meet a device request (DRA ExactDeviceRequest / DeviceSubRequest): `count` devices of
+    `device_class` that also satisfy every CEL expression of `selectors`.
+
+    name: the sub-request's name inside its request's firstAvailable list (the request's own name when
+    it is the request's only way).
+    """
+
+    name: str
+    device_class: str
+    count: int = 1
+    selectors: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class DeviceRequest:
+    """A named request of a pod's claim (DRA DeviceRequest): `exactly` one way, or `first_available`,
+    ways in order of preference (e.g. 1 x H100, or else 2 x A100), of which the first that fits is taken.
+    """
+
+    name: str
+    exactly: DeviceSubRequest | None = None
+    first_available: tuple[DeviceSubRequest, ...] = ()
+
+    @property
+    def alternatives(self) -> tuple[DeviceSubRequest, ...]:
+        return (self.exactly,) if self.exactly is not None else self.first_available
+
+
+@dataclass(frozen=True)
+class DeviceConstraint:
+    """DRA DeviceConstraint: every device given to the named requests of one pod carries the attribute
+    `match_attribute` with one value (e.g. 8 GPUs and a NIC under one PCIe root). requests: request names
+    (a firstAvailable request's name covers all of its ways); empty = every request of the claim."""
+
+    match_attribute: str
+    requests: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class PodSet:
     """A group of identical pods of one workload.
 
@@ -250,6 +290,9 @@ class PodSet:
     device_classes: classes in fallback order (DRA firstAvailable); empty = the resource class's list.
     match_attribute: attribute name all devices of one pod must share (DRA matchAttribute) or None.
     tolerations: tolerations for device taints.
+    requests / constraints: each pod's claim as DRA writes it (DeviceRequest, DeviceConstraint): several
+      named requests, each of its own device class, and constraints across them. When `requests` is
+      given, devices_per_pod, device_classes and match_attribute keep their defaults (the claim says it).
     """
 
     name: str = "main"
@@ -259,6 +302,8 @@ class PodSet:
     device_classes: tuple[str, ...] = ()
     match_attribute: str | None = None
     tolerations: tuple[Toleration, ...] = ()
+    requests: tuple[DeviceRequest, ...] = ()
+    constraints: tuple[DeviceConstraint, ...] = ()
 
     @property
     def gang_size(self) -> int:
@@ -477,12 +522,18 @@ class Snapshot:
 
 @dataclass(frozen=True)
 class PodPlacement:
-    """Where one pod of an admitted workload goes: its node and the exact devices it claims."""
+    """Where one pod of an admitted workload goes: its node and the exact devices it claims.
+
+    requests: for a pod set with a several-request claim, (request, device ids) pairs in the claim's
+    order; a firstAvailable request is named "<request>/<sub-request>" as DRA's allocation result names
+    it. Empty for the single-request case (all of `device_ids` then serve it).
+    """
 
     pod_set: str
     index: int
     node: str
     device_ids: tuple[str, ...]
+    requests: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,68 @@ def test_it_rejects_malformed_partitions_with_one_line(addition, message):
     assert "\n" not in str(error.value)
 
 
+CLAIMED = """
+topology: [rack]
+device_classes: {h100: {match: {model: H100}}, nic: {match: {kind: nic}}, tpu: {match: {model: TPU}}}
+nodes:
+  - {name: n1, rack: r1, devices: 2, attributes: {model: H100, root: a}, other_devices: [{kind: nic, count: 1}]}
+queues: [{name: q}]
+pending:
+  - name: a
+    queue: q
+"""
+
+
+@pytest.mark.parametrize(
+    ("addition", "message"),
+    [
+        (
+            "    requests: [{name: gpu, device_class: h100}]\n"
+            "    constraints: [{match_attribute: root, requests: [nic]}]",
+            "pending[0]: constraint on root names unknown request 'nic'",
+        ),
+        (
+            "    requests: [{name: gpu, device_class: fpga}]",
+            "pending[0].requests[0].device_class: unknown device class",
+        ),
+        (
+            "    requests: [{name: gpu, device_class: tpu}]",
+            "device class 'tpu' selects no device of the cluster",
+        ),
+        (
+            "    requests: [{name: gpu, device_class: h100}, {name: gpu, device_class: nic}]",
+            "pending[0]: request names must be unique",
+        ),
+        (
+            "    requests: [{name: gpu, device_class: h100, first_available: [{name: x, device_class: h100}]}]",
+            "give device_class and count, or first_available, not both",
+        ),
+        ("    devices_per_pod: 2\n    requests: [{name: gpu, device_class: h100}]", "says its devices in them"),
+        ("    constraints: [{match_attribute: root}]", "constraints need requests"),
+    ],
+)
+def test_it_rejects_malformed_claims_with_one_line(addition, message):
+    with pytest.raises(ScenarioError) as error:
+        load_scenario(CLAIMED + addition)
+    assert message in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_it_reads_a_claim_with_several_requests():
+    snapshot = load_scenario(
+        CLAIMED + "    requests: [{name: gpu, device_class: h100, count: 2}, {name: net, first_available: "
+        '[{name: fast, device_class: nic, selectors: [\'device.attributes["gpu.example.com"].kind == "nic"\']}]}]\n'
+        "    constraints: [{match_attribute: root}]"
+    )
+    assert [device.id for device in snapshot.devices] == ["n1/0", "n1/1", "n1/nic-0"]
+    assert snapshot.devices[2].attributes == {"kind": "nic"}
+    pod_set = snapshot.pending[0].pod_sets[0]
+    assert [request.name for request in pod_set.requests] == ["gpu", "net"]
+    assert pod_set.requests[0].exactly.count == 2
+    assert pod_set.requests[1].first_available[0].selectors
+    assert pod_set.constraints[0].match_attribute == "root" and pod_set.constraints[0].requests == ()
+
+
 def test_it_rejects_a_bad_selector_and_bad_yaml():
     with pytest.raises(ScenarioError, match=r"device_classes.x.selector: invalid CEL selector"):
         load_scenario("device_classes: {x: {selector: 'device.attributes['}}")
