@@ -30,7 +30,7 @@ from typing import NamedTuple
 from broker.scheduler.capacity import ROOT
 from broker.scheduler.placement import GangPlan
 from broker.scheduler.selectors import SelectorCache
-from broker.scheduler.snapshot import DeviceConstraint, DeviceRequest
+from broker.scheduler.snapshot import DeviceConstraint, DeviceRequest, DeviceSubRequest
 
 STEP_BUDGET = 20_000
 
@@ -297,49 +297,42 @@ class Planner:
     # --- the search across nodes ---
 
     def _place_in(self, scope: tuple, wanted: tuple) -> list | None:
-        pods = sum(wanted)
-        kept: dict = {}
-        infos = []
-        for node in self._nodes(scope):
-            info = self._info(node)
-            if info.signature is not None:
-                if kept.get(info.signature, 0) >= pods:
-                    continue
-                kept[info.signature] = kept.get(info.signature, 0) + 1
-            infos.append(info)
+        infos = _LazyInfos(self, self._nodes(scope), sum(wanted))
         self._failed: set = set()
         chosen: list = []
         if not self._across(infos, 0, wanted, chosen):
             return None
         return chosen
 
-    def _across(self, infos: list, position: int, remaining: tuple, chosen: list) -> bool:
-        if not any(remaining):
-            return True
-        if position == len(infos):
-            return False
-        self._step()
-        key = (position, remaining)
-        if key in self._failed:
-            return False
-        info = infos[position]
-        for counts in self._fillings(info, remaining):
-            pods = self._fit(info, counts) if any(counts) else []
-            if pods is None:
-                continue
-            if pods:
+    def _across(self, infos: _LazyInfos, position: int, remaining: tuple, chosen: list) -> bool:
+        """Pods for `remaining` on the nodes from `position` on. A node taking no pod is passed over in
+        the loop, not by recursion: the depth stays at the gang's pod count on any number of nodes."""
+        visited = []
+        while any(remaining):
+            info = infos.at(position)
+            key = (position, remaining)
+            if info is None or key in self._failed:
+                break
+            self._step()
+            visited.append(key)
+            for counts in self._fillings(info, remaining):
+                pods = self._fit(info, counts)
+                if pods is None:
+                    continue
                 chosen.append((info, pods))
-            left = tuple(have - take for have, take in zip(remaining, counts, strict=True))
-            if self._across(infos, position + 1, left, chosen):
-                return True
-            if pods:
+                left = tuple(have - take for have, take in zip(remaining, counts, strict=True))
+                if self._across(infos, position + 1, left, chosen):
+                    return True
                 chosen.pop()
-        self._failed.add(key)
+            position += 1
+        else:
+            return True
+        self._failed.update(visited)
         return False
 
     def _fillings(self, info: _NodeInfo, remaining: tuple) -> list[tuple]:
-        """Pod counts per pod set the node might take, the most devices first; the empty one last.
-        Each pod set alone is bounded by how many of its pods the node fits."""
+        """Pod counts per pod set the node might take, the most devices first (not the empty one: the
+        caller passes the node over). Each pod set alone is bounded by how many of its pods it fits."""
         most = []
         for index, wanted in enumerate(remaining):
             alone = 0
@@ -349,7 +342,7 @@ class Planner:
                     break
                 alone += 1
             most.append(alone)
-        fillings = list(product(*(range(count, -1, -1) for count in most)))
+        fillings = [counts for counts in product(*(range(count, -1, -1) for count in most)) if any(counts)]
         sizes = [shape.demand.per_pod for shape in self.shapes]
         fillings.sort(key=lambda counts: -sum(c * s for c, s in zip(counts, sizes, strict=True)))
         return fillings
@@ -365,10 +358,23 @@ class Planner:
         pods = [index for index, count in enumerate(counts) for _ in range(count)]
         choices = [self._choices(info, index) for index in range(len(self.shapes))]
         found = None
-        if all(choices[index] for index in set(pods)):
+        if all(choices[index] for index in set(pods)) and self._may_fit(pods, choices):
             found = self._pods_on_node(info, pods, choices)
         info.fits[counts] = found
         return found
+
+    @staticmethod
+    def _may_fit(pods: list[int], choices: list) -> bool:
+        """A bound before the search: the pods' fewest devices fit among those any of them may take (so
+        asking a full node for one more pod costs no search)."""
+        needed, usable = 0, 0
+        for index in set(pods):
+            options = choices[index]
+            needed += pods.count(index) * min(len(units) for _, units in options)
+            for _, units in options:
+                for unit in units:
+                    usable |= unit
+        return needed <= usable.bit_count()
 
     def _choices(self, info: _NodeInfo, shape_index: int) -> list[tuple]:
         """A pod's choices on the node that fit it alone, preferred first: (ways, units) with units the
@@ -520,6 +526,33 @@ class Planner:
         return ClaimPod(shape.demand.name, index, info.node, slots, labels)
 
 
+class _LazyInfos:
+    """The scope's nodes as the search reaches them: each node's devices are looked at only then, and a
+    node alike (its signature) to as many kept ones as the gang has pods is left out, as no placement
+    uses more of them."""
+
+    def __init__(self, planner: Planner, nodes: list[int], pods: int):
+        self.planner = planner
+        self.nodes = iter(nodes)
+        self.pods = pods
+        self.kept: list[_NodeInfo] = []
+        self.alike: dict = {}
+
+    def at(self, position: int) -> _NodeInfo | None:
+        while len(self.kept) <= position:
+            node = next(self.nodes, None)
+            if node is None:
+                return None
+            info = self.planner._info(node)
+            if info.signature is not None:
+                seen = self.alike.get(info.signature, 0)
+                if seen >= self.pods:
+                    continue
+                self.alike[info.signature] = seen + 1
+            self.kept.append(info)
+        return self.kept[position]
+
+
 def _matching(units: list[int], owner: list, start: int = 0, earlier: list | None = None) -> list | None:
     """Devices for `units` (masks of the device bits each may take) beyond those matched already
     (`owner`: device bit -> unit or None, for the units before `start`), by augmenting paths; a new
@@ -566,15 +599,6 @@ def slot_labels(pod: ClaimPod) -> tuple[tuple[str, tuple], ...]:
         pairs.append((label, tuple(slot.id for slot in pod.slots[at : at + count])))
         at += count
     return tuple(pairs)
-
-
-def class_counts(pods) -> dict[str, int]:
-    """Devices per device class of planned pods (several-request ones by their ways)."""
-    counts: dict[str, int] = {}
-    for pod in pods:
-        for _, class_name, count in pod.requests:
-            counts[class_name] = counts.get(class_name, 0) + count
-    return counts
 
 
 def why_not(planner: Planner, required_level: str | None) -> str:
@@ -626,3 +650,97 @@ def claim_text(claim: Claim) -> str:
 
 def _way_text(ways: list[_Way]) -> str:
     return " or else ".join(f"{way.count} {way.class_name}" for way in ways)
+
+
+def claim_from_dra(data) -> tuple[tuple[DeviceRequest, ...], tuple[DeviceConstraint, ...]]:
+    """PodSet.requests and .constraints from a claim as resource.k8s.io/v1 writes its `devices`:
+    {"requests": [{"name", "exactly": {"deviceClassName", "count", "selectors": [{"cel": {"expression"}}]}}
+    or {"name", "firstAvailable": [{"name", "deviceClassName", "count", "selectors"}]}], "constraints":
+    [{"requests": [...], "matchAttribute": "gpu.example.com/pcie_root"}]}. A qualified attribute name
+    stands for its plain name (the part after the last "/"). ValueError with one line for anything else.
+    """
+    if not isinstance(data, dict) or not isinstance(data.get("requests"), list):
+        raise ValueError("a claim is an object with a list of requests")
+    unknown = set(data) - {"requests", "constraints"}
+    if unknown:
+        raise ValueError(f"unknown claim field '{sorted(unknown)[0]}'")
+    requests = []
+    for index, raw in enumerate(data["requests"]):
+        where = f"requests[{index}]"
+        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str) or not raw["name"]:
+            raise ValueError(f"{where}: a request needs a name")
+        if ("exactly" in raw) == ("firstAvailable" in raw):
+            raise ValueError(f"{where}: give exactly or firstAvailable")
+        if "exactly" in raw:
+            requests.append(DeviceRequest(raw["name"], exactly=_way_from_dra(raw["exactly"], raw["name"], where)))
+        else:
+            ways = raw["firstAvailable"]
+            if not isinstance(ways, list) or not ways:
+                raise ValueError(f"{where}.firstAvailable: a non-empty list of sub-requests")
+            requests.append(
+                DeviceRequest(
+                    raw["name"],
+                    first_available=tuple(
+                        _way_from_dra(
+                            way, way.get("name") if isinstance(way, dict) else None, f"{where}.firstAvailable[{i}]"
+                        )
+                        for i, way in enumerate(ways)
+                    ),
+                )
+            )
+    constraints = []
+    for index, raw in enumerate(data.get("constraints") or []):
+        where = f"constraints[{index}]"
+        if not isinstance(raw, dict) or not isinstance(raw.get("matchAttribute"), str) or not raw["matchAttribute"]:
+            raise ValueError(f"{where}: a constraint needs a matchAttribute")
+        names = raw.get("requests") or []
+        if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+            raise ValueError(f"{where}.requests: a list of request names")
+        constraints.append(DeviceConstraint(raw["matchAttribute"].rsplit("/", 1)[-1], tuple(names)))
+    return tuple(requests), tuple(constraints)
+
+
+def _way_from_dra(raw, name, where) -> DeviceSubRequest:
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: an object")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{where}: a sub-request needs a name")
+    if raw.get("allocationMode", "ExactCount") != "ExactCount":
+        raise ValueError(f"{where}.allocationMode: only ExactCount is supported")
+    device_class = raw.get("deviceClassName")
+    if not isinstance(device_class, str) or not device_class:
+        raise ValueError(f"{where}: deviceClassName is required")
+    count = raw.get("count", 1)
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise ValueError(f"{where}.count: a whole number of at least 1")
+    selectors = []
+    for selector in raw.get("selectors") or []:
+        expression = selector.get("cel", {}).get("expression") if isinstance(selector, dict) else None
+        if not isinstance(expression, str) or not expression:
+            raise ValueError(f"{where}.selectors: each is {{cel: {{expression: ...}}}}")
+        selectors.append(expression)
+    return DeviceSubRequest(name, device_class, count, tuple(selectors))
+
+
+def claim_to_dra(requests, constraints) -> dict:
+    """The inverse of `claim_from_dra` ({} for a pod set without requests)."""
+    if not requests:
+        return {}
+
+    def way(sub: DeviceSubRequest, named: bool) -> dict:
+        out = {"deviceClassName": sub.device_class, "count": sub.count}
+        if named:
+            out = {"name": sub.name, **out}
+        if sub.selectors:
+            out["selectors"] = [{"cel": {"expression": expression}} for expression in sub.selectors]
+        return out
+
+    return {
+        "requests": [
+            {"name": r.name, "exactly": way(r.exactly, False)}
+            if r.exactly is not None
+            else {"name": r.name, "firstAvailable": [way(sub, True) for sub in r.first_available]}
+            for r in requests
+        ],
+        "constraints": [{"requests": list(c.requests), "matchAttribute": c.match_attribute} for c in constraints],
+    }
