@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
 
-from broker.scheduler import backfill, claims, explanation, preemption
+from broker.scheduler import backfill, claims, explanation, preemption, sharing
 from broker.scheduler.capacity import NODE_LEVEL, ROOT, Access, CapacityState, View
 from broker.scheduler.failures import evictions_for, failed_devices
 from broker.scheduler.ordering import FairShareOrder, ShareBook, shortest_first_key
@@ -89,6 +89,7 @@ class Cycle:
         self.config = snapshot.config
         self.matcher = ClassMatcher(snapshot.device_classes)
         self.selectors = SelectorCache()
+        self._ledger: sharing.Ledger | None = None
         self.class_names = tuple(sorted(device_class.name for device_class in snapshot.device_classes))
         self.lookups = {
             "queues": {queue.name: queue for queue in snapshot.queues},
@@ -281,7 +282,7 @@ class Cycle:
         and victims only run out (until a nomination is released, which forgets), so the next such
         request would get nothing too: on a long queue most of it is a few shapes that cannot run.
         None for a workload devices are held or being freed for: its answer is its own."""
-        if request.id in self._own_answers:
+        if request.id in self._own_answers or request.shared_amounts is not None:
             return None
         queue = request.queue
         workload = request.workload
@@ -337,6 +338,8 @@ class Cycle:
         needed = request.needed
         if request.claimed:
             return self._admit_claim(request, excluded)
+        if request.shared_amounts is not None:
+            return self._admit_shared(request, excluded)
         for class_name in request.classes:
             available = quota.available(queue, class_name)
             if available is not None and needed > available:
@@ -352,22 +355,66 @@ class Cycle:
         return False
 
     def _admit_claim(self, request: Request, excluded: frozenset) -> bool:
-        """Several-request claims: the plan says how many devices of each class it takes, and each
-        class's quota must hold them (a plan over quota waits, its optional pods too)."""
+        """Several-request claims. The admission is recorded under the class of the first request's way
+        (the GPUs of "8 GPUs and a NIC") and all its devices count against that class's quota, as the
+        running workload it becomes is counted in every later cycle (RunningWorkload.device_class); a
+        plan over quota waits, its optional pods too."""
         plan = self.find_plan(request, request.classes[0], excluded=excluded)
         if plan is not None:
-            quota, queue = self.quota, request.queue.name
-            for class_name, count in claims.class_counts(plan.pods).items():
-                available = quota.available(queue, class_name)
-                if available is not None and count > available:
-                    plan = None
-                    break
-        if plan is None:
-            self.log.outcomes[request.id] = Outcome(request)
-            return False
-        # Recorded under the class of the first request's way (the GPUs of "8 GPUs and a NIC").
-        self._commit(request, plan.pods[0].requests[0][1], plan)
-        return True
+            class_name = plan.pods[0].requests[0][1]
+            available = self.quota.available(request.queue.name, class_name)
+            if available is None or sum(len(pod.slots) for pod in plan.pods) <= available:
+                self._commit(request, class_name, plan)
+                return True
+        self.log.outcomes[request.id] = Outcome(request)
+        return False
+
+    @property
+    def ledger(self) -> sharing.Ledger:
+        """What is left on devices several allocations may share; made at the first time-sliced request
+        (a cycle without one never looks at them)."""
+        if self._ledger is None:
+            self._ledger = sharing.Ledger(self.snapshot, self.state)
+        return self._ledger
+
+    def _admit_shared(self, request: Request, excluded: frozenset) -> bool:
+        """A time-sliced request: its devices' capacity amounts come from the ledger; idle devices it
+        takes leave the free pool (held by it), shared ones stay where they are."""
+        for class_name in request.classes:
+            available = self.quota.available(request.queue.name, class_name)
+            if available is not None and request.needed > available:
+                continue
+            plan = self.find_plan(request, class_name, excluded=excluded)
+            if plan is None:
+                continue
+            plan = _trim_to_quota(plan, request, available)
+            slots = [slot for pod in plan.pods for slot in pod.slots]
+            self.state.hold(self.ledger.commit(slots, request.shared_amounts), request.id)
+            node_names = self.state.node_names
+            pods = tuple(
+                made(PodPlacement, pod_set=pod.pod_set, index=pod.index, node=node_names[pod.node],
+                     device_ids=tuple(slot.id for slot in pod.slots), requests=())
+                for pod in sorted(plan.pods, key=_pod_order)
+            )  # fmt: skip
+            self._charge(request.queue.name, class_name, len(slots))
+            admission = made(
+                Admission, workload_id=request.id, device_class=class_name, pods=pods, domain=self.common_domain(plan)
+            )
+            # Not among admitted_plans: a simulated end of it must not free devices others share.
+            self.log.admitted[request.id] = admission
+            self.log.admitted_durations.append(request.workload.expected_duration)
+            if self.on_admission is not None:
+                self.on_admission(admission)
+            return True
+        self.log.outcomes[request.id] = Outcome(request)
+        return False
+
+    def _shared_plan(self, request: Request, class_name: str, access: Access, excluded=frozenset()):
+        levels = self.state.levels
+        return sharing.place_shared(
+            self.state, self.ledger, self.state.class_index[class_name], request.demands, request.shared_amounts,
+            access, levels.index(request.required) if request.required else None, excluded,
+        )  # fmt: skip
 
     def _claim_plan(self, request: Request, access: Access, excluded=frozenset()) -> GangPlan | None:
         state = self.state
@@ -438,10 +485,7 @@ class Cycle:
                     for pod, placed in zip(sorted(planned, key=_pod_order), pods, strict=True)
                 ]
             )  # fmt: skip
-            for counted_class, count in claims.class_counts(planned).items():
-                self._charge(request.queue.name, counted_class, count)
-        else:
-            self._charge(request.queue.name, class_name, len(slots))
+        self._charge(request.queue.name, class_name, len(slots))
         admission = object.__new__(Admission)
         admission.__dict__.update(workload_id=request_id, device_class=class_name, pods=pods, domain=domain)
         log = self.log
@@ -476,9 +520,9 @@ class Cycle:
     def _after_failure(self, request: Request) -> None:
         if self.gate_problem(request):
             return
-        if request.claimed:
-            # Victim searches and protected starts count devices of one class; a several-request claim
-            # waits for free devices instead (see broker.scheduler.claims).
+        if request.claimed or request.shared_amounts is not None:
+            # Victim searches and protected starts count whole devices of one class; a several-request
+            # claim or a time-sliced request waits for free devices (or capacity) instead.
             self.log.outcomes[request.id].unprotectable = True
             return
         # Preemption may also make quota room (victims of the same queue give theirs back).
@@ -636,6 +680,15 @@ class Cycle:
             if plan is None:
                 self._failed.add(key)
             return plan
+        if request.shared_amounts is not None:
+            amounts = tuple(sorted(request.shared_amounts.items()))
+            key = (class_name, request.demands, request.required, amounts, self.access_key(access), excluded)
+            if key in self._failed:
+                return None
+            plan = self._shared_plan(request, class_name, access, excluded)
+            if plan is None:  # what is left on shared devices only shrinks during a cycle
+                self._failed.add(key)
+            return plan
         if request.simple and not self.uses_extras(access):
             if not excluded:
                 # Answered from the bucketed free counts, a failure as fast as a memo lookup: no memo.
@@ -669,6 +722,8 @@ class Cycle:
         callers during whose questions free capacity also grows, like the estimated-start simulation)."""
         if request.claimed:
             return self._claim_plan(request, access, excluded)
+        if request.shared_amounts is not None:
+            return self._shared_plan(request, class_name, access, excluded)
         if request.simple and not self.uses_extras(access):
             return self._simple_plan(self.state.class_index[class_name], request.demands[0], excluded)
         levels = self.state.levels

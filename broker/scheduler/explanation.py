@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from heapq import nlargest
 
-from broker.scheduler import claims, estimate, preemption
+from broker.scheduler import claims, estimate, preemption, sharing
 from broker.scheduler.capacity import BLOCKED, NODE_LEVEL, ROOT, TAINTED, CapacityState, View
 from broker.scheduler.placement import place_gang
 from broker.scheduler.requests import Request, approval_problem, entitlement_problem
@@ -139,6 +139,7 @@ class Assessor:
             request.resource_class.name if request.resource_class else None,
             request.classes,
             request.demands,
+            request.shared_amounts and tuple(sorted(request.shared_amounts.items())),
             request.required,
             request.preferred,
             request.preemptible,
@@ -271,7 +272,8 @@ class Assessor:
         return next((code for code in decision.secondary if code not in spent), None)
 
     def _invalid_message(self, request: Request) -> str | None:
-        key = (request.classes, request.demands, request.required, request.preferred)
+        amounts = request.shared_amounts and tuple(sorted(request.shared_amounts.items()))
+        key = (request.classes, request.demands, request.required, request.preferred, amounts)
         if key not in self._invalid_cache:
             self._invalid_cache[key] = self._compute_invalid(request)
         return self._invalid_cache[key]
@@ -287,6 +289,20 @@ class Assessor:
                 return None
             fresh = claims.Planner(empty, views, request.demands, self.cycle.selectors)
             return "never fits the cluster as built: " + claims.why_not(fresh, request.required)
+        if request.shared_amounts is not None:
+            ledger = sharing.Ledger(replace(self.cycle.snapshot, running=()), empty)
+            for class_name in request.classes:
+                plan = sharing.place_shared(
+                    empty, ledger, empty.class_index[class_name], request.demands, request.shared_amounts,
+                    request.access(), required, frozenset(),
+                )  # fmt: skip
+                if plan is not None:
+                    return None
+            wanted = ", ".join(f"{amount:g} {name}" for name, amount in sorted(request.shared_amounts.items()))
+            return (
+                f"no shared devices of {' or '.join(request.classes)} hold its pods' {wanted} each, "
+                "even with the cluster as built"
+            )
         problems = []
         for class_name in request.classes:
             view = View(empty, empty.class_index[class_name])

@@ -68,6 +68,16 @@ class Request:
         )
 
     @_once
+    def shared_amounts(self) -> dict | None:
+        """The capacity amounts each of its pods takes of each device when its class shares devices by
+        time-slicing (broker.scheduler.sharing), else None (devices whole)."""
+        resource_class = self.resource_class
+        if resource_class is None or resource_class.sharing != "TimeSliced":
+            return None
+        amounts = next((pod_set.capacity for pod_set in self.workload.pod_sets if pod_set.capacity), ())
+        return dict(amounts) or None
+
+    @_once
     def claimed(self) -> bool:
         """Its pods claim devices with several named requests (broker.scheduler.claims)."""
         return self.demands[0].claim is not None
@@ -159,7 +169,7 @@ def _shape(workload: PendingWorkload, snapshot: Snapshot, lookups: dict, memo: d
     if shape is None:
         shape = memo[key] = _resolve(workload, snapshot, lookups)
         if not isinstance(shape, str):
-            _ = (shape.needed, shape.simple, shape.default_access)  # computed once, shared by the copies
+            _ = (shape.needed, shape.simple, shape.claimed, shape.shared_amounts, shape.default_access)  # shared
     return shape
 
 
@@ -175,6 +185,17 @@ def _resolve(workload: PendingWorkload, snapshot: Snapshot, lookups: dict) -> Re
     problem = _pod_set_problem(workload)
     if problem:
         return problem
+    asked = {pod_set.capacity for pod_set in workload.pod_sets}
+    if len(asked) > 1:
+        return "all pod sets must ask the same capacity amounts of their devices"
+    if any(asked):
+        if resource_class is None or resource_class.sharing != "TimeSliced":
+            name = f"resource class '{resource_class.name}'" if resource_class else "no resource class"
+            return f"asks capacity amounts of shared devices, but {name} shares none (sharing: TimeSliced)"
+        if any(pod_set.requests for pod_set in workload.pod_sets):
+            return "capacity amounts go with devices_per_pod, not with a claim's requests"
+        if any(amount <= 0 for _, amount in next(iter(asked))):
+            return "capacity amounts must be positive"
     claimed = [pod_set for pod_set in workload.pod_sets if pod_set.requests]
     if claimed:
         return _resolve_claims(workload, snapshot, lookups, queue, resource_class, claimed)

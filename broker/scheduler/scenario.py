@@ -37,6 +37,12 @@ makes devices "<node>/<kind>-<index>" carrying `kind: <kind>`. A request naming 
 selecting no device of the cluster, or a constraint naming an unknown request is an error. In `--json`
 such a pod's placement gains `requests`: {request (a firstAvailable one as "<request>/<way>"): [devices]}.
 
+Shared devices (DRA consumable capacity, issue 26): a node with `shared: true` has devices that allow
+several allocations of their `capacity`; a resource class with `sharing: TimeSliced` lets work share
+them, each pod taking its pod set's `capacity` amounts (e.g. `capacity: {memory: 20}`) of each of its
+devices, and a running pod names what it takes as `consumed: {memory: 30}` (several running pods may
+then name one device, within its capacity).
+
 Any malformed input raises ScenarioError with one readable line that says where, e.g.
 "pending[2].queue: unknown queue 'foo'".
 """
@@ -50,6 +56,7 @@ import yaml
 
 from broker.scheduler.claims import Claim, claim_problem
 from broker.scheduler.selectors import ClassMatcher, validate_selector
+from broker.scheduler.sharing import SHARING_MODES
 from broker.scheduler.snapshot import (
     DISRUPTION_MODES,
     DRIVER,
@@ -135,6 +142,7 @@ class _Reader:
         matcher = ClassMatcher(device_classes)
         selected = set().union(*(matcher.classes_of(device) for device in devices)) if devices else set()
         lookups["selects"] = selected.__contains__
+        lookups["shared_use"] = {}  # shared device -> capacity left by the running pods read so far
         running = self.running(lookups, matcher, now)
         _check_counters(running, lookups)
         return Snapshot(
@@ -191,7 +199,7 @@ class _Reader:
         seen = set()
         allowed = {
             "name", "devices", "attributes", "device_attributes", "unhealthy", "cordoned", "taints", "labels",
-            "capacity", "counters", "partitions", "other_devices",
+            "capacity", "counters", "partitions", "other_devices", "shared",
         }  # fmt: skip
         for index, spec in enumerate(_list(self.data.get("nodes") or [], "nodes")):
             where = f"nodes[{index}]"
@@ -216,6 +224,9 @@ class _Reader:
                 if not isinstance(key, int) or not 0 <= key < count:
                     raise ScenarioError(f"{where}.device_attributes: no device {key!r} on a node with {count} devices")
             capacity = dict(_mapping(spec.get("capacity") or {}, where + ".capacity"))
+            shared = bool(spec.get("shared", False))
+            if shared and not capacity:
+                raise ScenarioError(f"{where}.shared: shared devices need a capacity to share")
             nodes.append(
                 Node(
                     name=name,
@@ -249,6 +260,7 @@ class _Reader:
                         healthy=healthy,
                         taints=device_taints,
                         consumes_counters={set_name: dict(counters)} if counters else {},
+                        allow_multiple_allocations=shared,
                     )
                 )
                 for profile, parts, consumes, extra in partitions:
@@ -409,7 +421,7 @@ class _Reader:
         classes = []
         allowed = {
             "name", "device_classes", "topology", "teams", "approval", "approval_required",
-            "default_priority", "priority", "preemptible", "max_devices",
+            "default_priority", "priority", "preemptible", "max_devices", "sharing",
         }  # fmt: skip
         for index, spec in enumerate(_list(self.data.get("resource_classes") or [], "resource_classes")):
             where = f"resource_classes[{index}]"
@@ -429,6 +441,7 @@ class _Reader:
                     default_priority=_int(spec.get("default_priority", spec.get("priority", 0)), where + ".priority"),
                     preemptible=bool(spec.get("preemptible", False)),
                     max_devices=None if spec.get("max_devices") is None else _int(spec["max_devices"], where),
+                    sharing=_sharing(spec.get("sharing", "Exclusive"), where + ".sharing"),
                 )
             )
         return tuple(classes)
@@ -518,7 +531,7 @@ class _Reader:
         for index, spec in enumerate(_list(raw, where)):
             here = f"{where}[{index}]"
             spec = _mapping(spec, here)
-            _keys(here, spec, {"node", "devices", "pod_set"})
+            _keys(here, spec, {"node", "devices", "pod_set", "consumed"})
             node = _required_str(spec, "node", here)
             if node not in lookups["nodes"]:
                 raise ScenarioError(f"{here}.node: unknown node '{node}'")
@@ -541,7 +554,23 @@ class _Reader:
                 ids = [device_id for device_id in on_node if device_id not in used][:count]
                 if len(ids) < count:
                     raise ScenarioError(f"{here}.devices: node {node} has only {len(ids)} devices left, not {count}")
-            taken = [device_id for device_id in ids if device_id in used]
+            consumed = tuple(sorted(_amounts(spec.get("consumed"), here + ".consumed").items()))
+            if consumed:
+                unshared = [d for d in ids if not lookups["devices"][d].allow_multiple_allocations]
+                if unshared:
+                    raise ScenarioError(f"{here}.consumed: {unshared[0]} is not a shared device")
+                shared_use = lookups["shared_use"]
+                for device_id in ids:
+                    if device_id in used:
+                        raise ScenarioError(f"{here}.devices: {device_id} is already held by another running pod")
+                    left = shared_use.setdefault(device_id, dict(lookups["devices"][device_id].capacity))
+                    for name, amount in consumed:
+                        left[name] = left.get(name, 0) - amount
+                        if left[name] < 0:
+                            raise ScenarioError(f"{here}.consumed: {device_id} has not {amount:g} {name} left")
+                pods.append(RunningPod(str(spec.get("pod_set", "main")), index, node, tuple(ids), consumed))
+                continue
+            taken = [device_id for device_id in ids if device_id in used or device_id in lookups["shared_use"]]
             if taken:
                 raise ScenarioError(f"{here}.devices: {taken[0]} is already held by another running pod")
             used.update(ids)
@@ -555,6 +584,7 @@ class _Reader:
             "name", "queue", "team", "resource_class", "device_class", "device_classes", "topology", "pods",
             "min_count", "devices_per_pod", "match_attribute", "priority", "disruption", "submitted",
             "approved", "duration", "preemptible", "tolerations", "pod_sets", "nominated", "requests", "constraints",
+            "capacity",
         }  # fmt: skip
         for index, spec in enumerate(_list(self.data.get("pending") or [], "pending")):
             where = f"pending[{index}]"
@@ -616,9 +646,11 @@ class _Reader:
                 here,
                 raw,
                 {"name", "pods", "min_count", "devices_per_pod", "device_class", "device_classes",
-                 "match_attribute", "tolerations", "requests", "constraints"},
+                 "match_attribute", "tolerations", "requests", "constraints", "capacity"},
             )  # fmt: skip
-            merged = {key: spec[key] for key in ("device_class", "device_classes", "tolerations") if key in spec}
+            merged = {
+                key: spec[key] for key in ("device_class", "device_classes", "tolerations", "capacity") if key in spec
+            }
             merged.update(raw)
             pod_sets.append(self.pod_set(merged, here, lookups, str(raw.get("name", f"set{index}"))))
         return tuple(pod_sets)
@@ -637,6 +669,7 @@ class _Reader:
             else (),
             match_attribute=_optional_str(spec.get("match_attribute")),
             tolerations=self.tolerations(spec.get("tolerations") or [], where + ".tolerations"),
+            capacity=tuple(sorted(_amounts(spec.get("capacity"), where + ".capacity").items())),
             **self.claim(spec, where, lookups),
         )
 
@@ -818,6 +851,21 @@ def _optional_str(value) -> str | None:
 def _counts(value, where) -> dict:
     counts = _mapping(value, where)
     return {str(name): _int(count, f"{where}.{name}") for name, count in counts.items()}
+
+
+def _amounts(value, where) -> dict:
+    """Capacity amounts (name -> positive number)."""
+    amounts = {str(name): _number(amount, f"{where}.{name}") for name, amount in _mapping(value or {}, where).items()}
+    for name, amount in amounts.items():
+        if amount <= 0:
+            raise ScenarioError(f"{where}.{name}: must be positive")
+    return amounts
+
+
+def _sharing(value, where) -> str:
+    if value not in SHARING_MODES:
+        raise ScenarioError(f"{where}: must be one of {', '.join(SHARING_MODES)}")
+    return str(value)
 
 
 def _optional_counts(value, where) -> dict | None:

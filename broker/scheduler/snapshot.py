@@ -102,6 +102,8 @@ class Device:
       partitions consume the device's counters, so no allocation can exceed them: the whole device
       excludes its partitions and partitions of several profiles pack onto one device. A device
       naming a counter set or counter its node does not publish is never allocatable.
+    allow_multiple_allocations: DRA allowMultipleAllocations: several allocations may share it, each
+      taking an amount of its `capacity` (broker.scheduler.sharing); the amounts never sum past it.
     """
 
     id: str
@@ -112,6 +114,7 @@ class Device:
     healthy: bool = True
     taints: tuple[Taint, ...] = ()
     consumes_counters: dict = field(default_factory=dict)
+    allow_multiple_allocations: bool = False
 
 
 @dataclass(frozen=True)
@@ -202,6 +205,9 @@ class ResourceClass:
       interactive work displace batch work that other teams run.
     checkpoint_restart_seconds: what a preemption costs work of this class: the progress since its last
       checkpoint, redone after a restart, counted as this many seconds of its devices (lost work).
+    sharing: "Exclusive" | "TimeSliced" | "Partitioned": whether its work may share devices that allow
+      several allocations (TimeSliced, by the capacity amounts its pod sets ask) or holds its devices
+      alone (broker.scheduler.sharing).
     """
 
     name: str
@@ -215,6 +221,7 @@ class ResourceClass:
     max_devices: int | None = None
     preempts_across_queues: bool = False
     checkpoint_restart_seconds: float = 60.0
+    sharing: str = "Exclusive"
 
 
 @dataclass(frozen=True)
@@ -293,6 +300,8 @@ class PodSet:
     requests / constraints: each pod's claim as DRA writes it (DeviceRequest, DeviceConstraint): several
       named requests, each of its own device class, and constraints across them. When `requests` is
       given, devices_per_pod, device_classes and match_attribute keep their defaults (the claim says it).
+    capacity: (capacity name, amount) pairs each pod takes of each of its devices when its resource class
+      shares devices (sharing "TimeSliced", DRA ExactDeviceRequest.capacity); empty: devices whole.
     """
 
     name: str = "main"
@@ -304,6 +313,7 @@ class PodSet:
     tolerations: tuple[Toleration, ...] = ()
     requests: tuple[DeviceRequest, ...] = ()
     constraints: tuple[DeviceConstraint, ...] = ()
+    capacity: tuple[tuple[str, float], ...] = ()
 
     @property
     def gang_size(self) -> int:
@@ -345,12 +355,15 @@ class PendingWorkload:
 
 @dataclass(frozen=True)
 class RunningPod:
-    """One placed pod of a running workload: the devices it holds on `node`."""
+    """One placed pod of a running workload: the devices it holds on `node`. consumed: the (capacity,
+    amount) pairs it takes of each of them when it shares them (broker.scheduler.sharing); empty: it
+    holds them alone."""
 
     pod_set: str
     index: int
     node: str
     device_ids: tuple[str, ...]
+    consumed: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)

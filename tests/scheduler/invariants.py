@@ -15,13 +15,28 @@ def assert_valid_result(snapshot, result):
     assert Counter(decided) == Counter(pending_ids), "every pending workload decided exactly once"
     devices = {device.id: device for device in snapshot.devices}
     nodes = {node.name: node for node in snapshot.nodes}
-    held = Counter(device_id for workload in snapshot.running for pod in workload.pods for device_id in pod.device_ids)
+    # Devices held alone, and capacity taken of shared ones (broker.scheduler.sharing).
+    held = Counter(
+        device_id for workload in snapshot.running for pod in workload.pods if not pod.consumed
+        for device_id in pod.device_ids
+    )  # fmt: skip
+    taken: dict[str, Counter] = {}
+    for workload in snapshot.running:
+        for pod in workload.pods:
+            for device_id in pod.device_ids if pod.consumed else ():
+                taken.setdefault(device_id, Counter()).update(dict(pod.consumed))
     workloads = {workload.id: workload for workload in snapshot.pending}
+    classes = {resource_class.name: resource_class for resource_class in snapshot.resource_classes}
     for admission in result.admissions:
         workload = workloads[admission.workload_id]
+        amounts = shared_amounts(workload, classes)
         for pod in admission.pods:
             for device_id in pod.device_ids:
-                held[device_id] += 1
+                if amounts:
+                    assert devices[device_id].allow_multiple_allocations, f"{device_id} is not shared"
+                    taken.setdefault(device_id, Counter()).update(amounts)
+                else:
+                    held[device_id] += 1
                 device = devices[device_id]
                 assert device.node == pod.node
                 assert device.healthy, f"{device_id} is unhealthy"
@@ -34,8 +49,21 @@ def assert_valid_result(snapshot, result):
         assert_claims_hold(snapshot, workload, admission)
     doubled = [device_id for device_id, count in held.items() if count > 1]
     assert not doubled, f"devices allocated twice: {sorted(doubled, key=natural_key)}"
+    for device_id, amounts in taken.items():
+        assert not held[device_id], f"{device_id} is shared and held alone"
+        capacity = devices[device_id].capacity
+        over = {name: amount for name, amount in amounts.items() if amount > capacity.get(name, 0)}
+        assert not over, f"{device_id}: {dict(amounts)} taken of {capacity}"
     assert_counters_hold(snapshot, held)
     assert_gangs_survive_shrinking(snapshot, result)
+
+
+def shared_amounts(workload, classes) -> dict:
+    """What each pod of a time-sliced workload takes of each device ({} when it holds them alone)."""
+    resource_class = classes.get(workload.resource_class)
+    if resource_class is None or resource_class.sharing != "TimeSliced":
+        return {}
+    return dict(next((pod_set.capacity for pod_set in workload.pod_sets if pod_set.capacity), ()))
 
 
 def assert_gangs_survive_shrinking(snapshot, result):

@@ -147,6 +147,50 @@ def test_it_reads_a_claim_with_several_requests():
     assert pod_set.constraints[0].match_attribute == "root" and pod_set.constraints[0].requests == ()
 
 
+SHARED = """
+device_classes: {gpu: {match: {model: A100}}}
+nodes:
+  - {name: n1, devices: 1, attributes: {model: A100}, capacity: {memory: 80}, shared: true}
+  - {name: n2, devices: 1, attributes: {model: A100}}
+queues: [{name: q}]
+"""
+
+
+@pytest.mark.parametrize(
+    ("addition", "message"),
+    [
+        ("resource_classes: [{name: nb, sharing: Sliced}]", "resource_classes[0].sharing: must be one of Exclusive"),
+        (
+            "running: [{name: r, queue: q, pods: [{node: n2, devices: [0], consumed: {memory: 10}}]}]",
+            "running[0].pods[0].consumed: n2/0 is not a shared device",
+        ),
+        (
+            "running:\n"
+            "  - {name: a, queue: q, pods: [{node: n1, devices: [0], consumed: {memory: 50}}]}\n"
+            "  - {name: b, queue: q, pods: [{node: n1, devices: [0], consumed: {memory: 40}}]}",
+            "running[1].pods[0].consumed: n1/0 has not 40 memory left",
+        ),
+        (
+            "running:\n"
+            "  - {name: a, queue: q, pods: [{node: n1, devices: [0]}]}\n"
+            "  - {name: b, queue: q, pods: [{node: n1, devices: [0], consumed: {memory: 40}}]}",
+            "running[1].pods[0].devices: n1/0 is already held by another running pod",
+        ),
+        ("pending: [{name: w, queue: q, capacity: {memory: 0}}]", "pending[0].capacity.memory: must be positive"),
+    ],
+)
+def test_it_rejects_malformed_sharing_with_one_line(addition, message):
+    with pytest.raises(ScenarioError) as error:
+        load_scenario(SHARED + addition)
+    assert message in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_it_refuses_shared_devices_without_a_capacity():
+    with pytest.raises(ScenarioError, match=r"nodes\[0\].shared: shared devices need a capacity to share"):
+        load_scenario("nodes: [{name: n1, devices: 1, shared: true}]")
+
+
 def test_it_rejects_a_bad_selector_and_bad_yaml():
     with pytest.raises(ScenarioError, match=r"device_classes.x.selector: invalid CEL selector"):
         load_scenario("device_classes: {x: {selector: 'device.attributes['}}")
