@@ -708,6 +708,7 @@ def load_resource_classes():
         max_devices,
         preempts_across_queues,
         checkpoint_restart_seconds,
+        sharing,
     ) in ResourceClass.objects.order_by("name").values_list(
         "id",
         "name",
@@ -720,6 +721,7 @@ def load_resource_classes():
         "max_devices",
         "preempts_across_queues",
         "checkpoint_restart_seconds",
+        "sharing",
     ):
         rules[name] = ApprovalRule(approval, threshold)
         classes.append(
@@ -735,6 +737,7 @@ def load_resource_classes():
                 max_devices=max_devices,
                 preempts_across_queues=preempts_across_queues,
                 checkpoint_restart_seconds=float(checkpoint_restart_seconds),
+                sharing=sharing,
             )
         )
     return tuple(classes), rules

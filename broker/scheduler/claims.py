@@ -260,23 +260,54 @@ class Planner:
         return sum(self.views[name].domain_count(scope) for name in self.views)
 
     def _nodes(self, scope: tuple) -> list[int]:
-        """Nodes of `scope` with a free device of the claim's classes, fullest first."""
+        """Nodes of `scope` with a free device of the claim's classes, fullest first. In the whole
+        cluster only nodes that hold some pod set's first request (the count of one of its ways) are
+        candidates: a busy cluster has few, and the bucketed free counts name them."""
         state = self.state
+        views = list(self.views.values())
         if scope == ROOT:
             candidates: set[int] = set()
-            for view in self.views.values():
-                candidates.update(state.buckets[view.class_index].nodes_with_at_least(1))
-                candidates.update(view.extra_by_node)
+            for shape in self.shapes:
+                for way in shape.ways[0]:
+                    view = self.views[way.class_name]
+                    candidates.update(state.buckets[view.class_index].nodes_with_at_least(way.count))
+                    candidates.update(view.extra_by_node)
         else:
             candidates = set(state.nodes_of(scope))
         ranked = []
+        if all(view.plain and not view.extra_by_node for view in views):
+            frees = [state.node_free[view.class_index] for view in views]
+            for node in candidates:
+                free = sum([counts[node] for counts in frees])
+                if free:
+                    ranked.append((free, node))
+            ranked.sort()
+            return [node for _, node in ranked]
         for node in candidates:
-            free = sum(view.node_count(node) for view in self.views.values())
+            free = sum(view.node_count(node) for view in views)
             if free:
-                rank = min(view.node_rank(node) for view in self.views.values())
-                ranked.append((rank, free, node))
+                ranked.append((min(view.node_rank(node) for view in views), free, node))
         ranked.sort()
-        return [node for _, _, node in ranked]
+        return [node for *_, node in ranked]
+
+    def _could_host(self, node: int) -> bool:
+        """A count check before a node's devices are looked at: some pod set's every request has, in
+        one of its ways, that many free devices of the way's class on the node."""
+        views = self.views
+        counts: dict[str, int] = {}
+        for shape in self.shapes:
+            for ways in shape.ways:
+                for way in ways:
+                    free = counts.get(way.class_name)
+                    if free is None:
+                        free = counts[way.class_name] = views[way.class_name].node_count(node)
+                    if free >= way.count:
+                        break
+                else:
+                    break
+            else:
+                return True
+        return False
 
     def _node_slots(self, node: int) -> list:
         seen: set[int] = set()
@@ -543,6 +574,8 @@ class _LazyInfos:
             node = next(self.nodes, None)
             if node is None:
                 return None
+            if not self.planner._could_host(node):
+                continue
             info = self.planner._info(node)
             if info.signature is not None:
                 seen = self.alike.get(info.signature, 0)
@@ -635,7 +668,7 @@ def _why_not(planner: Planner, required_level: str | None) -> str:
             return f"{where}: no {wanted} {beside} {before} free on any node"
     pods = sum(shape.demand.min_count for shape in planner.shapes)
     where = f" in one {required_level}" if required_level else ""
-    return f"one pod fits, but not all {pods} pods of the gang at once{where} on the free devices"
+    return f"one pod fits, but not all {pods} pods of the gang at once{where}"
 
 
 def claim_text(claim: Claim) -> str:

@@ -74,3 +74,22 @@ def test_it_refuses_a_constraint_on_an_unknown_request():
     (decision,) = decide(snapshot).pending
     assert decision.reason == "InvalidRequest"
     assert decision.message == "pod set 'main': constraint on root names unknown request 'nic'"
+
+
+def test_it_passes_over_a_thousand_nodes_that_cannot_hold_the_pod():
+    # Every node but the last has its GPU and its NIC under different roots: the search goes node by node
+    # without recursing into each (a recursion per node would exceed Python's limit) and within budget.
+    devices, nodes = [], []
+    for index in range(1500):
+        name = f"n{index}"
+        nodes.append(Node(name))
+        nic_root = "p0" if index == 1499 else "p1"
+        devices.append(Device(f"{name}/0", name, attributes={"model": "H100", "root": "p0"}))
+        devices.append(Device(f"{name}/nic-0", name, attributes={"kind": "nic", "root": nic_root}))
+    nic = DeviceRequest("net", DeviceSubRequest("net", "nic"))
+    snapshot = Snapshot(
+        nodes=tuple(nodes), devices=tuple(devices), device_classes=CLASSES, queues=(Queue("q", "t"),),
+        pending=(claim("w", gpus(1), nic, constraints=(DeviceConstraint("root"),)),),
+    )  # fmt: skip
+    (admission,) = decide(snapshot).admissions
+    assert admission.pods[0].device_ids == ("n1499/0", "n1499/nic-0")
