@@ -386,11 +386,21 @@ class Assessor:
             codes["Priority"] = f"{needs}; it fits now, but {described}{more}"
             details["held_for"] = holding[0].workload_id
             details["held_for_all"] = [protection.workload_id for protection in holding]
-        if request.claimed:
-            # Name the request that cannot be met, rather than a count of one of its classes.
-            for code in ("InsufficientCapacity", "TopologyFragmented"):
-                if code in codes:
-                    codes[code] = claims.why_not(self.cycle.claim_planner(request), request.required)
+        if request.claimed and ("InsufficientCapacity" in codes or "TopologyFragmented" in codes):
+            # Name the request that cannot be met, rather than a count of one of its classes; too few
+            # free devices in all is told by each class's own need, not by the claim's total.
+            codes.pop("InsufficientCapacity", None)
+            codes.pop("TopologyFragmented", None)
+            need: dict[str, int] = {}
+            for demand in request.demands:
+                for device_request in demand.claim.requests:
+                    ways = device_request.alternatives
+                    if len(ways) == 1:
+                        name = ways[0].device_class
+                        need[name] = need.get(name, 0) + ways[0].count * demand.min_count
+            short = any(self._numbers(request, name)["free"] < count for name, count in need.items())
+            code = "InsufficientCapacity" if short else "TopologyFragmented"
+            codes[code] = claims.why_not(self.cycle.claim_planner(request), request.required)
         return {"codes": codes, "details": details}
 
     def _numbers(self, request: Request, class_name: str) -> dict:
