@@ -12,10 +12,13 @@ placement's packer and the cycle's simple plan keep it.
   class, selectors that overlap).
 - Pods of one pod set are alike: their choices are tried as non-decreasing sequences (multisets), the
   preferred ways first, so a node takes the pods it can in the first order DRA would try them.
-- Across nodes the search goes fullest first (fewest free devices of the claim's classes), choosing how
-  many pods of each pod set a node takes, the most first; a failure is remembered by (node, pods still
-  to place), and nodes that look alike to the claim (the same devices allowed per way, the same grouping
-  by each constrained attribute) are one class kept to as many nodes as the gang has pods.
+- Across nodes the search goes fullest first (in the whole cluster: the nodes that hold some pod set's
+  first request, streamed from the free-count buckets of its class, fewest free first; in a domain:
+  fewest free devices of the claim's classes first), choosing how many pods of each pod set a node
+  takes, the most first; a failure is remembered by (node, pods still to place), and nodes that look
+  alike to the claim (the same devices allowed per way, the same grouping by each constrained
+  attribute) are one class kept to as many nodes as the gang has pods. A node is looked at only when
+  the search reaches it, and only if its free counts can meet every request of some pod set.
 - Devices consuming shared counters (DRA partitions) are checked after a node's matching: a matching that
   would exceed a counter is refused like any that does not fit.
 Complete within STEP_BUDGET steps (gangs of tests/scheduler/test_claim_properties.py are compared with a
@@ -24,6 +27,8 @@ brute-force search); a search that spends it finds nothing, and the workload wai
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from heapq import merge
 from itertools import product
 from typing import NamedTuple
 
@@ -259,30 +264,25 @@ class Planner:
     def _free_in(self, scope: tuple) -> int:
         return sum(self.views[name].domain_count(scope) for name in self.views)
 
-    def _nodes(self, scope: tuple) -> list[int]:
+    def _nodes(self, scope: tuple):
         """Nodes of `scope` with a free device of the claim's classes, fullest first. In the whole
         cluster only nodes that hold some pod set's first request (the count of one of its ways) are
-        candidates: a busy cluster has few, and the bucketed free counts name them."""
+        candidates: a busy cluster has few, and the bucketed free counts name them; without extra or
+        excluded devices they are streamed in the buckets' order (fewest free of that class first), so
+        a claim that fits early never looks at the rest."""
         state = self.state
         views = list(self.views.values())
         if scope == ROOT:
+            firsts = [(self.views[way.class_name], way.count) for shape in self.shapes for way in shape.ways[0]]
+            if all(view.plain and not view.extra_by_node for view in views):
+                return _unique(merge(*(_by_free(state.buckets[view.class_index], count) for view, count in firsts)))
             candidates: set[int] = set()
-            for shape in self.shapes:
-                for way in shape.ways[0]:
-                    view = self.views[way.class_name]
-                    candidates.update(state.buckets[view.class_index].nodes_with_at_least(way.count))
-                    candidates.update(view.extra_by_node)
+            for view, count in firsts:
+                candidates.update(state.buckets[view.class_index].nodes_with_at_least(count))
+                candidates.update(view.extra_by_node)
         else:
             candidates = set(state.nodes_of(scope))
         ranked = []
-        if all(view.plain and not view.extra_by_node for view in views):
-            frees = [state.node_free[view.class_index] for view in views]
-            for node in candidates:
-                free = sum([counts[node] for counts in frees])
-                if free:
-                    ranked.append((free, node))
-            ranked.sort()
-            return [node for _, node in ranked]
         for node in candidates:
             free = sum(view.node_count(node) for view in views)
             if free:
@@ -586,6 +586,22 @@ class _LazyInfos:
         return self.kept[position]
 
 
+def _by_free(buckets, at_least: int):
+    """(free count, node) of the nodes with at least `at_least` free, fewest first (NodeBuckets order)."""
+    values = buckets.values
+    for value in values[bisect_left(values, at_least) :]:
+        for node in buckets.members[value]:
+            yield value, node
+
+
+def _unique(pairs):
+    seen: set[int] = set()
+    for _, node in pairs:
+        if node not in seen:
+            seen.add(node)
+            yield node
+
+
 def _matching(units: list[int], owner: list, start: int = 0, earlier: list | None = None) -> list | None:
     """Devices for `units` (masks of the device bits each may take) beyond those matched already
     (`owner`: device bit -> unit or None, for the units before `start`), by augmenting paths; a new
@@ -753,27 +769,3 @@ def _way_from_dra(raw, name, where) -> DeviceSubRequest:
             raise ValueError(f"{where}.selectors: each is {{cel: {{expression: ...}}}}")
         selectors.append(expression)
     return DeviceSubRequest(name, device_class, count, tuple(selectors))
-
-
-def claim_to_dra(requests, constraints) -> dict:
-    """The inverse of `claim_from_dra` ({} for a pod set without requests)."""
-    if not requests:
-        return {}
-
-    def way(sub: DeviceSubRequest, named: bool) -> dict:
-        out = {"deviceClassName": sub.device_class, "count": sub.count}
-        if named:
-            out = {"name": sub.name, **out}
-        if sub.selectors:
-            out["selectors"] = [{"cel": {"expression": expression}} for expression in sub.selectors]
-        return out
-
-    return {
-        "requests": [
-            {"name": r.name, "exactly": way(r.exactly, False)}
-            if r.exactly is not None
-            else {"name": r.name, "firstAvailable": [way(sub, True) for sub in r.first_available]}
-            for r in requests
-        ],
-        "constraints": [{"requests": list(c.requests), "matchAttribute": c.match_attribute} for c in constraints],
-    }
