@@ -723,7 +723,9 @@ class Cycle:
         if request.claimed:
             return self._claim_plan(request, access, excluded)
         if request.shared_amounts is not None:
-            return self._shared_plan(request, class_name, access, excluded)
+            # Only the estimate simulation asks here, and its releases give back whole devices, not
+            # shares: the ledger cannot follow it, so it is never told a time-sliced start.
+            return None
         if request.simple and not self.uses_extras(access):
             return self._simple_plan(self.state.class_index[class_name], request.demands[0], excluded)
         levels = self.state.levels
