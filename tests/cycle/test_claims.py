@@ -75,3 +75,17 @@ def test_it_still_requires_devices_per_pod_without_a_claim(cluster, api_client, 
     response = signed_in(api_client, alice).post("/api/workloads/", body, format="json")
     assert response.status_code == 400
     assert "devices_per_pod" in str(response.data)
+
+
+def test_it_calls_a_claim_written_past_the_api_invalid(cluster):
+    fabric(cluster)
+    workload = Workload.objects.create(name="raw", team=cluster.team_a, queue=cluster.queue_a, state=State.PENDING)
+    PodSet.objects.create(workload=workload, name="main", replicas=1, devices_per_pod=1, claim={"requests": [{}]})
+
+    run_once()
+
+    workload.refresh_from_db()
+    assert workload.state == State.PENDING
+    explanation = workload.explanation
+    assert explanation.reason == "InvalidRequest"
+    assert "requests[0]: a request needs a name" in explanation.message
