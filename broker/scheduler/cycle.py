@@ -210,11 +210,25 @@ class Cycle:
             return []
         slots, running = self.state.slot_by_id, self.running
         hits: dict[str, list[str]] = {}
+        held = False
         for device_id in failed:
             slot = slots.get(device_id)
             workload = running.get(slot.holder) if slot is not None and slot.holder is not None else None
+            held = held or workload is not None
             if workload is not None and not workload.evicting and workload.part_of is None:
                 hits.setdefault(workload.id, []).append(device_id)
+        if held:
+            # A shared device (broker.scheduler.sharing) has one holder in the state and other sharers
+            # beside it: every running pod that takes a share of a failed device leaves too.
+            failed_ids = set(failed)
+            for workload in self.snapshot.running:
+                if workload.evicting or workload.part_of is not None:
+                    continue
+                for pod in workload.pods:
+                    if pod.consumed:
+                        for device_id in pod.device_ids:
+                            if device_id in failed_ids and device_id not in hits.get(workload.id, ()):
+                                hits.setdefault(workload.id, []).append(device_id)
         if not hits:
             return []
         evictions, records = evictions_for(hits, running, failed)
