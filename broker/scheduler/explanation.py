@@ -440,7 +440,9 @@ class Assessor:
         return {
             "devices": request.needed,
             "pods": [
+                # A several-request claim's devices per pod are its fewest; `claim` says what it asks.
                 {"pod_set": demand.name, "pods": demand.min_count, "devices_per_pod": demand.per_pod}
+                | ({"claim": claims.claim_text(demand.claim)} if demand.claim is not None else {})
                 for demand in request.demands
             ],
             "device_classes": list(request.classes),
