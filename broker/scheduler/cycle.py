@@ -210,16 +210,19 @@ class Cycle:
             return []
         slots, running = self.state.slot_by_id, self.running
         hits: dict[str, list[str]] = {}
-        held = False
+        shared = False
         for device_id in failed:
             slot = slots.get(device_id)
             workload = running.get(slot.holder) if slot is not None and slot.holder is not None else None
-            held = held or workload is not None
-            if workload is not None and not workload.evicting and workload.part_of is None:
+            if workload is None:
+                continue
+            # Held by a share (broker.scheduler.sharing): other sharers may be beside the one the state names.
+            shared = shared or any(pod.consumed and device_id in pod.device_ids for pod in workload.pods)
+            if not workload.evicting and workload.part_of is None:
                 hits.setdefault(workload.id, []).append(device_id)
-        if held:
-            # A shared device (broker.scheduler.sharing) has one holder in the state and other sharers
-            # beside it: every running pod that takes a share of a failed device leaves too.
+        if shared:
+            # Every running pod that takes a share of a failed device leaves too (a pass over running
+            # work only when a failed device is shared, which work held alone never is).
             failed_ids = set(failed)
             for workload in self.snapshot.running:
                 if workload.evicting or workload.part_of is not None:
