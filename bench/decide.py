@@ -11,6 +11,10 @@ bench/bench_decide.py builds them. Two kinds:
 - partitioned (issue 26, largest size only, target 1 s): the fresh cluster with a quarter of its GPUs
   cut into 7 partitions each (DRA counter sets: 275k devices at 100k GPUs), ~30% of the one-device
   gangs asking for a partition (broker.scheduler.synthetic.partitioned_snapshot).
+- claims (issue 26, largest size only, target 1 s): the partitioned cluster with one NIC per 2 GPUs
+  (50k NICs) and ~30% of the gangs of 2, 4 or 8 devices per pod claiming GPUs (H100, or else A100) and
+  NICs with several requests, under one island when they fit in one
+  (broker.scheduler.synthetic.claims_snapshot).
 
 Each kind is timed twice, REPEAT calls each: `cold`, with the core's per-inventory index dropped before
 every call (a cycle right after an inventory change), and `warm`, reusing it (every other cycle: the
@@ -61,6 +65,10 @@ def build(kind: str, nodes: int, pending: int, seed: int, sizes):
         from broker.scheduler.synthetic import partitioned_snapshot
 
         return partitioned_snapshot(build("fresh", nodes, pending, seed, sizes), seed=seed)
+    if kind == "claims":
+        from broker.scheduler.synthetic import claims_snapshot
+
+        return claims_snapshot(build("partitioned", nodes, pending, seed, sizes), seed=seed)
     return synthetic_snapshot(nodes=nodes, devices_per_node=DEVICES_PER_NODE, pending=pending, seed=seed, sizes=sizes)
 
 
@@ -187,6 +195,11 @@ def section(quick: bool, repeat: int | None = None) -> dict:
             partitioned["target_seconds"] = PARTITIONED_TARGET_SECONDS
             partitioned["within_target"] = partitioned["decide_seconds_median"] <= PARTITIONED_TARGET_SECONDS
         report["partitioned"] = partitioned
+        claims = run_case(*CASES[-1], repeat, "claims")
+        if "error" not in claims:
+            claims["target_seconds"] = PARTITIONED_TARGET_SECONDS
+            claims["within_target"] = claims["decide_seconds_median"] <= PARTITIONED_TARGET_SECONDS
+        report["claims"] = claims
     return report
 
 

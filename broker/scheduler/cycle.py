@@ -11,14 +11,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
 
-from broker.scheduler import backfill, explanation, preemption
+from broker.scheduler import backfill, claims, explanation, preemption, sharing
 from broker.scheduler.capacity import NODE_LEVEL, ROOT, Access, CapacityState, View
 from broker.scheduler.failures import evictions_for, failed_devices
 from broker.scheduler.ordering import FairShareOrder, ShareBook, shortest_first_key
 from broker.scheduler.placement import GangPlan, PlannedPod, choose_counted, place_gang, spend
 from broker.scheduler.quota import QuotaTree
 from broker.scheduler.requests import Request, all_levels, approval_problem, entitlement_problem, resolve
-from broker.scheduler.selectors import ClassMatcher
+from broker.scheduler.selectors import ClassMatcher, SelectorCache
 from broker.scheduler.snapshot import (
     Admission,
     CycleResult,
@@ -89,6 +89,8 @@ class Cycle:
         self.on_admission = on_admission
         self.config = snapshot.config
         self.matcher = ClassMatcher(snapshot.device_classes)
+        self.selectors = SelectorCache()
+        self._ledger: sharing.Ledger | None = None
         self.class_names = tuple(sorted(device_class.name for device_class in snapshot.device_classes))
         self.lookups = {
             "queues": {queue.name: queue for queue in snapshot.queues},
@@ -212,11 +214,28 @@ class Cycle:
             return []
         slots, running = self.state.slot_by_id, self.running
         hits: dict[str, list[str]] = {}
+        shared = False
         for device_id in failed:
             slot = slots.get(device_id)
             workload = running.get(slot.holder) if slot is not None and slot.holder is not None else None
-            if workload is not None and not workload.evicting and workload.part_of is None:
+            if workload is None:
+                continue
+            # Held by a share (broker.scheduler.sharing): other sharers may be beside the one the state names.
+            shared = shared or any(pod.consumed and device_id in pod.device_ids for pod in workload.pods)
+            if not workload.evicting and workload.part_of is None:
                 hits.setdefault(workload.id, []).append(device_id)
+        if shared:
+            # Every running pod that takes a share of a failed device leaves too (a pass over running
+            # work only when a failed device is shared, which work held alone never is).
+            failed_ids = set(failed)
+            for workload in self.snapshot.running:
+                if workload.evicting or workload.part_of is not None:
+                    continue
+                for pod in workload.pods:
+                    if pod.consumed:
+                        for device_id in pod.device_ids:
+                            if device_id in failed_ids and device_id not in hits.get(workload.id, ()):
+                                hits.setdefault(workload.id, []).append(device_id)
         if not hits:
             return []
         evictions, records = evictions_for(hits, running, failed)
@@ -284,7 +303,7 @@ class Cycle:
         and victims only run out (until a nomination is released, which forgets), so the next such
         request would get nothing too: on a long queue most of it is a few shapes that cannot run.
         None for a workload devices are held or being freed for: its answer is its own."""
-        if request.id in self._own_answers:
+        if request.id in self._own_answers or request.shared_amounts is not None:
             return None
         queue = request.queue
         workload = request.workload
@@ -338,6 +357,10 @@ class Cycle:
         quota = self.quota
         queue = request.queue.name
         needed = request.needed
+        if request.claimed:
+            return self._admit_claim(request, excluded)
+        if request.shared_amounts is not None:
+            return self._admit_shared(request, excluded)
         for class_name in request.classes:
             available = quota.available(queue, class_name)
             if available is not None and needed > available:
@@ -351,6 +374,85 @@ class Cycle:
             return True
         self.log.outcomes[request.id] = Outcome(request)
         return False
+
+    def _admit_claim(self, request: Request, excluded: frozenset) -> bool:
+        """Several-request claims. The admission is recorded under the class of the first request's way
+        (the GPUs of "8 GPUs and a NIC") and all its devices count against that class's quota, as the
+        running workload it becomes is counted in every later cycle (RunningWorkload.device_class); a
+        plan over quota waits, its optional pods too."""
+        plan = self.find_plan(request, request.classes[0], excluded=excluded)
+        if plan is not None:
+            class_name = plan.pods[0].requests[0][1]
+            available = self.quota.available(request.queue.name, class_name)
+            if available is None or sum(len(pod.slots) for pod in plan.pods) <= available:
+                self._commit(request, class_name, plan)
+                return True
+        self.log.outcomes[request.id] = Outcome(request)
+        return False
+
+    @property
+    def ledger(self) -> sharing.Ledger:
+        """What is left on devices several allocations may share; made at the first time-sliced request
+        (a cycle without one never looks at them)."""
+        if self._ledger is None:
+            self._ledger = sharing.Ledger(self.snapshot, self.state)
+        return self._ledger
+
+    def _admit_shared(self, request: Request, excluded: frozenset) -> bool:
+        """A time-sliced request: its devices' capacity amounts come from the ledger; idle devices it
+        takes leave the free pool (held by it), shared ones stay where they are."""
+        for class_name in request.classes:
+            available = self.quota.available(request.queue.name, class_name)
+            if available is not None and request.needed > available:
+                continue
+            plan = self.find_plan(request, class_name, excluded=excluded)
+            if plan is None:
+                continue
+            plan = _trim_to_quota(plan, request, available)
+            slots = [slot for pod in plan.pods for slot in pod.slots]
+            self.state.hold(self.ledger.commit(slots, request.shared_amounts), request.id)
+            node_names = self.state.node_names
+            pods = tuple(
+                made(PodPlacement, pod_set=pod.pod_set, index=pod.index, node=node_names[pod.node],
+                     device_ids=tuple(slot.id for slot in pod.slots), requests=())
+                for pod in sorted(plan.pods, key=_pod_order)
+            )  # fmt: skip
+            self._charge(request.queue.name, class_name, len(slots))
+            admission = made(
+                Admission, workload_id=request.id, device_class=class_name, pods=pods, domain=self.common_domain(plan)
+            )
+            # Not among admitted_plans: a simulated end of it must not free devices others share.
+            self.log.admitted[request.id] = admission
+            self.log.admitted_durations.append(request.workload.expected_duration)
+            if self.on_admission is not None:
+                self.on_admission(admission)
+            return True
+        self.log.outcomes[request.id] = Outcome(request)
+        return False
+
+    def _shared_plan(self, request: Request, class_name: str, access: Access, excluded=frozenset()):
+        levels = self.state.levels
+        return sharing.place_shared(
+            self.state, self.ledger, self.state.class_index[class_name], request.demands, request.shared_amounts,
+            access, levels.index(request.required) if request.required else None, excluded,
+        )  # fmt: skip
+
+    def _claim_plan(self, request: Request, access: Access, excluded=frozenset()) -> GangPlan | None:
+        state = self.state
+        views = {name: self.view(name, access, excluded) for name in request.classes}
+        levels = state.levels
+        planner = claims.Planner(state, views, request.demands, self.selectors)
+        return planner.place(
+            levels.index(request.required) if request.required else None,
+            levels.index(request.preferred) if request.preferred else None,
+            state.class_index[request.classes[0]],
+        )
+
+    def claim_planner(self, request: Request, access: Access | None = None) -> claims.Planner:
+        """A planner over the current free state, for explanations."""
+        access = access or request.default_access
+        views = {name: self.view(name, access) for name in request.classes}
+        return claims.Planner(self.state, views, request.demands, self.selectors)
 
     @property
     def shrunk_victims(self) -> set[str]:
@@ -375,6 +477,7 @@ class Cycle:
                 index=pod.index,
                 node=node_names[pod.node],
                 device_ids=tuple([slot.id for slot in slots]),
+                requests=(),
             )
             pods = (placement,)
             domain = self._node_domain(pod.node)
@@ -389,11 +492,20 @@ class Cycle:
                         index=pod.index,
                         node=node_names[pod.node],
                         device_ids=tuple([slot.id for slot in pod.slots]),
+                        requests=(),
                     )
                     for pod in sorted(planned, key=_pod_order)
                 ]
             )
             domain = self.common_domain(plan)
+        if request.claimed:
+            pods = tuple(
+                [
+                    made(PodPlacement, pod_set=pod.pod_set, index=pod.index, node=placed.node,
+                         device_ids=placed.device_ids, requests=claims.slot_labels(pod))
+                    for pod, placed in zip(sorted(planned, key=_pod_order), pods, strict=True)
+                ]
+            )  # fmt: skip
         self._charge(request.queue.name, class_name, len(slots))
         admission = object.__new__(Admission)
         admission.__dict__.update(workload_id=request_id, device_class=class_name, pods=pods, domain=domain)
@@ -428,6 +540,11 @@ class Cycle:
 
     def _after_failure(self, request: Request) -> None:
         if self.gate_problem(request):
+            return
+        if request.claimed or request.shared_amounts is not None:
+            # Victim searches and protected starts count whole devices of one class; a several-request
+            # claim or a time-sliced request waits for free devices (or capacity) instead.
+            self.log.outcomes[request.id].unprotectable = True
             return
         # Preemption may also make quota room (victims of the same queue give theirs back).
         if self.config.enable_preemption:
@@ -601,6 +718,23 @@ class Cycle:
         """Placement of `request` with one class on the current free state; failures are memoised
         because free capacity only shrinks during a cycle."""
         access = access or request.default_access
+        if request.claimed:
+            key = (None, request.demands, request.required, request.preferred, self.access_key(access), excluded)
+            if key in self._failed:
+                return None
+            plan = self._claim_plan(request, access, excluded)
+            if plan is None:
+                self._failed.add(key)
+            return plan
+        if request.shared_amounts is not None:
+            amounts = tuple(sorted(request.shared_amounts.items()))
+            key = (class_name, request.demands, request.required, amounts, self.access_key(access), excluded)
+            if key in self._failed:
+                return None
+            plan = self._shared_plan(request, class_name, access, excluded)
+            if plan is None:  # what is left on shared devices only shrinks during a cycle
+                self._failed.add(key)
+            return plan
         if request.simple and not self.uses_extras(access):
             if not excluded:
                 # Answered from the bucketed free counts, a failure as fast as a memo lookup: no memo.
@@ -632,6 +766,12 @@ class Cycle:
     def plan_now(self, request: Request, class_name: str, access: Access, excluded=frozenset()):
         """Placement of `request` with one class on the current free state, remembering nothing (for
         callers during whose questions free capacity also grows, like the estimated-start simulation)."""
+        if request.claimed:
+            return self._claim_plan(request, access, excluded)
+        if request.shared_amounts is not None:
+            # Only the estimate simulation asks here, and its releases give back whole devices, not
+            # shares: the ledger cannot follow it, so it is never told a time-sliced start.
+            return None
         if request.simple and not self.uses_extras(access):
             return self._simple_plan(self.state.class_index[class_name], request.demands[0], excluded)
         levels = self.state.levels

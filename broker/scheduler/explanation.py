@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from heapq import nlargest
 
-from broker.scheduler import estimate, preemption
+from broker.scheduler import claims, estimate, preemption, sharing
 from broker.scheduler.capacity import BLOCKED, NODE_LEVEL, ROOT, TAINTED, CapacityState, View
 from broker.scheduler.placement import place_gang
 from broker.scheduler.requests import Request, approval_problem, entitlement_problem
@@ -139,6 +139,7 @@ class Assessor:
             request.resource_class.name if request.resource_class else None,
             request.classes,
             request.demands,
+            request.shared_amounts and tuple(sorted(request.shared_amounts.items())),
             request.required,
             request.preferred,
             request.preemptible,
@@ -271,7 +272,8 @@ class Assessor:
         return next((code for code in decision.secondary if code not in spent), None)
 
     def _invalid_message(self, request: Request) -> str | None:
-        key = (request.classes, request.demands, request.required, request.preferred)
+        amounts = request.shared_amounts and tuple(sorted(request.shared_amounts.items()))
+        key = (request.classes, request.demands, request.required, request.preferred, amounts)
         if key not in self._invalid_cache:
             self._invalid_cache[key] = self._compute_invalid(request)
         return self._invalid_cache[key]
@@ -280,6 +282,27 @@ class Assessor:
         empty = self.cycle.empty_state()
         levels = empty.levels
         required = levels.index(request.required) if request.required else None
+        if request.claimed:
+            views = {name: View(empty, empty.class_index[name]) for name in request.classes}
+            planner = claims.Planner(empty, views, request.demands, self.cycle.selectors)
+            if planner.place(required, None, empty.class_index[request.classes[0]]) is not None:
+                return None
+            fresh = claims.Planner(empty, views, request.demands, self.cycle.selectors)
+            return "never fits the cluster as built: " + claims.why_not(fresh, request.required)
+        if request.shared_amounts is not None:
+            ledger = sharing.Ledger(replace(self.cycle.snapshot, running=()), empty)
+            for class_name in request.classes:
+                plan = sharing.place_shared(
+                    empty, ledger, empty.class_index[class_name], request.demands, request.shared_amounts,
+                    request.access(), required, frozenset(),
+                )  # fmt: skip
+                if plan is not None:
+                    return None
+            wanted = ", ".join(f"{amount:g} {name}" for name, amount in sorted(request.shared_amounts.items()))
+            return (
+                f"no shared devices of {' or '.join(request.classes)} hold its pods' {wanted} each, "
+                "even with the cluster as built"
+            )
         problems = []
         for class_name in request.classes:
             view = View(empty, empty.class_index[class_name])
@@ -363,6 +386,21 @@ class Assessor:
             codes["Priority"] = f"{needs}; it fits now, but {described}{more}"
             details["held_for"] = holding[0].workload_id
             details["held_for_all"] = [protection.workload_id for protection in holding]
+        if request.claimed and ("InsufficientCapacity" in codes or "TopologyFragmented" in codes):
+            # Name the request that cannot be met, rather than a count of one of its classes; too few
+            # free devices in all is told by each class's own need, not by the claim's total.
+            codes.pop("InsufficientCapacity", None)
+            codes.pop("TopologyFragmented", None)
+            need: dict[str, int] = {}
+            for demand in request.demands:
+                for device_request in demand.claim.requests:
+                    ways = device_request.alternatives
+                    if len(ways) == 1:
+                        name = ways[0].device_class
+                        need[name] = need.get(name, 0) + ways[0].count * demand.min_count
+            short = any(self._numbers(request, name)["free"] < count for name, count in need.items())
+            code = "InsufficientCapacity" if short else "TopologyFragmented"
+            codes[code] = claims.why_not(self.cycle.claim_planner(request), request.required)
         return {"codes": codes, "details": details}
 
     def _numbers(self, request: Request, class_name: str) -> dict:
@@ -402,7 +440,9 @@ class Assessor:
         return {
             "devices": request.needed,
             "pods": [
+                # A several-request claim's devices per pod are its fewest; `claim` says what it asks.
                 {"pod_set": demand.name, "pods": demand.min_count, "devices_per_pod": demand.per_pod}
+                | ({"claim": claims.claim_text(demand.claim)} if demand.claim is not None else {})
                 for demand in request.demands
             ],
             "device_classes": list(request.classes),
@@ -450,6 +490,8 @@ class Assessor:
         return None
 
     def _fallback_class(self, request: Request, codes) -> Suggestion | None:
+        if request.claimed:  # its requests name their classes (and their fallbacks) themselves
+            return None
         offered = request.resource_class.device_classes if request.resource_class else self.cycle.class_names
         prices = {dc.name: dc.price_per_hour for dc in self.cycle.snapshot.device_classes}
         others = sorted((name for name in offered if name not in request.classes), key=lambda n: (prices[n], n))
@@ -575,7 +617,12 @@ def pods(count: int) -> str:
 
 
 def _needs_text(request: Request, class_name: str) -> str:
-    parts = [f"{pods(demand.min_count)} × {demand.per_pod} {class_name}" for demand in request.demands]
+    parts = [
+        f"{pods(demand.min_count)} × ({claims.claim_text(demand.claim)})"
+        if demand.claim is not None
+        else f"{pods(demand.min_count)} × {demand.per_pod} {class_name}"
+        for demand in request.demands
+    ]
     text = "needs " + " + ".join(parts)
     if len(request.demands) > 1 or request.demands[0].min_count > 1:
         text += f" ({request.needed} in all)"

@@ -31,6 +31,9 @@ class PodDemand(NamedTuple):
     min_count: int
     per_pod: int
     match_attribute: str | None = None
+    # A several-request claim (broker.scheduler.claims.Claim), None for one request of one class: then
+    # per_pod is the fewest devices a pod can take (its firstAvailable ways may differ in count).
+    claim: tuple | None = None
 
 
 class PlannedPod(NamedTuple):

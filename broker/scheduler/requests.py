@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields
 from operator import attrgetter
 
 from broker.scheduler.capacity import NODE_LEVEL, Access
+from broker.scheduler.claims import Claim, claim_problem
 from broker.scheduler.placement import PodDemand, minimum_devices
 from broker.scheduler.snapshot import PendingWorkload, PodSet, Queue, ResourceClass, Snapshot
 
@@ -61,9 +62,25 @@ class Request:
             len(demands) == 1
             and demands[0].count == demands[0].min_count
             and not demands[0].match_attribute
+            and demands[0].claim is None
             and self.required is None
             and self.preferred is None
         )
+
+    @_once
+    def shared_amounts(self) -> dict | None:
+        """The capacity amounts each of its pods takes of each device when its class shares devices by
+        time-slicing (broker.scheduler.sharing), else None (devices whole)."""
+        resource_class = self.resource_class
+        if resource_class is None or resource_class.sharing != "TimeSliced":
+            return None
+        amounts = next((pod_set.capacity for pod_set in self.workload.pod_sets if pod_set.capacity), ())
+        return dict(amounts) or None
+
+    @_once
+    def claimed(self) -> bool:
+        """Its pods claim devices with several named requests (broker.scheduler.claims)."""
+        return self.demands[0].claim is not None
 
     @_once
     def default_access(self) -> Access:
@@ -152,7 +169,7 @@ def _shape(workload: PendingWorkload, snapshot: Snapshot, lookups: dict, memo: d
     if shape is None:
         shape = memo[key] = _resolve(workload, snapshot, lookups)
         if not isinstance(shape, str):
-            _ = (shape.needed, shape.simple, shape.default_access)  # computed once, shared by the copies
+            _ = (shape.needed, shape.simple, shape.claimed, shape.shared_amounts, shape.default_access)  # shared
     return shape
 
 
@@ -168,6 +185,20 @@ def _resolve(workload: PendingWorkload, snapshot: Snapshot, lookups: dict) -> Re
     problem = _pod_set_problem(workload)
     if problem:
         return problem
+    asked = {pod_set.capacity for pod_set in workload.pod_sets}
+    if len(asked) > 1:
+        return "all pod sets must ask the same capacity amounts of their devices"
+    if any(asked):
+        if resource_class is None or resource_class.sharing != "TimeSliced":
+            name = f"resource class '{resource_class.name}'" if resource_class else "no resource class"
+            return f"asks capacity amounts of shared devices, but {name} shares none (sharing: TimeSliced)"
+        if any(pod_set.requests for pod_set in workload.pod_sets):
+            return "capacity amounts go with devices_per_pod, not with a claim's requests"
+        if any(amount <= 0 for _, amount in next(iter(asked))):
+            return "capacity amounts must be positive"
+    claimed = [pod_set for pod_set in workload.pod_sets if pod_set.requests]
+    if claimed:
+        return _resolve_claims(workload, snapshot, lookups, queue, resource_class, claimed)
     declared = [pod_set.device_classes for pod_set in workload.pod_sets if pod_set.device_classes]
     if any(classes != declared[0] for classes in declared):
         return "all pod sets must claim the same device classes"
@@ -180,16 +211,46 @@ def _resolve(workload: PendingWorkload, snapshot: Snapshot, lookups: dict) -> Re
             return f"unknown device class '{name}'"
         if resource_class is not None and offered and name not in offered:
             return f"device class '{name}' is not offered by resource class '{resource_class.name}'"
+    demands = tuple(
+        PodDemand(pod_set.name, pod_set.count, pod_set.gang_size, pod_set.devices_per_pod, pod_set.match_attribute)
+        for pod_set in workload.pod_sets
+    )
+    return _finish(workload, snapshot, lookups, queue, resource_class, classes, demands)
+
+
+def _resolve_claims(workload, snapshot, lookups, queue, resource_class, claimed) -> Request | str:
+    """A workload whose pods claim devices with several named requests (DRA DeviceClaim)."""
+    if len(claimed) != len(workload.pod_sets):
+        return "all pod sets must claim devices the same way: by requests, or by devices per pod"
+    offered = tuple(resource_class.device_classes) if resource_class else ()
+    classes: list[str] = []
+    demands = []
+    for pod_set in workload.pod_sets:
+        if pod_set.devices_per_pod != 1 or pod_set.device_classes or pod_set.match_attribute:
+            return (
+                f"pod set '{pod_set.name}': a claim with requests says its devices itself "
+                "(no devices_per_pod, device_classes or match_attribute)"
+            )
+        claim = Claim(tuple(pod_set.requests), tuple(pod_set.constraints))
+        problem = claim_problem(claim, lookups["device_classes"])
+        if problem:
+            return f"pod set '{pod_set.name}': {problem}"
+        for name in claim.classes():
+            if resource_class is not None and offered and name not in offered:
+                return f"device class '{name}' is not offered by resource class '{resource_class.name}'"
+            if name not in classes:
+                classes.append(name)
+        demands.append(PodDemand(pod_set.name, pod_set.count, pod_set.gang_size, claim.fewest_devices(), None, claim))
+    return _finish(workload, snapshot, lookups, queue, resource_class, tuple(classes), tuple(demands))
+
+
+def _finish(workload, snapshot, lookups, queue, resource_class, classes, demands) -> Request | str:
     required = _own_or_default(workload.topology_required, resource_class, "topology_required")
     preferred = _own_or_default(workload.topology_preferred, resource_class, "topology_preferred")
     levels = lookups.get("levels") or all_levels(snapshot)
     for level in (required, preferred):
         if level is not None and level not in levels:
             return f"unknown topology level '{level}' (levels: {', '.join(levels)})"
-    demands = tuple(
-        PodDemand(pod_set.name, pod_set.count, pod_set.gang_size, pod_set.devices_per_pod, pod_set.match_attribute)
-        for pod_set in workload.pod_sets
-    )
     if resource_class is not None and resource_class.max_devices is not None:
         total = minimum_devices(demands)
         if total > resource_class.max_devices:

@@ -18,6 +18,31 @@ device's set. A partition consuming a counter its device does not publish is an 
 names partitions by their name on the node (`devices: ["0:1g.10gb#0"]`); `devices: <count>` takes
 whole devices only, and running work that would exceed a counter is an error.
 
+Claims with several requests (DRA DeviceClaim, issue 26): a pod set (or the workload) gives
+`requests` instead of devices_per_pod / device_class / match_attribute, and `constraints` across them;
+devices of other kinds sit beside a node's accelerators as `other_devices`, e.g.
+
+    other_devices:
+      - {kind: nic, count: 2, attributes: {type: efa}, device_attributes: {0: {pcie_root: r0}}}
+    ...
+    requests:
+      - {name: gpu, device_class: h100, count: 8}
+      - {name: nic, device_class: efa, selectors: ['device.attributes["gpu.example.com"].speed >= 100']}
+      - {name: acc, first_available: [{name: big, device_class: h100}, {name: small, device_class: a100,
+         count: 2}]}
+    constraints:
+      - {match_attribute: pcie_root, requests: [gpu, nic]}
+
+makes devices "<node>/<kind>-<index>" carrying `kind: <kind>`. A request naming an unknown class, a class
+selecting no device of the cluster, or a constraint naming an unknown request is an error. In `--json`
+such a pod's placement gains `requests`: {request (a firstAvailable one as "<request>/<way>"): [devices]}.
+
+Shared devices (DRA consumable capacity, issue 26): a node with `shared: true` has devices that allow
+several allocations of their `capacity`; a resource class with `sharing: TimeSliced` lets work share
+them, each pod taking its pod set's `capacity` amounts (e.g. `capacity: {memory: 20}`) of each of its
+devices, and a running pod names what it takes as `consumed: {memory: 30}` (several running pods may
+then name one device, within its capacity).
+
 Any malformed input raises ScenarioError with one readable line that says where, e.g.
 "pending[2].queue: unknown queue 'foo'".
 """
@@ -29,7 +54,9 @@ from dataclasses import replace
 
 import yaml
 
+from broker.scheduler.claims import Claim, claim_problem
 from broker.scheduler.selectors import ClassMatcher, validate_selector
+from broker.scheduler.sharing import SHARING_MODES
 from broker.scheduler.snapshot import (
     DISRUPTION_MODES,
     DRIVER,
@@ -40,6 +67,9 @@ from broker.scheduler.snapshot import (
     CycleResult,
     Device,
     DeviceClass,
+    DeviceConstraint,
+    DeviceRequest,
+    DeviceSubRequest,
     Node,
     PendingWorkload,
     PodSet,
@@ -109,7 +139,11 @@ class _Reader:
             "counter_sets": {(counter_set.node, counter_set.name): counter_set for counter_set in counter_sets},
         }
         now = _number(self.data.get("now", 0), "now")
-        running = self.running(lookups, ClassMatcher(device_classes), now)
+        matcher = ClassMatcher(device_classes)
+        selected = set().union(*(matcher.classes_of(device) for device in devices)) if devices else set()
+        lookups["selects"] = selected.__contains__
+        lookups["shared_use"] = {}  # shared device -> capacity left by the running pods read so far
+        running = self.running(lookups, matcher, now)
         _check_counters(running, lookups)
         return Snapshot(
             levels=levels,
@@ -165,7 +199,7 @@ class _Reader:
         seen = set()
         allowed = {
             "name", "devices", "attributes", "device_attributes", "unhealthy", "cordoned", "taints", "labels",
-            "capacity", "counters", "partitions",
+            "capacity", "counters", "partitions", "other_devices", "shared",
         }  # fmt: skip
         for index, spec in enumerate(_list(self.data.get("nodes") or [], "nodes")):
             where = f"nodes[{index}]"
@@ -190,6 +224,9 @@ class _Reader:
                 if not isinstance(key, int) or not 0 <= key < count:
                     raise ScenarioError(f"{where}.device_attributes: no device {key!r} on a node with {count} devices")
             capacity = dict(_mapping(spec.get("capacity") or {}, where + ".capacity"))
+            shared = bool(spec.get("shared", False))
+            if shared and not capacity:
+                raise ScenarioError(f"{where}.shared: shared devices need a capacity to share")
             nodes.append(
                 Node(
                     name=name,
@@ -223,6 +260,7 @@ class _Reader:
                         healthy=healthy,
                         taints=device_taints,
                         consumes_counters={set_name: dict(counters)} if counters else {},
+                        allow_multiple_allocations=shared,
                     )
                 )
                 for profile, parts, consumes, extra in partitions:
@@ -239,7 +277,33 @@ class _Reader:
                                 consumes_counters={set_name: dict(consumes)},
                             )
                         )
+            devices.extend(self.other_devices(spec.get("other_devices") or [], where + ".other_devices", name))
         return tuple(nodes), tuple(devices), tuple(counter_sets)
+
+    def other_devices(self, raw, where, node) -> list[Device]:
+        """Devices of other kinds beside the accelerators (NICs...): "<node>/<kind>-<index>"."""
+        devices = []
+        kinds = set()
+        for index, spec in enumerate(_list(raw, where)):
+            here = f"{where}[{index}]"
+            spec = _mapping(spec, here)
+            _keys(here, spec, {"kind", "count", "attributes", "device_attributes"})
+            kind = _required_str(spec, "kind", here)
+            if kind in kinds:
+                raise ScenarioError(f"{here}.kind: duplicate kind '{kind}'")
+            kinds.add(kind)
+            count = _int(spec.get("count", 1), here + ".count")
+            if count < 1:
+                raise ScenarioError(f"{here}.count: must be at least 1")
+            attributes = {"kind": kind, **_mapping(spec.get("attributes") or {}, here + ".attributes")}
+            per_device = _mapping(spec.get("device_attributes") or {}, here + ".device_attributes")
+            for key in per_device:
+                if not isinstance(key, int) or not 0 <= key < count:
+                    raise ScenarioError(f"{here}.device_attributes: no device {key!r} of {count}")
+            for device_index in range(count):
+                own = {**attributes, **_mapping(per_device.get(device_index) or {}, here)}
+                devices.append(Device(id=f"{node}/{kind}-{device_index}", node=node, driver=DRIVER, attributes=own))
+        return devices
 
     def partitions(self, raw, where, counters) -> list[tuple]:
         """(profile, count, consumes, attributes) of each partition profile."""
@@ -357,7 +421,7 @@ class _Reader:
         classes = []
         allowed = {
             "name", "device_classes", "topology", "teams", "approval", "approval_required",
-            "default_priority", "priority", "preemptible", "max_devices",
+            "default_priority", "priority", "preemptible", "max_devices", "sharing",
         }  # fmt: skip
         for index, spec in enumerate(_list(self.data.get("resource_classes") or [], "resource_classes")):
             where = f"resource_classes[{index}]"
@@ -377,6 +441,7 @@ class _Reader:
                     default_priority=_int(spec.get("default_priority", spec.get("priority", 0)), where + ".priority"),
                     preemptible=bool(spec.get("preemptible", False)),
                     max_devices=None if spec.get("max_devices") is None else _int(spec["max_devices"], where),
+                    sharing=_sharing(spec.get("sharing", "Exclusive"), where + ".sharing"),
                 )
             )
         return tuple(classes)
@@ -466,7 +531,7 @@ class _Reader:
         for index, spec in enumerate(_list(raw, where)):
             here = f"{where}[{index}]"
             spec = _mapping(spec, here)
-            _keys(here, spec, {"node", "devices", "pod_set"})
+            _keys(here, spec, {"node", "devices", "pod_set", "consumed"})
             node = _required_str(spec, "node", here)
             if node not in lookups["nodes"]:
                 raise ScenarioError(f"{here}.node: unknown node '{node}'")
@@ -489,7 +554,23 @@ class _Reader:
                 ids = [device_id for device_id in on_node if device_id not in used][:count]
                 if len(ids) < count:
                     raise ScenarioError(f"{here}.devices: node {node} has only {len(ids)} devices left, not {count}")
-            taken = [device_id for device_id in ids if device_id in used]
+            consumed = tuple(sorted(_amounts(spec.get("consumed"), here + ".consumed").items()))
+            if consumed:
+                unshared = [d for d in ids if not lookups["devices"][d].allow_multiple_allocations]
+                if unshared:
+                    raise ScenarioError(f"{here}.consumed: {unshared[0]} is not a shared device")
+                shared_use = lookups["shared_use"]
+                for device_id in ids:
+                    if device_id in used:
+                        raise ScenarioError(f"{here}.devices: {device_id} is already held by another running pod")
+                    left = shared_use.setdefault(device_id, dict(lookups["devices"][device_id].capacity))
+                    for name, amount in consumed:
+                        left[name] = left.get(name, 0) - amount
+                        if left[name] < 0:
+                            raise ScenarioError(f"{here}.consumed: {device_id} has not {amount:g} {name} left")
+                pods.append(RunningPod(str(spec.get("pod_set", "main")), index, node, tuple(ids), consumed))
+                continue
+            taken = [device_id for device_id in ids if device_id in used or device_id in lookups["shared_use"]]
             if taken:
                 raise ScenarioError(f"{here}.devices: {taken[0]} is already held by another running pod")
             used.update(ids)
@@ -502,7 +583,8 @@ class _Reader:
         allowed = {
             "name", "queue", "team", "resource_class", "device_class", "device_classes", "topology", "pods",
             "min_count", "devices_per_pod", "match_attribute", "priority", "disruption", "submitted",
-            "approved", "duration", "preemptible", "tolerations", "pod_sets", "nominated",
+            "approved", "duration", "preemptible", "tolerations", "pod_sets", "nominated", "requests", "constraints",
+            "capacity",
         }  # fmt: skip
         for index, spec in enumerate(_list(self.data.get("pending") or [], "pending")):
             where = f"pending[{index}]"
@@ -564,9 +646,11 @@ class _Reader:
                 here,
                 raw,
                 {"name", "pods", "min_count", "devices_per_pod", "device_class", "device_classes",
-                 "match_attribute", "tolerations"},
+                 "match_attribute", "tolerations", "requests", "constraints", "capacity"},
             )  # fmt: skip
-            merged = {key: spec[key] for key in ("device_class", "device_classes", "tolerations") if key in spec}
+            merged = {
+                key: spec[key] for key in ("device_class", "device_classes", "tolerations", "capacity") if key in spec
+            }
             merged.update(raw)
             pod_sets.append(self.pod_set(merged, here, lookups, str(raw.get("name", f"set{index}"))))
         return tuple(pod_sets)
@@ -585,7 +669,61 @@ class _Reader:
             else (),
             match_attribute=_optional_str(spec.get("match_attribute")),
             tolerations=self.tolerations(spec.get("tolerations") or [], where + ".tolerations"),
+            capacity=tuple(sorted(_amounts(spec.get("capacity"), where + ".capacity").items())),
+            **self.claim(spec, where, lookups),
         )
+
+    def claim(self, spec, where, lookups) -> dict:
+        """A pod's several-request claim (DRA DeviceClaim): `requests` and `constraints` of PodSet."""
+        if spec.get("requests") is None:
+            if spec.get("constraints") is not None:
+                raise ScenarioError(f"{where}.constraints: constraints need requests")
+            return {}
+        for key in ("devices_per_pod", "device_class", "device_classes", "match_attribute"):
+            if key in spec:
+                raise ScenarioError(f"{where}.{key}: a pod set with requests says its devices in them")
+        requests = []
+        for index, raw in enumerate(_list(spec["requests"], where + ".requests")):
+            here = f"{where}.requests[{index}]"
+            raw = _mapping(raw, here)
+            _keys(here, raw, {"name", "device_class", "count", "selectors", "first_available"})
+            name = _required_str(raw, "name", here)
+            if raw.get("first_available") is not None:
+                if "device_class" in raw or "count" in raw or "selectors" in raw:
+                    raise ScenarioError(f"{here}: give device_class and count, or first_available, not both")
+                ways = []
+                for position, way in enumerate(_list(raw["first_available"], here + ".first_available")):
+                    there = f"{here}.first_available[{position}]"
+                    way = _mapping(way, there)
+                    _keys(there, way, {"name", "device_class", "count", "selectors"})
+                    ways.append(self.way(way, there, lookups, _required_str(way, "name", there)))
+                requests.append(DeviceRequest(name, first_available=tuple(ways)))
+            else:
+                requests.append(DeviceRequest(name, exactly=self.way(raw, here, lookups, name)))
+        constraints = []
+        for index, raw in enumerate(_list(spec.get("constraints") or [], where + ".constraints")):
+            here = f"{where}.constraints[{index}]"
+            raw = _mapping(raw, here)
+            _keys(here, raw, {"match_attribute", "requests"})
+            names = tuple(str(name) for name in _list(raw.get("requests") or [], here + ".requests"))
+            constraints.append(DeviceConstraint(_required_str(raw, "match_attribute", here), names))
+        problem = claim_problem(Claim(tuple(requests), tuple(constraints)), lookups["classes"])
+        if problem:
+            raise ScenarioError(f"{where}: {problem}")
+        return {"requests": tuple(requests), "constraints": tuple(constraints)}
+
+    def way(self, raw, where, lookups, name) -> DeviceSubRequest:
+        device_class = _required_str(raw, "device_class", where)
+        if device_class not in lookups["classes"]:
+            raise ScenarioError(f"{where}.device_class: unknown device class '{device_class}'")
+        selectors = tuple(str(text) for text in _list(raw.get("selectors") or [], where + ".selectors"))
+        for text in selectors:
+            problem = validate_selector(text)
+            if problem:
+                raise ScenarioError(f"{where}.selectors: {problem}")
+        if not lookups["selects"](device_class):
+            raise ScenarioError(f"{where}.device_class: device class '{device_class}' selects no device of the cluster")
+        return DeviceSubRequest(name, device_class, _int(raw.get("count", 1), where + ".count"), selectors)
 
     def tolerations(self, raw, where) -> tuple[Toleration, ...]:
         tolerations = []
@@ -715,6 +853,21 @@ def _counts(value, where) -> dict:
     return {str(name): _int(count, f"{where}.{name}") for name, count in counts.items()}
 
 
+def _amounts(value, where) -> dict:
+    """Capacity amounts (name -> positive number)."""
+    amounts = {str(name): _number(amount, f"{where}.{name}") for name, amount in _mapping(value or {}, where).items()}
+    for name, amount in amounts.items():
+        if amount <= 0:
+            raise ScenarioError(f"{where}.{name}: must be positive")
+    return amounts
+
+
+def _sharing(value, where) -> str:
+    if value not in SHARING_MODES:
+        raise ScenarioError(f"{where}: must be one of {', '.join(SHARING_MODES)}")
+    return str(value)
+
+
 def _optional_counts(value, where) -> dict | None:
     return None if value is None else _counts(value, where)
 
@@ -805,13 +958,18 @@ def _admitted_json(workload: PendingWorkload, admission) -> dict:
         {"pod": index, "pod_set": pod.pod_set, "node": pod.node, "devices": list(pod.device_ids)}
         for index, pod in enumerate(pods)
     ]
+    for entry, pod in zip(placement, pods, strict=True):
+        if pod.requests:  # a several-request claim: which devices serve which request
+            entry["requests"] = {label: list(device_ids) for label, device_ids in pod.requests}
     where = ", ".join(f"{level} {name}" for level, name in admission.domain.items()) or "the cluster"
     devices = sum(len(pod.device_ids) for pod in pods)
+    # A several-request claim's devices are of several classes: `requests` in placement says which.
+    what = "devices" if any(pod.requests for pod in pods) else admission.device_class
     return {
         "name": workload.id,
         "status": "admitted",
         "reason": None,
-        "message": f"admitted: {len(pods)} pods, {devices} {admission.device_class} in {where}",
+        "message": f"admitted: {len(pods)} pods, {devices} {what} in {where}",
         "placement": placement,
         "domain": dict(admission.domain),
         "secondary": [],

@@ -116,3 +116,28 @@ def _evaluate(program, device: Device) -> bool:
         # DRA treats a selector that errors on a device (e.g. a missing attribute) as not matching it.
         return False
     return isinstance(result, celtypes.BoolType) and bool(result)
+
+
+class SelectorCache:
+    """A claim request's own CEL selectors (DRA DeviceRequest.selectors) over free devices: each
+    expression compiled once, each answered once per distinct attribute set. The devices are seen under
+    the default driver (a Slot keeps the attributes only)."""
+
+    def __init__(self):
+        self._programs: dict[str, object] = {}
+        self._answers: dict[tuple, bool] = {}
+
+    def matches(self, expressions: tuple[str, ...], attributes: dict) -> bool:
+        key = (expressions, _frozen(attributes))
+        answer = self._answers.get(key)
+        if answer is None:
+            device = Device(id="", node="", attributes=dict(attributes))
+            answer = all(_evaluate(self._program(expression), device) for expression in expressions)
+            self._answers[key] = answer
+        return answer
+
+    def _program(self, expression: str):
+        program = self._programs.get(expression)
+        if program is None:
+            program = self._programs[expression] = _compile(expression)
+        return program

@@ -102,6 +102,8 @@ class Device:
       partitions consume the device's counters, so no allocation can exceed them: the whole device
       excludes its partitions and partitions of several profiles pack onto one device. A device
       naming a counter set or counter its node does not publish is never allocatable.
+    allow_multiple_allocations: DRA allowMultipleAllocations: several allocations may share it, each
+      taking an amount of its `capacity` (broker.scheduler.sharing); the amounts never sum past it.
     """
 
     id: str
@@ -112,6 +114,7 @@ class Device:
     healthy: bool = True
     taints: tuple[Taint, ...] = ()
     consumes_counters: dict = field(default_factory=dict)
+    allow_multiple_allocations: bool = False
 
 
 @dataclass(frozen=True)
@@ -202,6 +205,9 @@ class ResourceClass:
       interactive work displace batch work that other teams run.
     checkpoint_restart_seconds: what a preemption costs work of this class: the progress since its last
       checkpoint, redone after a restart, counted as this many seconds of its devices (lost work).
+    sharing: "Exclusive" | "TimeSliced" | "Partitioned": whether its work may share devices that allow
+      several allocations (TimeSliced, by the capacity amounts its pod sets ask) or holds its devices
+      alone (broker.scheduler.sharing).
     """
 
     name: str
@@ -215,6 +221,7 @@ class ResourceClass:
     max_devices: int | None = None
     preempts_across_queues: bool = False
     checkpoint_restart_seconds: float = 60.0
+    sharing: str = "Exclusive"
 
 
 @dataclass(frozen=True)
@@ -242,6 +249,46 @@ class Reservation:
 
 
 @dataclass(frozen=True)
+class DeviceSubRequest:
+    """One way to meet a device request (DRA ExactDeviceRequest / DeviceSubRequest): `count` devices of
+    `device_class` that also satisfy every CEL expression of `selectors`.
+
+    name: the sub-request's name inside its request's firstAvailable list (the request's own name when
+    it is the request's only way).
+    """
+
+    name: str
+    device_class: str
+    count: int = 1
+    selectors: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class DeviceRequest:
+    """A named request of a pod's claim (DRA DeviceRequest): `exactly` one way, or `first_available`,
+    ways in order of preference (e.g. 1 x H100, or else 2 x A100), of which the first that fits is taken.
+    """
+
+    name: str
+    exactly: DeviceSubRequest | None = None
+    first_available: tuple[DeviceSubRequest, ...] = ()
+
+    @property
+    def alternatives(self) -> tuple[DeviceSubRequest, ...]:
+        return (self.exactly,) if self.exactly is not None else self.first_available
+
+
+@dataclass(frozen=True)
+class DeviceConstraint:
+    """DRA DeviceConstraint: every device given to the named requests of one pod carries the attribute
+    `match_attribute` with one value (e.g. 8 GPUs and a NIC under one PCIe root). requests: request names
+    (a firstAvailable request's name covers all of its ways); empty = every request of the claim."""
+
+    match_attribute: str
+    requests: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class PodSet:
     """A group of identical pods of one workload.
 
@@ -250,6 +297,11 @@ class PodSet:
     device_classes: classes in fallback order (DRA firstAvailable); empty = the resource class's list.
     match_attribute: attribute name all devices of one pod must share (DRA matchAttribute) or None.
     tolerations: tolerations for device taints.
+    requests / constraints: each pod's claim as DRA writes it (DeviceRequest, DeviceConstraint): several
+      named requests, each of its own device class, and constraints across them. When `requests` is
+      given, devices_per_pod, device_classes and match_attribute keep their defaults (the claim says it).
+    capacity: (capacity name, amount) pairs each pod takes of each of its devices when its resource class
+      shares devices (sharing "TimeSliced", DRA ExactDeviceRequest.capacity); empty: devices whole.
     """
 
     name: str = "main"
@@ -259,6 +311,9 @@ class PodSet:
     device_classes: tuple[str, ...] = ()
     match_attribute: str | None = None
     tolerations: tuple[Toleration, ...] = ()
+    requests: tuple[DeviceRequest, ...] = ()
+    constraints: tuple[DeviceConstraint, ...] = ()
+    capacity: tuple[tuple[str, float], ...] = ()
 
     @property
     def gang_size(self) -> int:
@@ -300,12 +355,15 @@ class PendingWorkload:
 
 @dataclass(frozen=True)
 class RunningPod:
-    """One placed pod of a running workload: the devices it holds on `node`."""
+    """One placed pod of a running workload: the devices it holds on `node`. consumed: the (capacity,
+    amount) pairs it takes of each of them when it shares them (broker.scheduler.sharing); empty: it
+    holds them alone."""
 
     pod_set: str
     index: int
     node: str
     device_ids: tuple[str, ...]
+    consumed: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -477,12 +535,18 @@ class Snapshot:
 
 @dataclass(frozen=True)
 class PodPlacement:
-    """Where one pod of an admitted workload goes: its node and the exact devices it claims."""
+    """Where one pod of an admitted workload goes: its node and the exact devices it claims.
+
+    requests: for a pod set with a several-request claim, (request, device ids) pairs in the claim's
+    order; a firstAvailable request is named "<request>/<sub-request>" as DRA's allocation result names
+    it. Empty for the single-request case (all of `device_ids` then serve it).
+    """
 
     pod_set: str
     index: int
     node: str
     device_ids: tuple[str, ...]
+    requests: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 @dataclass(frozen=True)

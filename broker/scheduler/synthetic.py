@@ -19,6 +19,9 @@ from broker.scheduler.snapshot import (
     CounterSet,
     Device,
     DeviceClass,
+    DeviceConstraint,
+    DeviceRequest,
+    DeviceSubRequest,
     Node,
     PendingWorkload,
     PodSet,
@@ -227,5 +230,55 @@ def partitioned_snapshot(snapshot: Snapshot, every: int = 4, parts: int = 7, sha
         counter_sets=tuple(counter_sets),
         device_classes=(*snapshot.device_classes, slice_class),
         queues=queues,
+        pending=pending,
+    )
+
+
+def claims_snapshot(snapshot: Snapshot, share: float = 0.3, seed: int = 1) -> Snapshot:
+    """`snapshot` with one NIC per 2 GPUs on every node (its island's: "<node>/nic-<k>", class "nic") and
+    about `share` of the gangs of 2, 4 or 8 devices per pod claiming them with several requests (DRA
+    DeviceClaim): `gpu`, 1 x H100 per device or else as many A100 (firstAvailable), and `nic`, one per
+    2 GPUs, under the GPUs' island (matchAttribute) when they fit in one. Issue 26's bench case on top
+    of `partitioned_snapshot`: at 12,500 nodes, 275k GPUs and partitions and 50k NICs."""
+    chance = random.Random(seed)
+    per_node: dict[str, int] = {}
+    for device in snapshot.devices:
+        if device.id.rpartition("/")[2].isdigit():
+            per_node[device.node] = per_node.get(device.node, 0) + 1
+    nics = []
+    for node, gpus in per_node.items():
+        for index in range(gpus // 2):
+            island = "0" if index < gpus // 4 else "1"
+            nics.append(Device(f"{node}/nic-{index}", node, attributes={"kind": "nic", "island": island}))
+    claims: dict[int, PodSet] = {}
+
+    def claimed(pod_set: PodSet) -> PodSet:
+        per_pod = pod_set.devices_per_pod
+        known = claims.get(per_pod)
+        if known is None:
+            ways = (DeviceSubRequest("h100", "h100", per_pod), DeviceSubRequest("a100", "a100", per_pod))
+            requests = (
+                DeviceRequest("gpu", first_available=ways),
+                DeviceRequest("nic", DeviceSubRequest("nic", "nic", per_pod // 2)),
+            )
+            constraints = (DeviceConstraint("island"),) if per_pod <= 4 else ()
+            known = claims[per_pod] = PodSet("main", 1, None, 1, (), None, (), requests, constraints)
+        return replace(known, name=pod_set.name, count=pod_set.count, min_count=pod_set.min_count)
+
+    pending = tuple(
+        replace(
+            workload,
+            pod_sets=tuple(claimed(pod_set) for pod_set in workload.pod_sets),
+            resource_class=None,
+            topology_required=None,
+        )  # fmt: skip
+        if all(pod_set.devices_per_pod in (2, 4, 8) for pod_set in workload.pod_sets) and chance.random() < share
+        else workload
+        for workload in snapshot.pending
+    )
+    return replace(
+        snapshot,
+        devices=snapshot.devices + tuple(nics),
+        device_classes=(*snapshot.device_classes, DeviceClass("nic", match={"kind": "nic"}, price_per_hour=0.1)),
         pending=pending,
     )

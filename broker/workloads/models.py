@@ -174,6 +174,12 @@ class PodSet(models.Model):
     )
     match_attribute = models.CharField(max_length=100, blank=True)
     tolerations = models.JSONField(default=list, blank=True)
+    claim = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="Each pod's claim as resource.k8s.io/v1 writes it (requests, constraints); empty: "
+        "devices_per_pod devices of the device classes.",
+    )
 
     class Meta:
         ordering = ["workload", "id"]

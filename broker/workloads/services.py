@@ -19,6 +19,7 @@ from broker.inventory.models import TopologyLevel
 from broker.limits import PRIORITY_MAX, PRIORITY_MIN
 from broker.policy import roles
 from broker.policy.models import DeviceClass, Queue, ResourceClass
+from broker.scheduler.claims import Claim, claim_from_dra, claim_problem
 from broker.workloads.models import Allocation, ApprovalState, PodSet, Workload
 from broker.workloads.states import FINAL_STATES, State
 
@@ -43,9 +44,17 @@ class PodSetRequest:
     min_count: int | None = None
     device_classes: tuple = ()
     match_attribute: str = ""
+    # Each pod's claim as resource.k8s.io/v1 writes it (requests, constraints); empty: devices_per_pod
+    # devices of device_classes. Not hashed: a submission is never a key.
+    claim: dict = field(default_factory=dict, hash=False)
 
     @property
     def devices(self):
+        if self.claim:
+            try:
+                return self.replicas * Claim(*claim_from_dra(self.claim)).fewest_devices()
+            except ValueError:
+                return 0  # pod_set_errors says why
         return self.replicas * self.devices_per_pod
 
 
@@ -95,6 +104,10 @@ def pod_set_errors(pod_set, resource_class, offered):
         ]
     if pod_set.min_count is not None and not 1 <= pod_set.min_count <= pod_set.replicas:
         errors["min_count"] = [f"The gang size must be between 1 and the {pod_set.replicas} replicas."]
+    if pod_set.claim:
+        problem = claim_errors(pod_set, resource_class, offered)
+        if problem:
+            errors["claim"] = [problem]
     known = set(DeviceClass.objects.filter(name__in=pod_set.device_classes).values_list("name", flat=True))
     unknown = [name for name in pod_set.device_classes if name not in known]
     not_offered = [name for name in pod_set.device_classes if name in known and offered and name not in offered]
@@ -105,6 +118,28 @@ def pod_set_errors(pod_set, resource_class, offered):
             f"{resource_class} does not offer {', '.join(not_offered)}; it offers {', '.join(offered)}."
         ]
     return errors
+
+
+def claim_errors(pod_set, resource_class, offered):
+    """What makes a pod set's several-request claim (DRA DeviceClaim) malformed, in one line, or None."""
+    if pod_set.devices_per_pod != 1 or pod_set.device_classes or pod_set.match_attribute:
+        return (
+            "A claim with requests says its devices itself: leave devices_per_pod, device_classes and "
+            "match_attribute out."
+        )
+    try:
+        claim = Claim(*claim_from_dra(pod_set.claim))
+    except ValueError as error:
+        return f"Invalid claim: {error}."
+    names = claim.classes()
+    known = set(DeviceClass.objects.filter(name__in=names).values_list("name", flat=True))
+    problem = claim_problem(claim, known)
+    if problem:
+        return f"Invalid claim: {problem}."
+    not_offered = [name for name in names if offered and name not in offered]
+    if not_offered:
+        return f"{resource_class} does not offer {', '.join(not_offered)}; it offers {', '.join(offered)}."
+    return None
 
 
 def submission_errors(submission, actor):
@@ -194,6 +229,7 @@ def submit_workload(submission, actor):
                 devices_per_pod=pod_set.devices_per_pod,
                 device_classes=list(pod_set.device_classes),
                 match_attribute=pod_set.match_attribute,
+                claim=pod_set.claim,
             )
         target = State.AWAITING_APPROVAL if needs_approval else State.PENDING
         workload.transition(target, actor=actor, reason="submitted")

@@ -3,6 +3,7 @@
 from collections import Counter
 
 from broker.scheduler.capacity import natural_key
+from broker.scheduler.selectors import ClassMatcher, SelectorCache
 from broker.scheduler.snapshot import NO_SCHEDULE_EFFECTS
 
 
@@ -14,13 +15,28 @@ def assert_valid_result(snapshot, result):
     assert Counter(decided) == Counter(pending_ids), "every pending workload decided exactly once"
     devices = {device.id: device for device in snapshot.devices}
     nodes = {node.name: node for node in snapshot.nodes}
-    held = Counter(device_id for workload in snapshot.running for pod in workload.pods for device_id in pod.device_ids)
+    # Devices held alone, and capacity taken of shared ones (broker.scheduler.sharing).
+    held = Counter(
+        device_id for workload in snapshot.running for pod in workload.pods if not pod.consumed
+        for device_id in pod.device_ids
+    )  # fmt: skip
+    taken: dict[str, Counter] = {}
+    for workload in snapshot.running:
+        for pod in workload.pods:
+            for device_id in pod.device_ids if pod.consumed else ():
+                taken.setdefault(device_id, Counter()).update(dict(pod.consumed))
     workloads = {workload.id: workload for workload in snapshot.pending}
+    classes = {resource_class.name: resource_class for resource_class in snapshot.resource_classes}
     for admission in result.admissions:
         workload = workloads[admission.workload_id]
+        amounts = shared_amounts(workload, classes)
         for pod in admission.pods:
             for device_id in pod.device_ids:
-                held[device_id] += 1
+                if amounts:
+                    assert devices[device_id].allow_multiple_allocations, f"{device_id} is not shared"
+                    taken.setdefault(device_id, Counter()).update(amounts)
+                else:
+                    held[device_id] += 1
                 device = devices[device_id]
                 assert device.node == pod.node
                 assert device.healthy, f"{device_id} is unhealthy"
@@ -30,10 +46,24 @@ def assert_valid_result(snapshot, result):
                     if taint.effect in NO_SCHEDULE_EFFECTS:
                         assert any(t.key == taint.key for t in tolerations), f"{device_id} is tainted"
         assert_gang_complete(workload, admission)
+        assert_claims_hold(snapshot, workload, admission)
     doubled = [device_id for device_id, count in held.items() if count > 1]
     assert not doubled, f"devices allocated twice: {sorted(doubled, key=natural_key)}"
+    for device_id, amounts in taken.items():
+        assert not held[device_id], f"{device_id} is shared and held alone"
+        capacity = devices[device_id].capacity
+        over = {name: amount for name, amount in amounts.items() if amount > capacity.get(name, 0)}
+        assert not over, f"{device_id}: {dict(amounts)} taken of {capacity}"
     assert_counters_hold(snapshot, held)
     assert_gangs_survive_shrinking(snapshot, result)
+
+
+def shared_amounts(workload, classes) -> dict:
+    """What each pod of a time-sliced workload takes of each device ({} when it holds them alone)."""
+    resource_class = classes.get(workload.resource_class)
+    if resource_class is None or resource_class.sharing != "TimeSliced":
+        return {}
+    return dict(next((pod_set.capacity for pod_set in workload.pod_sets if pod_set.capacity), ()))
 
 
 def assert_gangs_survive_shrinking(snapshot, result):
@@ -61,8 +91,49 @@ def assert_gang_complete(workload, admission):
         placed = per_set.get(pod_set.name, 0)
         assert pod_set.gang_size <= placed <= pod_set.count, f"{workload.id}/{pod_set.name}: {placed} pods"
         for pod in admission.pods:
-            if pod.pod_set == pod_set.name:
+            if pod.pod_set == pod_set.name and not pod_set.requests:
                 assert len(pod.device_ids) == pod_set.devices_per_pod
+
+
+def assert_claims_hold(snapshot, workload, admission):
+    """A pod of a several-request claim got, for every request, the count of one of its ways, all of
+    the way's class and selectors, no device twice, and every matchAttribute constraint holds."""
+    pod_sets = {pod_set.name: pod_set for pod_set in workload.pod_sets}
+    if not any(pod_set.requests for pod_set in workload.pod_sets):
+        assert not any(pod.requests for pod in admission.pods), f"{workload.id}: requests without a claim"
+        return
+    devices = {device.id: device for device in snapshot.devices}
+    matcher = ClassMatcher(snapshot.device_classes)
+    selectors = SelectorCache()
+    for pod in admission.pods:
+        pod_set = pod_sets[pod.pod_set]
+        given = dict(pod.requests)
+        assert len(given) == len(pod.requests) == len(pod_set.requests), f"{workload.id}: {pod.requests}"
+        served = [device_id for _, device_ids in pod.requests for device_id in device_ids]
+        assert sorted(served) == sorted(pod.device_ids), f"{workload.id}: devices and requests disagree"
+        assert len(set(served)) == len(served), f"{workload.id}: a device given to two requests"
+        by_request = {}
+        for request in pod_set.requests:
+            labels = [label for label in given if label.split("/", 1)[0] == request.name]
+            assert len(labels) == 1, f"{workload.id}: request {request.name} served {len(labels)} times"
+            label = labels[0]
+            way = request.exactly
+            if way is None:
+                way = next(way for way in request.first_available if label == f"{request.name}/{way.name}")
+            ids = given[label]
+            assert len(ids) == way.count, f"{workload.id}: request {label} got {len(ids)} of {way.count}"
+            for device_id in ids:
+                device = devices[device_id]
+                assert way.device_class in matcher.classes_of(device), f"{device_id} is no {way.device_class}"
+                assert not way.selectors or selectors.matches(way.selectors, device.attributes), device_id
+            by_request[request.name] = ids
+        for constraint in pod_set.constraints:
+            attribute = constraint.match_attribute
+            names = constraint.requests or tuple(by_request)
+            ids = [device_id for name in names for device_id in by_request[name.split("/", 1)[0]]]
+            assert all(attribute in devices[device_id].attributes for device_id in ids), f"{workload.id}: {attribute}"
+            values = {str(devices[device_id].attributes[attribute]) for device_id in ids}
+            assert len(values) == 1, f"{workload.id}: {attribute} differs across {ids}"
 
 
 def assert_counters_hold(snapshot, held):

@@ -7,7 +7,13 @@ import pytest
 from broker.scheduler.snapshot import Admission, PendingDecision, PodPlacement, Suggestion, made
 
 EXAMPLES = {
-    PodPlacement: {"pod_set": "main", "index": 1, "node": "n1", "device_ids": ("n1/0", "n1/1")},
+    PodPlacement: {
+        "pod_set": "main",
+        "index": 1,
+        "node": "n1",
+        "device_ids": ("n1/0", "n1/1", "n1/nic-0"),
+        "requests": (("gpu", ("n1/0", "n1/1")), ("nic", ("n1/nic-0",))),
+    },
     Admission: {
         "workload_id": "job-1",
         "device_class": "h100",

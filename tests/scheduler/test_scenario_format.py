@@ -85,6 +85,112 @@ def test_it_rejects_malformed_partitions_with_one_line(addition, message):
     assert "\n" not in str(error.value)
 
 
+CLAIMED = """
+topology: [rack]
+device_classes: {h100: {match: {model: H100}}, nic: {match: {kind: nic}}, tpu: {match: {model: TPU}}}
+nodes:
+  - {name: n1, rack: r1, devices: 2, attributes: {model: H100, root: a}, other_devices: [{kind: nic, count: 1}]}
+queues: [{name: q}]
+pending:
+  - name: a
+    queue: q
+"""
+
+
+@pytest.mark.parametrize(
+    ("addition", "message"),
+    [
+        (
+            "    requests: [{name: gpu, device_class: h100}]\n"
+            "    constraints: [{match_attribute: root, requests: [nic]}]",
+            "pending[0]: constraint on root names unknown request 'nic'",
+        ),
+        (
+            "    requests: [{name: gpu, device_class: fpga}]",
+            "pending[0].requests[0].device_class: unknown device class",
+        ),
+        (
+            "    requests: [{name: gpu, device_class: tpu}]",
+            "device class 'tpu' selects no device of the cluster",
+        ),
+        (
+            "    requests: [{name: gpu, device_class: h100}, {name: gpu, device_class: nic}]",
+            "pending[0]: request names must be unique",
+        ),
+        (
+            "    requests: [{name: gpu, device_class: h100, first_available: [{name: x, device_class: h100}]}]",
+            "give device_class and count, or first_available, not both",
+        ),
+        ("    devices_per_pod: 2\n    requests: [{name: gpu, device_class: h100}]", "says its devices in them"),
+        ("    constraints: [{match_attribute: root}]", "constraints need requests"),
+    ],
+)
+def test_it_rejects_malformed_claims_with_one_line(addition, message):
+    with pytest.raises(ScenarioError) as error:
+        load_scenario(CLAIMED + addition)
+    assert message in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_it_reads_a_claim_with_several_requests():
+    snapshot = load_scenario(
+        CLAIMED + "    requests: [{name: gpu, device_class: h100, count: 2}, {name: net, first_available: "
+        '[{name: fast, device_class: nic, selectors: [\'device.attributes["gpu.example.com"].kind == "nic"\']}]}]\n'
+        "    constraints: [{match_attribute: root}]"
+    )
+    assert [device.id for device in snapshot.devices] == ["n1/0", "n1/1", "n1/nic-0"]
+    assert snapshot.devices[2].attributes == {"kind": "nic"}
+    pod_set = snapshot.pending[0].pod_sets[0]
+    assert [request.name for request in pod_set.requests] == ["gpu", "net"]
+    assert pod_set.requests[0].exactly.count == 2
+    assert pod_set.requests[1].first_available[0].selectors
+    assert pod_set.constraints[0].match_attribute == "root" and pod_set.constraints[0].requests == ()
+
+
+SHARED = """
+device_classes: {gpu: {match: {model: A100}}}
+nodes:
+  - {name: n1, devices: 1, attributes: {model: A100}, capacity: {memory: 80}, shared: true}
+  - {name: n2, devices: 1, attributes: {model: A100}}
+queues: [{name: q}]
+"""
+
+
+@pytest.mark.parametrize(
+    ("addition", "message"),
+    [
+        ("resource_classes: [{name: nb, sharing: Sliced}]", "resource_classes[0].sharing: must be one of Exclusive"),
+        (
+            "running: [{name: r, queue: q, pods: [{node: n2, devices: [0], consumed: {memory: 10}}]}]",
+            "running[0].pods[0].consumed: n2/0 is not a shared device",
+        ),
+        (
+            "running:\n"
+            "  - {name: a, queue: q, pods: [{node: n1, devices: [0], consumed: {memory: 50}}]}\n"
+            "  - {name: b, queue: q, pods: [{node: n1, devices: [0], consumed: {memory: 40}}]}",
+            "running[1].pods[0].consumed: n1/0 has not 40 memory left",
+        ),
+        (
+            "running:\n"
+            "  - {name: a, queue: q, pods: [{node: n1, devices: [0]}]}\n"
+            "  - {name: b, queue: q, pods: [{node: n1, devices: [0], consumed: {memory: 40}}]}",
+            "running[1].pods[0].devices: n1/0 is already held by another running pod",
+        ),
+        ("pending: [{name: w, queue: q, capacity: {memory: 0}}]", "pending[0].capacity.memory: must be positive"),
+    ],
+)
+def test_it_rejects_malformed_sharing_with_one_line(addition, message):
+    with pytest.raises(ScenarioError) as error:
+        load_scenario(SHARED + addition)
+    assert message in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_it_refuses_shared_devices_without_a_capacity():
+    with pytest.raises(ScenarioError, match=r"nodes\[0\].shared: shared devices need a capacity to share"):
+        load_scenario("nodes: [{name: n1, devices: 1, shared: true}]")
+
+
 def test_it_rejects_a_bad_selector_and_bad_yaml():
     with pytest.raises(ScenarioError, match=r"device_classes.x.selector: invalid CEL selector"):
         load_scenario("device_classes: {x: {selector: 'device.attributes['}}")

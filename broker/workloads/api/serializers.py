@@ -16,7 +16,10 @@ class PodSetSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = PodSet
-        fields = ["name", "replicas", "min_count", "gang_size", "devices_per_pod", "device_classes", "match_attribute"]
+        fields = [
+            "name", "replicas", "min_count", "gang_size", "devices_per_pod", "device_classes", "match_attribute",
+            "claim",
+        ]  # fmt: skip
 
 
 class WorkloadExplanationSerializer(serializers.ModelSerializer):
@@ -139,7 +142,12 @@ class PodSetRequestSerializer(StrictSerializer):
         allow_null=True,
         help_text="Gang size: pods that must start together.",
     )
-    devices_per_pod = serializers.IntegerField(min_value=1, max_value=limits.DEVICES_PER_POD_MAX)
+    devices_per_pod = serializers.IntegerField(
+        min_value=1,
+        max_value=limits.DEVICES_PER_POD_MAX,
+        required=False,
+        help_text="Required unless `claim` says the devices.",
+    )
     device_classes = serializers.ListField(
         child=serializers.SlugField(max_length=63),
         required=False,
@@ -148,6 +156,21 @@ class PodSetRequestSerializer(StrictSerializer):
         help_text="Fallback order; default: the class's.",
     )
     match_attribute = serializers.CharField(max_length=100, required=False, default="", allow_blank=True)
+    claim = serializers.JSONField(
+        required=False,
+        default=dict,
+        help_text="Each pod's claim as resource.k8s.io/v1 ResourceClaim spec.devices writes it: `requests` "
+        "(each `exactly` {deviceClassName, count, selectors} or `firstAvailable` sub-requests in order of "
+        "preference) and `constraints` ({requests, matchAttribute} across them). Instead of devices_per_pod, "
+        "device_classes and match_attribute.",
+    )
+
+    def validate(self, attrs):
+        if "devices_per_pod" not in attrs:
+            if not attrs.get("claim"):
+                raise serializers.ValidationError({"devices_per_pod": ["This field is required."]})
+            attrs["devices_per_pod"] = 1
+        return attrs
 
 
 class WorkloadSubmissionSerializer(StrictSerializer):

@@ -1,0 +1,147 @@
+"""Devices shared by capacity (DRA consumable capacity): a device that allows several allocations
+(Device.allow_multiple_allocations, DRA allowMultipleAllocations) gives each allocation an amount of
+its capacities (GPU memory for time-slicing, a NIC's bandwidth), and the amounts given never sum past
+a capacity.
+
+The resource class's `sharing` rule decides who shares:
+- TimeSliced: a request with capacity amounts (PodSet.capacity, DRA ExactDeviceRequest.capacity) takes
+  them from shared devices, a device idle or already shared by other such allocations; several pods,
+  of one gang or of several, may share one device while its capacity lasts. Without amounts it takes
+  devices whole, as the others do.
+- Exclusive and Partitioned: devices are held alone: a shared device some allocation uses is not free
+  for them, and one they take is shared by nobody. (A Partitioned class shares a GPU through its
+  partitions, DRA counter sets, which are devices of their own: broker.scheduler.capacity.)
+
+Running work holds its share as RunningPod.consumed (the amounts on each of its devices); a running pod
+without amounts holds its devices alone. Placement packs: devices already shared first, then the one
+with the least left that holds the pod's amounts, fullest nodes first, so idle devices stay whole for
+exclusive work. A shared admission takes idle devices out of the free pool (held by it) and leaves
+shared ones where they are; only the ledger here knows what is left on them.
+"""
+
+from __future__ import annotations
+
+from broker.scheduler.capacity import PLAIN, ROOT
+from broker.scheduler.placement import GangPlan, PlannedPod
+
+SHARING_MODES = ("Exclusive", "TimeSliced", "Partitioned")
+
+
+class Ledger:
+    """Capacity left on every device that allows several allocations, for one cycle."""
+
+    def __init__(self, snapshot, state):
+        self.state = state
+        self.capacity = {
+            device.id: dict(device.capacity) for device in snapshot.devices if device.allow_multiple_allocations
+        }
+        self.left: dict[str, dict | None] = {device_id: dict(amounts) for device_id, amounts in self.capacity.items()}
+        self.shared: set[str] = set()  # held by sharers only: free for more sharers
+        for workload in snapshot.running:
+            for pod in workload.pods:
+                for device_id in pod.device_ids:
+                    self._take(device_id, dict(pod.consumed) if pod.consumed else None)
+
+    def _take(self, device_id: str, amounts: dict | None) -> None:
+        left = self.left.get(device_id)
+        if left is None:
+            return
+        if amounts is None:  # held alone
+            self.left[device_id] = None
+            self.shared.discard(device_id)
+            return
+        for name, amount in amounts.items():
+            left[name] = left.get(name, 0) - amount
+        self.shared.add(device_id)
+
+    def fits(self, device_id: str, amounts: dict, taking: dict) -> bool:
+        left = self.left.get(device_id)
+        if left is None:
+            return False
+        spent = taking.get(device_id, {})
+        return all(name in left and left[name] - spent.get(name, 0) >= amount for name, amount in amounts.items())
+
+    def commit(self, slots, amounts: dict) -> list:
+        """Record a shared admission's amounts; the slots it takes out of the free pool (the idle ones)."""
+        idle = [slot for slot in {id(slot): slot for slot in slots}.values() if slot.id not in self.shared]
+        for slot in slots:
+            self._take(slot.id, amounts)
+        return idle
+
+    def free_amounts(self, device_id: str) -> dict | None:
+        return self.left.get(device_id)
+
+
+def usable(slot, class_index: int, ledger: Ledger, access) -> bool:
+    """Whether a time-sliced request may put an allocation on `slot`."""
+    if class_index not in slot.classes or slot.id not in ledger.capacity:
+        return False
+    if slot.id in ledger.shared:
+        return ledger.left[slot.id] is not None
+    if slot.holder is not None:
+        return False
+    return slot.category == PLAIN or access.rank(slot) is not None
+
+
+def place_shared(state, ledger: Ledger, class_index: int, demands, amounts: dict, access, required, excluded):
+    """A plan for a time-sliced gang (every pod's devices on one node, the min_count pods of each pod set,
+    all of them inside one domain of the `required` level index), or None."""
+    slots_by_node: dict[int, list] = {}
+    for slot in state.slots:
+        if slot.node not in excluded and usable(slot, class_index, ledger, access):
+            slots_by_node.setdefault(slot.node, []).append(slot)
+    if required is None:
+        scopes = [ROOT]
+    else:
+        scopes = sorted(state.domain_keys[required])
+    for scope in scopes:
+        nodes = [node for node in slots_by_node if scope == ROOT or state.domain_of(node, len(scope) - 1) == scope]
+        pods = _pack(ledger, slots_by_node, nodes, demands, amounts)
+        if pods is not None:
+            return GangPlan(class_index, scope, tuple(pods))
+    return None
+
+
+def _pack(ledger: Ledger, slots_by_node: dict, nodes: list, demands, amounts: dict) -> list | None:
+    taking: dict[str, dict] = {}
+
+    def room(slot) -> float:
+        left = ledger.left[slot.id]
+        spent = taking.get(slot.id, {})
+        return sum(left[name] - spent.get(name, 0) for name in amounts)
+
+    def order(node):  # nodes with shared devices first, then the fullest (fewest usable devices)
+        slots = slots_by_node[node]
+        return (-sum(slot.id in ledger.shared or slot.id in taking for slot in slots), len(slots), node)
+
+    pods = []
+    for demand in sorted(demands, key=lambda demand: (-demand.per_pod, demand.name)):
+        index = 0
+        for wanted, required in ((demand.min_count, True), (demand.count - demand.min_count, False)):
+            placed = 0
+            for node in sorted(nodes, key=order):
+                while placed < wanted:
+                    fitting = [slot for slot in slots_by_node[node] if ledger.fits(slot.id, amounts, taking)]
+                    if len(fitting) < demand.per_pod:
+                        break
+                    # Shared ones first, then the least room that holds it: idle devices stay whole.
+                    fitting.sort(
+                        key=lambda slot: (
+                            slot.id not in ledger.shared and slot.id not in taking,
+                            room(slot),
+                            slot.order,
+                        )
+                    )
+                    chosen = fitting[: demand.per_pod]
+                    for slot in chosen:
+                        spent = taking.setdefault(slot.id, {})
+                        for name, amount in amounts.items():
+                            spent[name] = spent.get(name, 0) + amount
+                    pods.append(PlannedPod(demand.name, index, node, tuple(chosen)))
+                    index += 1
+                    placed += 1
+                if placed >= wanted:
+                    break
+            if required and placed < wanted:
+                return None
+    return pods

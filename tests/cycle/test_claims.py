@@ -1,0 +1,91 @@
+"""Claims with several requests end to end on the database (API -> loader -> decide -> commit): 2 GPUs and
+a NIC under one PCIe root are allocated to one pod, and a bad claim is refused with a 400."""
+
+from broker.cycle.runner import run_once
+from broker.inventory.models import Device
+from broker.policy.models import DeviceClass, PriorityClass
+from broker.workloads.models import Allocation, PodSet, Workload
+from broker.workloads.states import State
+from tests.api.base import signed_in
+from tests.builders import make_resource_class
+
+NIC = 'device.attributes["gpu.example.com"].kind == "nic"'
+CLAIM = {
+    "requests": [
+        {"name": "gpu", "exactly": {"deviceClassName": "h100", "count": 2}},
+        {"name": "net", "exactly": {"deviceClassName": "nic"}},
+    ],
+    "constraints": [{"requests": ["gpu", "net"], "matchAttribute": "gpu.example.com/pcie_root"}],
+}
+
+
+def fabric(cluster):
+    """n1's GPUs under roots a (0, 1) and b (2, 3), one NIC under root b; a class offering both."""
+    node = cluster.nodes[0]
+    for device in Device.objects.filter(node=node):
+        device.attributes = {**device.attributes, "pcie_root": "a" if device.name in ("0", "1") else "b"}
+        device.save()
+    Device.objects.create(node=node, name="nic0", attributes={"kind": "nic", "pcie_root": "b"})
+    nic = DeviceClass.objects.create(name="nic", selector=NIC, price_per_hour="0.10")
+    return make_resource_class("fabric", PriorityClass.objects.get(name="batch"), [cluster.h100, nic])
+
+
+def test_it_allocates_every_request_of_a_claim_under_one_root(cluster, api_client, alice):
+    fabric(cluster)
+    body = {"name": "pair", "resource_class": "fabric", "pod_sets": [{"name": "main", "replicas": 1, "claim": CLAIM}]}
+    response = signed_in(api_client, alice).post("/api/workloads/", body, format="json")
+    assert response.status_code == 201, response.data
+    workload = Workload.objects.get(pk=response.data["id"])
+    assert PodSet.objects.get(workload=workload).claim == CLAIM
+    assert response.data["pod_sets"][0]["claim"] == CLAIM
+
+    run_once()
+
+    workload.refresh_from_db()
+    assert workload.state == State.ADMITTED
+    held = Allocation.objects.filter(workload=workload, released_at__isnull=True)
+    assert sorted(held.values_list("device__node__name", "device__name")) == [("n1", "2"), ("n1", "3"), ("n1", "nic0")]
+
+
+def test_it_refuses_a_claim_whose_constraint_names_an_unknown_request(cluster, api_client, alice):
+    fabric(cluster)
+    claim = {**CLAIM, "constraints": [{"requests": ["gpu", "nic"], "matchAttribute": "pcie_root"}]}
+    body = {"name": "bad", "resource_class": "fabric", "pod_sets": [{"name": "main", "replicas": 1, "claim": claim}]}
+    response = signed_in(api_client, alice).post("/api/workloads/", body, format="json")
+    assert response.status_code == 400
+    message = str(response.data)
+    assert "constraint on pcie_root names unknown request 'nic'" in message
+    assert not Workload.objects.filter(name="bad").exists()
+
+
+def test_it_refuses_a_claim_naming_a_class_the_resource_class_does_not_offer(cluster, api_client, alice):
+    fabric(cluster)
+    body = {
+        "name": "bad",
+        "resource_class": "distributed-training",
+        "pod_sets": [{"name": "main", "replicas": 1, "claim": CLAIM}],
+    }
+    response = signed_in(api_client, alice).post("/api/workloads/", body, format="json")
+    assert response.status_code == 400
+    assert "does not offer nic" in str(response.data)
+
+
+def test_it_still_requires_devices_per_pod_without_a_claim(cluster, api_client, alice):
+    body = {"name": "plain", "resource_class": "distributed-training", "pod_sets": [{"name": "main", "replicas": 1}]}
+    response = signed_in(api_client, alice).post("/api/workloads/", body, format="json")
+    assert response.status_code == 400
+    assert "devices_per_pod" in str(response.data)
+
+
+def test_it_calls_a_claim_written_past_the_api_invalid(cluster):
+    fabric(cluster)
+    workload = Workload.objects.create(name="raw", team=cluster.team_a, queue=cluster.queue_a, state=State.PENDING)
+    PodSet.objects.create(workload=workload, name="main", replicas=1, devices_per_pod=1, claim={"requests": [{}]})
+
+    run_once()
+
+    workload.refresh_from_db()
+    assert workload.state == State.PENDING
+    explanation = workload.explanation
+    assert explanation.reason == "InvalidRequest"
+    assert "requests[0]: a request needs a name" in explanation.message
