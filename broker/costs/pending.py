@@ -15,6 +15,7 @@ from django.db.models import Q
 from django.db.models.fields.json import KeyTextTransform
 from django.utils import timezone
 
+from broker import clock
 from broker.costs import ledger, rollup
 from broker.costs.prices import price_timelines
 from broker.costs.report import entry, round_leaves
@@ -221,7 +222,7 @@ def direct_ledger(steps, now, prices, team_ids=None, listed=False):
     start, end = steps[0][0], steps[-1][1]
     intervals, meta = pending_intervals(start, end, now, team_ids, listed)
     us_steps = [(to_us(a), to_us(b)) for a, b in steps]
-    return ledger.build_ledger(us_steps, to_us(now), prices, {}, intervals), meta
+    return ledger.build_ledger(us_steps, to_us(now), prices, {}, intervals, clock.billing_scale()), meta
 
 
 def _key(row, reason, class_name, aggregate):

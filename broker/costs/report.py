@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from django.db.models import Case, Count, DateTimeField, F, Q, Value, When
 from django.utils import timezone
 
+from broker import clock
 from broker.costs import ledger, rollup
 from broker.costs.models import CapacitySample
 from broker.costs.prices import price_timelines
@@ -70,7 +71,8 @@ def direct_ledger(steps, now, prices, grouped=False):
     else:
         intervals = allocation_intervals(within)
     us_steps = [(to_us(a), to_us(b)) for a, b in steps]
-    steps_ledger = ledger.build_ledger(us_steps, to_us(now), prices, capacity_samples(start, end), intervals)
+    samples = capacity_samples(start, end)
+    steps_ledger = ledger.build_ledger(us_steps, to_us(now), prices, samples, intervals, clock.billing_scale())
     if not grouped:
         workload_ids = {line for step_ledger in steps_ledger for line, _ in step_ledger.allocated}
         if workload_ids:
