@@ -21,8 +21,12 @@ from broker.costs.windows import to_us
 from broker.workloads.models import Allocation, Workload
 
 LATE_WRITES = timedelta(minutes=5)
-HOURS_PER_BATCH = 24
-BATCHES_PER_CALL = 2
+# A cycle's commit rolls up at most this much, and the next cycle waits for it: on the bench's
+# database (100k devices, 20k waiting) six hours took 0.4 s for the bill and 2.8 s for the cost of
+# pending (one hour 2.5 s: its 40,000 workloads' histories dominate). A month of history catches up
+# in 120 cycles.
+HOURS_PER_BATCH = 6
+BATCHES_PER_CALL = 1
 
 
 def catch_up(now, batches=BATCHES_PER_CALL):

@@ -80,7 +80,7 @@ def test_it_reports_the_same_from_rolled_up_hours_as_from_the_history(cluster, m
         )
         direct = reports(cluster)
     assert reports(cluster) == direct, "work held all along, summed per group, costs the same"
-    assert rolling.catch_up(NOW, batches=3) == {"costs": 31, "pending": 31}
+    assert rolling.catch_up(NOW, batches=6) == {"costs": 31, "pending": 31}
     assert rollup.covered(rollup.COSTS, WINDOWS[0][0], WINDOWS[0][1], NOW) == (NOV + H, NOV + 10 * H)
     assert CostRollup.objects.filter(category="reserved_unused", reserved_team="team-b").exists()
     assert PendingRollup.objects.filter(reason="Priority").exists()
@@ -90,7 +90,7 @@ def test_it_reports_the_same_from_rolled_up_hours_as_from_the_history(cluster, m
 def test_it_reads_the_rollup_for_the_hours_it_covers(cluster):
     """Not a second direct computation: a rolled-up hour's rows are what the report shows."""
     busy_history(cluster)
-    rolling.catch_up(NOW, batches=3)
+    rolling.catch_up(NOW, batches=6)
     by_class = {"aggregate": ("resource_class",), "step": "hour", "now": NOW}
     before = allocation_report(NOV, NOV + 8 * H, **by_class)
     assert before["steps"][1]["allocations"]["distributed-training"]["cost"] == 16
@@ -136,3 +136,10 @@ def test_it_keeps_the_rollup_when_the_cycle_commits(cluster, django_capture_on_c
     progress = RollupProgress.objects.get(name=rollup.PENDING).until
     assert progress == rollup.hour_floor(timezone.now() - rolling.LATE_WRITES)
     assert PendingRollup.objects.filter(team_id=cluster.team_a.pk).count() >= 4
+
+
+def test_it_catches_up_a_long_history_a_bounded_number_of_hours_per_call(cluster):
+    busy_history(cluster)
+    assert rolling.catch_up(NOW) == {"costs": rolling.HOURS_PER_BATCH, "pending": rolling.HOURS_PER_BATCH}
+    assert RollupProgress.objects.get(name=rollup.COSTS).until == NOV - 2 * H + rolling.HOURS_PER_BATCH * H
+    assert rolling.catch_up(NOW)["costs"] == rolling.HOURS_PER_BATCH
