@@ -25,16 +25,18 @@ URLS = (
     ("pending workloads API", "/api/workloads/?state=Pending"),
 )
 TARGET_P95_MS = 300.0
-# Reports read over the whole history, not pages a person waits on: a Prometheus scrape (every 15-60 s),
-# the metrics JSON and the finance page's calls. Timed at the same size, with no target of their own
-# (no issue sets one), so that a regression shows. The bench's history is short (its cycles' own rows),
-# so a month of a real cluster's history costs more.
+# Reports read over the history, not a page of it: a Prometheus scrape (every 15-60 s), the metrics JSON
+# and every call of the finance page. Issue 29 gives them the pages' target: p95 <= 300 ms at this size.
+# The bench's history is its own cycles' rows (about a day), so the whole hours of a window mostly come
+# from the rollup only on a cluster that has run for longer; the last hour is computed directly here too.
 REPORT_URLS = (
     ("Prometheus scrape", "/metrics"),
     ("metrics JSON", "/api/metrics/"),
     ("cost by team per day, 30 days", "/api/costs/allocation?window=30d&step=day&aggregate=team"),
     ("cost of pending per day, 30 days", "/api/costs/pending?window=30d&step=day&aggregate=team"),
+    ("cost by team and class, 30 days", "/api/costs/allocation?window=30d&step=month&aggregate=team,device_class"),
     ("top 15 workloads by cost, 30 days", "/api/costs/allocation?window=30d&step=month&aggregate=workload&top=15"),
+    ("running cost ticker", "/api/costs/ticker"),
 )
 
 
@@ -81,9 +83,18 @@ def section(quick: bool, size: tuple[int, int]) -> dict:
     requests = 3 if quick else 20
     results = {name: time_url(client, url, requests) for name, url in URLS}
     worst = max(results.values(), key=lambda r: r["p95_ms"])
-    reports = {name: time_url(client, url, 2 if quick else 5, target_ms=None) for name, url in REPORT_URLS}
+    reports = {name: time_url(client, url, 2 if quick else 8) for name, url in REPORT_URLS}
+    worst_report = max(reports, key=lambda name: reports[name]["p95_ms"])
     return {
-        "reports": {"what": "server time of reports over the whole history; no target", "urls": reports},
+        "reports": {
+            "what": "server time of the metrics and the finance page's reports over the history",
+            "urls": reports,
+            "target": {
+                "p95_ms": TARGET_P95_MS,
+                "worst": {"name": worst_report, "p95_ms": reports[worst_report]["p95_ms"]},
+                "pass": all(r["within_target"] for r in reports.values()),
+            },
+        },
         "size": {
             "devices": Device.objects.count(),
             "pending": Workload.objects.filter(state__in=WAITING_STATES).count(),

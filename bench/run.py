@@ -184,7 +184,10 @@ def summary_line(name: str, result: dict) -> str:
         worst = result["target"]["worst"]
         text = f"pages p95 (target 300 ms): worst {worst['name']} {worst['p95_ms']} ms at {result['size']}"
         reports = result["reports"]["urls"]
-        text += "; reports (no target) p50: " + ", ".join(f"{name} {row['p50_ms']} ms" for name, row in reports.items())
+        passed = {True: "PASS", False: "FAIL"}[result["reports"]["target"]["pass"]]
+        text += f"; reports p95 (target 300 ms) [{passed}]: " + ", ".join(
+            f"{name} {row['p95_ms']} ms" for name, row in reports.items()
+        )
     elif name == "browser":
         paint = result["heatmap_first_paint"]
         latency = result["commit_to_browser"]

@@ -150,7 +150,7 @@ def test_it_times_the_pages_and_the_reports_over_the_history(tmp_path):
     assert set(reports) >= {"Prometheus scrape", "metrics JSON", "top 15 workloads by cost, 30 days"}
     for row in reports.values():
         assert row["status"] == 200 and 0 < row["p50_ms"] <= row["max_ms"], row
-    assert "reports (no target)" in completed.stdout
+    assert "reports p95 (target 300 ms)" in completed.stdout
 
 
 def test_it_refuses_to_bench_without_the_philly_trace(tmp_path):

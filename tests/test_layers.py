@@ -67,6 +67,7 @@ LAYERS = (
     ("broker.cycle.**", CYCLE),
     # Models and what they need to keep their own invariants.
     ("broker.events", MODELS),
+    ("broker.clock", MODELS),
     ("broker.flat_rows", MODELS),
     ("broker.limits", MODELS),
     ("broker.*.models", MODELS),

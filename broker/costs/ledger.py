@@ -117,13 +117,16 @@ def split_points(start, end, *sorted_lists):
 # --- the ledger ----------------------------------------------------------------------------------------------
 
 
-def build_ledger(steps, now, prices, samples, intervals):
+def build_ledger(steps, now, prices, samples, intervals, scale=1):
     """The exact ledger of every step.
 
     steps: [(start, end), ...] ascending and contiguous; time at or after `now` is not billed yet.
     prices: {device class: [(from, price units), ...] ascending}.
     samples: {device class: [Sample, ...] ascending by at}.
     intervals: [Interval, ...] (any order).
+    scale: simulated time per unit of the times above (broker.clock.billing_scale): every length billed
+      is scaled by it, so the bill runs on the simulated executor's clock. An integer scale is exact;
+      a fraction is floored per stretch.
     """
     ledgers = [StepLedger(start, end) for start, end in steps]
     if not steps:
@@ -144,21 +147,35 @@ def build_ledger(steps, now, prices, samples, intervals):
             raise ValueError(f"no price for device class {device_class!r}")
         price_times = [at for at, _ in timeline]
         held = by_class.get(device_class, [])
-        _charge_allocations(ledgers, step_starts, device_class, held, timeline, price_times)
+        _charge_allocations(ledgers, step_starts, device_class, held, timeline, price_times, scale)
         _charge_capacity(
-            ledgers, step_starts, window_start, window_end, device_class, held, samples.get(device_class, []), timeline
+            ledgers,
+            step_starts,
+            window_start,
+            window_end,
+            device_class,
+            held,
+            samples.get(device_class, []),
+            timeline,
+            scale,
         )
     return ledgers
 
 
-def _charge_allocations(ledgers, step_starts, device_class, held, timeline, price_times):
+def _charge_allocations(ledgers, step_starts, device_class, held, timeline, price_times, scale=1):
     for start, end, line, devices in held:
         for a, b in _pairs(split_points(start, end, step_starts, price_times)):
             step = ledgers[bisect_right(step_starts, a) - 1]
-            step.allocated[(line, device_class)].add(devices, b - a, price_at(timeline, a))
+            step.allocated[(line, device_class)].add(devices, scaled(b - a, scale), price_at(timeline, a))
 
 
-def _charge_capacity(ledgers, step_starts, window_start, window_end, device_class, held, samples, timeline):
+def scaled(length, scale):
+    if scale == 1:
+        return length
+    return length * scale.numerator // scale.denominator
+
+
+def _charge_capacity(ledgers, step_starts, window_start, window_end, device_class, held, samples, timeline, scale=1):
     if not samples:
         return  # capacity unknown: only what is held is billed
     changes = defaultdict(int)
@@ -179,7 +196,7 @@ def _charge_capacity(ledgers, step_starts, window_start, window_end, device_clas
         price = price_at(timeline, a)
         for key, devices in parts:
             if devices:
-                step.capacity[(key[0], device_class, key[1])].add(devices, b - a, price)
+                step.capacity[(key[0], device_class, key[1])].add(devices, scaled(b - a, scale), price)
 
 
 def split_capacity(allocated, sample):

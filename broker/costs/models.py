@@ -51,3 +51,56 @@ class CapacitySample(models.Model):
 
     def counts(self):
         return (self.total, self.unhealthy, self.reserved_unused, self.stranded, dict(self.reserved_by_team))
+
+
+class RollupRow(models.Model):
+    """Exact ledger amounts of one hour, summed per group: what a report over whole past hours reads
+    instead of every allocation, sample and transition of the window (broker/costs/rollup.py).
+
+    Ids, not foreign keys: a row names the workload's team, queue and resource class as they were, and
+    a report names them as they are now, the way the direct computation names a workload's lines. Raw
+    cost (device-microseconds x price units) reaches 10^19 within an hour of a large class, beyond a
+    64-bit integer, and SQLite keeps no exact decimals that large: it is stored as raw_high x 2^40 +
+    raw_low, both columns summed exactly in SQL.
+    """
+
+    hour = models.DateTimeField()
+    device_class_id = models.BigIntegerField()
+    device_us = models.BigIntegerField(default=0)
+    raw_high = models.BigIntegerField(default=0)
+    raw_low = models.BigIntegerField(default=0)
+
+    class Meta:
+        abstract = True
+
+
+class CostRollup(RollupRow):
+    """Capacity cost: `category` allocated (per team, queue and resource class of the holding workloads),
+    or idle, stranded, unhealthy, reserved_unused (per reserving team)."""
+
+    category = models.CharField(max_length=16)
+    team_id = models.BigIntegerField(null=True)
+    queue_id = models.BigIntegerField(null=True)
+    resource_class_id = models.BigIntegerField(null=True)
+    reserved_team = models.CharField(max_length=100, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["hour"])]
+
+
+class PendingRollup(RollupRow):
+    """Cost of pending: requested devices x time waiting, per team, queue and reason."""
+
+    team_id = models.BigIntegerField()
+    queue_id = models.BigIntegerField()
+    reason = models.CharField(max_length=64)
+
+    class Meta:
+        indexes = [models.Index(fields=["hour"])]
+
+
+class RollupProgress(models.Model):
+    """Every hour before `until` is rolled up (an hour without a row had nothing to bill)."""
+
+    name = models.CharField(max_length=16, primary_key=True)
+    until = models.DateTimeField()

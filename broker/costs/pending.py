@@ -15,7 +15,8 @@ from django.db.models import Q
 from django.db.models.fields.json import KeyTextTransform
 from django.utils import timezone
 
-from broker.costs import ledger
+from broker import clock
+from broker.costs import ledger, rollup
 from broker.costs.prices import price_timelines
 from broker.costs.report import entry, round_leaves
 from broker.costs.windows import from_us, steps_of, to_us
@@ -89,15 +90,27 @@ def first_class_requests(workloads):
     return out
 
 
-def pending_intervals(start, end, now, team_ids=None):
-    """Ledger intervals of waiting, line = (workload id, reason), one per pod set's first-choice class."""
+def pending_intervals(start, end, now, team_ids=None, listed=True):
+    """Ledger intervals of waiting, line = (workload id, reason), one per pod set's first-choice class;
+    and the names of the workloads: with `listed`, of every workload not finished before `start` (a
+    report by workload lists them). Without, only the workloads that may have waited in the window are
+    read, and the lines are ((rollup.GROUP, team id, queue id), reason), named by group."""
     workloads = Workload.objects.filter(submitted_at__lt=min(end, now)).filter(
         Q(finished_at__isnull=True) | Q(finished_at__gt=start) | Q(state__in=WAITING_STATES)
     )
+    if not listed:
+        # Waiting at some moment of the window means waiting now, or submitted in it, or a transition
+        # since its start (into waiting, or out of it): on a full cluster the tens of thousands running
+        # since before the window are none of these, and their histories were most of the report.
+        moved = WorkloadTransition.objects.filter(at__gte=start).values("workload_id")
+        workloads = workloads.filter(Q(state__in=WAITING_STATES) | Q(submitted_at__gte=start) | Q(pk__in=moved))
     if team_ids is not None:
         workloads = workloads.filter(team_id__in=team_ids)
     meta = {
-        row["pk"]: row for row in workloads.values("pk", "name", "submitted_at", "state", "team__name", "queue__name")
+        row["pk"]: row
+        for row in workloads.values(
+            "pk", "name", "submitted_at", "state", "team__name", "queue__name", "team_id", "queue_id"
+        )
     }
     # The same workloads as a subquery, not their ids as parameters: a month of a busy cluster is tens of
     # thousands of workloads.
@@ -116,32 +129,58 @@ def pending_intervals(start, end, now, team_ids=None):
     ):
         changes[workload_id].append((at, reason))
     requests = first_class_requests(workloads)
-    intervals = []
+    window_start, window_end = to_us(start), to_us(min(end, now))
+    held = defaultdict(int)
     for workload_id, row in meta.items():
         if row["state"] in FINAL_STATES and not transitions[workload_id]:
             continue  # its history was pruned (HISTORY_RETENTION_DAYS): when it waited is not known
         stretches = waiting_stretches(row["submitted_at"], transitions[workload_id])
+        owner = workload_id if listed else (rollup.GROUP, row["team_id"], row["queue_id"])
         for a, b, reason in reasons_over(stretches, changes[workload_id]):
+            a, b = to_us(a), None if b is None else to_us(b)
+            if not listed:
+                # Clipped to the window as the ledger clips them, so that a group's many waits that cover
+                # all of it become one interval.
+                if (b is not None and b <= window_start) or a >= window_end:
+                    continue
+                a, b = max(a, window_start), None if b is None or b >= window_end else b
             for class_id, devices in requests.get(workload_id, []):
-                intervals.append(
-                    ledger.Interval(to_us(a), None if b is None else to_us(b), class_id, (workload_id, reason), devices)
-                )
+                held[(a, b, class_id, (owner, reason))] += devices
+    intervals = [ledger.Interval(a, b, class_id, line, devices) for (a, b, class_id, line), devices in held.items()]
+    if not listed:
+        names = rollup.GroupNames()
+        meta = {
+            (rollup.GROUP, team_id, queue_id): names.pending_meta(team_id, queue_id)
+            for team_id, queue_id in {(row["team_id"], row["queue_id"]) for row in meta.values()}
+        }
     return intervals, meta
 
 
 def pending_report(start, end, aggregate=("team",), step="day", now=None, team_ids=None):
     """Per step, aggregate -> {device_hours (requested devices x hours waiting), cost}, and totals."""
     now = now or timezone.now()
-    steps = [(to_us(a), to_us(b)) for a, b in steps_of(start, end, step)]
+    steps = steps_of(start, end, step)
     prices = {pk: [(to_us(at), units) for at, units in rows] for pk, rows in price_timelines().items()}
-    intervals, meta = pending_intervals(start, end, now, team_ids)
+    ledgers = [ledger.StepLedger(to_us(a), to_us(b)) for a, b in steps]
+    # A report by workload names workloads: the rollup only knows their groups.
+    span = None if "workload" in aggregate else rollup.covered(rollup.PENDING, start, end, now)
+    meta = {}
+    for p, q in rollup.direct_pieces(start, end, span):
+        clipped = rollup.clip_steps(steps, p, q)
+        piece, piece_meta = direct_ledger(
+            [window for _, window in clipped], now, prices, team_ids, listed="workload" in aggregate
+        )
+        for (index, _), piece_ledger in zip(clipped, piece, strict=True):
+            rollup.merge(ledgers[index], piece_ledger)
+        meta.update(piece_meta)
+    if span is not None:
+        meta.update(rollup.add_pending(ledgers, span, step, rollup.GroupNames(), team_ids))
     class_names = dict(DeviceClass.objects.values_list("pk", "name"))
-    ledgers = ledger.build_ledger(steps, to_us(now), prices, {}, intervals)
     steps_out, totals, total_sum = [], defaultdict(lambda: [0, 0]), [0, 0]
     for step_ledger in ledgers:
         leaves = defaultdict(ledger.Amount)
-        for ((workload_id, reason), class_id), amount in step_ledger.allocated.items():
-            key = _key(meta[workload_id], reason, class_names[class_id], aggregate)
+        for ((line, reason), class_id), amount in step_ledger.allocated.items():
+            key = _key(meta[line], reason, class_names[class_id], aggregate)
             leaves[key].device_us += amount.device_us
             leaves[key].raw += amount.raw
         rounded, (units_total, cents_total) = round_leaves(dict(sorted(leaves.items())))
@@ -172,8 +211,18 @@ def pending_report(start, end, aggregate=("team",), step="day", now=None, team_i
         report["workloads"] = {
             f"{row['team__name']}/{row['name']}": {"name": row["name"], "team": row["team__name"]}
             for row in meta.values()
+            if row["name"] is not None
         }
     return report
+
+
+def direct_ledger(steps, now, prices, team_ids=None, listed=False):
+    """(StepLedgers of the contiguous `steps` [(start, end)] from the workloads' own history, {workload
+    id: names}, see pending_intervals); the lines of `allocated` are (workload id, reason)."""
+    start, end = steps[0][0], steps[-1][1]
+    intervals, meta = pending_intervals(start, end, now, team_ids, listed)
+    us_steps = [(to_us(a), to_us(b)) for a, b in steps]
+    return ledger.build_ledger(us_steps, to_us(now), prices, {}, intervals, clock.billing_scale()), meta
 
 
 def _key(row, reason, class_name, aggregate):

@@ -6,10 +6,11 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from django.db.models import Q
+from django.db.models import Case, Count, DateTimeField, F, Q, Value, When
 from django.utils import timezone
 
-from broker.costs import ledger
+from broker import clock
+from broker.costs import ledger, rollup
 from broker.costs.models import CapacitySample
 from broker.costs.prices import price_timelines
 from broker.costs.windows import from_us, steps_of, to_us
@@ -19,7 +20,7 @@ from broker.workloads.models import Allocation, Workload
 
 AGGREGATES = ("team", "queue", "resource_class", "cost_label", "workload", "device_class")
 UNALLOCATED_CATEGORIES = ("idle", "stranded", "unhealthy", "reserved_unused")
-NONE_LABEL = "(none)"
+NONE_LABEL = rollup.NONE_LABEL
 # The allocation line that sums every key but the `top` costliest (no team, queue or workload name has
 # parentheses: they are slugs).
 OTHER_LABEL = "(other)"
@@ -35,21 +36,79 @@ class Loaded:
 # --- loading -------------------------------------------------------------------------------------------------
 
 
-def load(start, end, step, now=None):
-    """The exact ledger of [start, end) in `step` steps, with what aggregation needs to name lines."""
+def load(start, end, step, now=None, by_workload=True):
+    """The exact ledger of [start, end) in `step` steps, with what aggregation needs to name lines.
+    Unless `by_workload`, the whole hours the rollup covers come from it (rollup.py): their lines are
+    groups of workloads, named as their workloads are."""
     now = now or timezone.now()
-    steps = [(to_us(a), to_us(b)) for a, b in steps_of(start, end, step)]
+    steps = steps_of(start, end, step)
     prices = {pk: [(to_us(at), units) for at, units in rows] for pk, rows in price_timelines().items()}
-    intervals = allocation_intervals(start, min(end, now))
+    ledgers = [ledger.StepLedger(to_us(a), to_us(b)) for a, b in steps]
+    span = None if by_workload else rollup.covered(rollup.COSTS, start, end, now)
+    meta = {}
+    for p, q in rollup.direct_pieces(start, end, span):
+        clipped = rollup.clip_steps(steps, p, q)
+        piece, piece_meta = direct_ledger([window for _, window in clipped], now, prices, grouped=not by_workload)
+        for (index, _), piece_ledger in zip(clipped, piece, strict=True):
+            rollup.merge(ledgers[index], piece_ledger)
+        meta.update(piece_meta)
+    if span is not None:
+        meta.update(rollup.add_costs(ledgers, span, step, rollup.GroupNames()))
+    return Loaded(ledgers, meta, dict(DeviceClass.objects.values_list("pk", "name")))
+
+
+def direct_ledger(steps, now, prices, grouped=False):
+    """(StepLedgers of the contiguous `steps` [(start, end)] from the allocations and samples themselves,
+    {line: names} of their lines). Lines are workload ids; with `grouped`, allocations are summed per
+    group of workloads (rollup.GROUP lines) and per start and end: the same amounts, in far fewer
+    intervals (a cycle admits thousands at one time, and most of a full cluster is held all along)."""
+    start, end = steps[0][0], steps[-1][1]
+    billed_until = min(end, now)
+    within = overlapping(start, billed_until)
+    intervals, meta = [], {}
+    if grouped:
+        intervals, meta = group_intervals(within, start, billed_until)
+    else:
+        intervals = allocation_intervals(within)
+    us_steps = [(to_us(a), to_us(b)) for a, b in steps]
     samples = capacity_samples(start, end)
-    steps_ledger = ledger.build_ledger(steps, to_us(now), prices, samples, intervals)
-    workload_ids = {line for step_ledger in steps_ledger for line, _ in step_ledger.allocated}
-    meta = workload_meta(overlapping(start, min(end, now)).values("workload_id"))
-    return Loaded(
-        steps_ledger,
-        {pk: row for pk, row in meta.items() if pk in workload_ids},
-        dict(DeviceClass.objects.values_list("pk", "name")),
+    steps_ledger = ledger.build_ledger(us_steps, to_us(now), prices, samples, intervals, clock.billing_scale())
+    if not grouped:
+        workload_ids = {line for step_ledger in steps_ledger for line, _ in step_ledger.allocated}
+        if workload_ids:
+            rows = workload_meta(within.values("workload_id"))
+            meta = {pk: row for pk, row in rows.items() if pk in workload_ids}
+    return steps_ledger, meta
+
+
+GROUP_FIELDS = ("workload__team_id", "workload__queue_id", "workload__resource_class_id", "device_class_id")
+
+
+def group_intervals(allocations, start, end):
+    """`allocations`, all overlapping [start, end), as intervals per group, device class, start and end,
+    their times clipped to the window first: a cycle admits thousands at one time, and most of a full
+    cluster is held all through the window."""
+    begins = Case(When(allocated_at__lte=start, then=Value(start)), default=F("allocated_at"))
+    ends = Case(
+        When(Q(released_at__isnull=True) | Q(released_at__gte=end), then=Value(None, DateTimeField())),
+        default=F("released_at"),
     )
+    rows = (
+        allocations.order_by()
+        .annotate(begins=begins, ends=ends)
+        .values(*GROUP_FIELDS, "begins", "ends")
+        .annotate(devices=Count("id"))
+        .values_list(*GROUP_FIELDS, "begins", "ends", "devices")
+    )
+    names = rollup.GroupNames()
+    intervals, meta = [], {}
+    for team_id, queue_id, resource_class_id, class_id, held_from, held_to, devices in fetch_rows(rows):
+        line = (rollup.GROUP, team_id, queue_id, resource_class_id)
+        if line not in meta:
+            meta[line] = names.allocated_meta(team_id, queue_id, resource_class_id)
+        until = None if held_to is None else to_us(held_to)
+        intervals.append(ledger.Interval(to_us(held_from), until, class_id, line, devices))
+    return intervals, meta
 
 
 def overlapping(start, end):
@@ -59,15 +118,16 @@ def overlapping(start, end):
     )
 
 
-def allocation_intervals(start, end):
-    """Allocation rows overlapping [start, end) as ledger intervals; the devices of a gang placed and
+def allocation_intervals(allocations):
+    """`allocations` (e.g. overlapping(start, end)) as ledger intervals; the devices of a gang placed and
     released together become one interval of n devices."""
-    rows = fetch_rows(
-        overlapping(start, end).order_by().values_list("workload_id", "device_class_id", "allocated_at", "released_at")
+    # Grouped in SQL: a gang's devices are one row each, 100,000 of them on a full large cluster.
+    grouped = (
+        allocations.order_by()
+        .values("workload_id", "device_class_id", "allocated_at", "released_at")
+        .annotate(devices=Count("id"))
+        .values_list("workload_id", "device_class_id", "allocated_at", "released_at", "devices")
     )
-    grouped = defaultdict(int)
-    for workload_id, class_id, allocated_at, released_at in rows:
-        grouped[(workload_id, class_id, allocated_at, released_at)] += 1
     return [
         ledger.Interval(
             start=to_us(allocated_at),
@@ -76,7 +136,7 @@ def allocation_intervals(start, end):
             line=workload_id,
             devices=devices,
         )
-        for (workload_id, class_id, allocated_at, released_at), devices in grouped.items()
+        for workload_id, class_id, allocated_at, released_at, devices in fetch_rows(grouped)
     ]
 
 
@@ -104,7 +164,16 @@ def workload_meta(workload_ids):
     """{workload id: its names} for `workload_ids`, ids or a subquery of them: a month's tens of thousands
     of ids as parameters cost more than the report's ledger."""
     rows = Workload.objects.filter(pk__in=workload_ids).values(
-        "pk", "name", "state", "team__name", "queue__name", "resource_class__name", "resource_class__cost_label"
+        "pk",
+        "name",
+        "state",
+        "team__name",
+        "queue__name",
+        "resource_class__name",
+        "resource_class__cost_label",
+        "team_id",
+        "queue_id",
+        "resource_class_id",
     )
     return {
         row["pk"]: {
@@ -114,6 +183,7 @@ def workload_meta(workload_ids):
             "resource_class": row["resource_class__name"] or NONE_LABEL,
             "cost_label": row["resource_class__cost_label"] or NONE_LABEL,
             "state": row["state"],
+            "group": (row["team_id"], row["queue_id"], row["resource_class_id"]),
         }
         for row in rows
     }
@@ -194,7 +264,7 @@ def allocation_report(
     """The OpenCost-shaped report: per step, aggregate -> {device_hours, cost} and the unallocated rows.
     `top`: keep the lines of that many costliest keys over the window, and sum the rest into one
     OTHER_LABEL line (a month of a busy cluster has tens of thousands of workloads)."""
-    loaded = load(start, end, step, now)
+    loaded = load(start, end, step, now, by_workload="workload" in aggregate)
     rounded_steps = [round_leaves(step_leaves(step_ledger, loaded, aggregate)) for step_ledger in loaded.steps]
     kept = None
     if top is not None:
@@ -383,7 +453,7 @@ def team_breakdowns(start, end, team, dims_list, now=None):
     """The team's allocated cost over [start, end) in month steps, split by each dims of `dims_list`, each
     split apportioned inside the team's own rounded figure (largest remainder) so its lines always add up
     to the team line of the chargeback. Returns {dims: {key: entry}}."""
-    loaded = load(start, end, "month", now)
+    loaded = load(start, end, "month", now, by_workload=any("workload" in dims for dims in dims_list))
     team_units = team_cents = 0
     fine = {dims: (defaultdict(int), defaultdict(int)) for dims in dims_list}
     for step_ledger in loaded.steps:

@@ -1,8 +1,8 @@
 """The running-cost ticker: month to date, and what the cluster costs per hour right now."""
 
-from collections import Counter
 from decimal import Decimal
 
+from django.db.models import Count
 from django.utils import timezone
 
 from broker.costs.models import CapacitySample
@@ -19,7 +19,14 @@ def running_cost(now=None):
     start = month_start(now)
     totals = allocation_report(start, now, step="month", now=now)["totals"] if now > start else None
     prices = dict(DeviceClass.objects.values_list("pk", "price_per_hour"))
-    held = Counter(Allocation.objects.filter(released_at__isnull=True).values_list("device_class_id", flat=True))
+    # Counted in SQL: one row per held device is 100,000 rows on a full large cluster.
+    held = dict(
+        Allocation.objects.filter(released_at__isnull=True)
+        .order_by()
+        .values("device_class_id")
+        .annotate(devices=Count("id"))
+        .values_list("device_class_id", "devices")
+    )
     capacity = {}
     for class_id in prices:
         latest = CapacitySample.objects.filter(device_class_id=class_id, at__lte=now).order_by("-at").first()

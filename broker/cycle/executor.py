@@ -43,6 +43,7 @@ from django.db import connection, transaction
 from django.db.models import Count, F
 from django.db.models.sql import UpdateQuery
 
+from broker import clock
 from broker.cycle.bulk import Background, column_in, insert_rows, pk_in
 from broker.events import request_cycle_after_commit
 from broker.workloads.models import Allocation, Workload, WorkloadTransition
@@ -79,7 +80,7 @@ class Executor(ABC):
 
 class SimulatedExecutor(Executor):
     def __init__(self, speed=None):
-        self.speed = float(speed or settings.SIMULATION_SPEED)
+        self.speed = float(speed or clock.simulation_speed())
 
     def wall_seconds(self, duration):
         return None if duration is None else duration / self.speed

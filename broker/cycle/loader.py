@@ -844,6 +844,7 @@ def fetch_pending_rows(loaded, pks=None):
             "preemptible",
             # As text, parsed once per distinct value: nearly every row holds "[]".
             as_text("nominated_devices"),
+            "name",
         )
     )
     return rows, load_pod_set_rows(WAITING, pks)
@@ -923,7 +924,7 @@ def pending_records(loaded, approval_rules, rows, pod_set_rows, scope, pks):
 def pending_workload(row, pod_set_rows, approved, loaded, executor, parse):
     """One PendingWorkload from its workload row and its pod set rows."""
     pk, _, queue, team, rc, required, preferred, priority, disruption, submitted, _, duration = row[:12]
-    preemptible, nominated = row[12], row[13]
+    preemptible, nominated, name = row[12], row[13], row[14]
     return s.PendingWorkload(
         id=str(pk),
         queue=queue,
@@ -939,6 +940,7 @@ def pending_workload(row, pod_set_rows, approved, loaded, executor, parse):
         expected_duration=executor.wall_seconds(duration),
         preemptible=preemptible,
         nominated_devices=nominated_ids(parse(nominated, ()), loaded),
+        name=f"{team}/{name}",
     )
 
 
@@ -1252,14 +1254,16 @@ def holder_rows(workloads):
         epoch("eviction_requested_at"),
         "evicted_for_id",
         "preemption_count",
+        "team__name",
+        "name",
     )
 
 
 def running_records(workload_id, rows, info, loaded, class_names, executor):
     """`running_workload`, or for a workload with pods being evicted the tuple `split_leaving` makes."""
     workload = running_workload(workload_id, rows, info, loaded, class_names, executor)
-    if len(info) > 11 and info[12]:
-        return s.split_leaving(workload, set(info[12]), None if info[13] is None else str(info[13]))
+    if len(info) > 13 and info[14]:
+        return s.split_leaving(workload, set(info[14]), None if info[15] is None else str(info[15]))
     return workload
 
 
@@ -1267,8 +1271,8 @@ def running_workload(workload_id, rows, info, loaded, class_names, executor):
     """One RunningWorkload from its active allocation rows (ordered) and its workload row (plus, in Pod
     disruption mode, what `shrinking_rows` adds)."""
     queue, priority, disruption, preemptible, state, admitted_at, started_at, duration = info[:8]
-    eviction_requested_at, evicted_for, preemptions = info[8:11]
-    min_counts = info[11] if len(info) > 11 else ()
+    eviction_requested_at, evicted_for, preemptions, team, name = info[8:13]
+    min_counts = info[13] if len(info) > 13 else ()
     # Device and class names come from what was loaded already: no join per allocation.
     devices_by_pk = loaded.devices_by_pk
     if len(rows) == 1:  # most running work is one device: one pod, nothing to group or sort
@@ -1304,4 +1308,5 @@ def running_workload(workload_id, rows, info, loaded, class_names, executor):
         evicted_for=None if evicted_for is None else str(evicted_for),
         min_counts=min_counts,
         preemptions=preemptions,
+        name=f"{team}/{name}",
     )

@@ -23,6 +23,7 @@ from itertools import islice
 
 from broker.scheduler.capacity import ROOT, View
 from broker.scheduler.placement import place_gang, place_within_scope
+from broker.scheduler.snapshot import label
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class Protection:
     scope: tuple
     level: str | None
     planned_start: float | None
+    name: str = ""  # the protected workload's, for messages
 
     def excluded_for(self, request, now: float) -> frozenset:
         duration = request.workload.expected_duration
@@ -46,7 +48,7 @@ class Protection:
         else:
             names = sorted(state.node_names[node] for node in self.nodes)
             where = "nodes " + ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-        head = f"{where} is held for {self.workload_id} (priority {self.priority}, ahead in line)"
+        head = f"{where} is held for {self.name or self.workload_id} (priority {self.priority}, ahead in line)"
         if self.planned_start is None:
             return f"{head}; it has waited too long and durations are unknown, so no start is planned"
         return f"{head}, planned to start at {self.planned_start:g}"
@@ -211,7 +213,9 @@ def plan_protection(cycle, request) -> Protection | None:
 
 def _protection(cycle, request, scope, plan_nodes, start) -> Protection:
     nodes = frozenset(cycle.state.nodes_of(scope)) if scope != ROOT else frozenset(plan_nodes)
-    return Protection(request.id, request.workload.priority, nodes, scope, request.required, start)
+    return Protection(
+        request.id, request.workload.priority, nodes, scope, request.required, start, label(request.workload)
+    )
 
 
 def _protection_without_durations(cycle, request, classes, required, ahead=frozenset()) -> Protection | None:

@@ -33,6 +33,7 @@ from broker.scheduler.snapshot import (
     PodSet,
     Snapshot,
     Suggestion,
+    label,
     made,
 )
 
@@ -690,13 +691,14 @@ def _preemption_message(outcome, running, levels) -> str:
     for victim in outcome.victims:
         workload = victim.workload
         shrunk = f"{_pods_text(len(workload.pods))}, " if workload.partial else ""
-        leaving.append(f"{workload.id} ({shrunk}{victim.rule}, priority {workload.priority})")
+        leaving.append(f"{label(workload)} ({shrunk}{victim.rule}, priority {workload.priority})")
     for workload_id in outcome.waiting_for_evictions:
         record = running.get(workload_id)
         if record is not None and record.part_of is not None:
-            leaving.append(f"{record.part_of} ({_pods_text(len(record.pods))} being evicted)")
+            # The pods split off a shrunk workload carry its name; their id is not one anybody knows.
+            leaving.append(f"{record.name or record.part_of} ({_pods_text(len(record.pods))} being evicted)")
         else:
-            leaving.append(f"{workload_id} (being evicted)")
+            leaving.append(f"{workload_id if record is None else label(record)} (being evicted)")
     noun = "victim" if len(leaving) == 1 else "victims"
     return f"waiting for {len(leaving)} {noun} to leave: {', '.join(leaving)}{_why_victims(outcome, levels)}"
 

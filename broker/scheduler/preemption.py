@@ -45,7 +45,7 @@ from operator import attrgetter
 
 from broker.scheduler.capacity import COUNTERS, PLAIN, RANK_PLAIN, ROOT
 from broker.scheduler.placement import place_within_scope
-from broker.scheduler.snapshot import RunningWorkload, leaving_id
+from broker.scheduler.snapshot import RunningWorkload, label, leaving_id
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class Victim:
         if self.workload.partial:
             count = len(self.workload.pods)
             what = f"{count} of its pods preempted" if count != 1 else "1 of its pods preempted"
-        return f"{what} for {preemptor.id} ({self.rule}): {self._reason(request, now, factor)}"
+        return f"{what} for {label(preemptor)} ({self.rule}): {self._reason(request, now, factor)}"
 
     def _reason(self, request, now: float, factor: float) -> str:
         preemptor, victim = request.workload, self.workload
@@ -75,7 +75,7 @@ class Victim:
         if self.rule == "ShorterRemaining":
             return (
                 f"it expects to hold its devices for {_hours(victim.expected_end - now)} more, at least "
-                f"{factor:g} times what {preemptor.id} needs in all, at the same priority"
+                f"{factor:g} times what {label(preemptor)} needs in all, at the same priority"
             )
         class_name = request.resource_class.name if request.resource_class else "its"
         return (
@@ -927,7 +927,7 @@ def lent_out(cycle, request, class_name: str) -> dict | None:
 
 
 def _holders_by_priority(cycle, queue: str, class_name: str) -> tuple[str, ...]:
-    """Ids of the queue's running work of `class_name` (evicting or not), highest priority first, then
+    """Names of the queue's running work of `class_name` (evicting or not), highest priority first, then
     by id. Running work is grouped by class once per cycle, not scanned for every explanation."""
     index = _index(cycle)
     by_queue = index.running_by_class.get(class_name)
@@ -939,7 +939,7 @@ def _holders_by_priority(cycle, queue: str, class_name: str) -> tuple[str, ...]:
     ids = index.holders.get((queue, class_name))
     if ids is None:
         ordered = sorted(by_queue.get(queue, ()), key=lambda workload: (-workload.priority, workload.id))
-        ids = index.holders[(queue, class_name)] = tuple(workload.id for workload in ordered)
+        ids = index.holders[(queue, class_name)] = tuple(label(workload) for workload in ordered)
     return ids
 
 

@@ -335,6 +335,7 @@ class PendingWorkload:
     nominated_devices: devices its victims freed (or are freeing) for it (kube-scheduler's nominated
       node, Kueue's preemptor): while free they are held for it until its turn in the cycle, so work
       ordered before it cannot take them; at its turn they are free for anyone, itself first.
+    name: what messages call it, e.g. "team-a/train-7" ("" = its id): people know names, not ids.
     """
 
     id: str
@@ -351,6 +352,12 @@ class PendingWorkload:
     expected_duration: float | None = None
     preemptible: bool | None = None
     nominated_devices: tuple[str, ...] = ()
+    name: str = ""
+
+
+def label(workload) -> str:
+    """What a message calls a pending or running workload: its name, else its id."""
+    return workload.name or workload.id
 
 
 @dataclass(frozen=True)
@@ -381,6 +388,7 @@ class RunningWorkload:
       (`split_leaving`): the id of the workload they belong to. Their own id is `leaving_id` of it.
     partial: only some of the workload's pods (a preemption search's candidate for shrinking it).
     preemptions: how often it was preempted before this run (a bound protects it from thrashing).
+    name: what messages call it ("" = its id); the pods split off it keep it.
     """
 
     id: str
@@ -398,6 +406,7 @@ class RunningWorkload:
     part_of: str | None = None
     partial: bool = False
     preemptions: int = 0
+    name: str = ""
 
     @cached_property
     def device_count(self) -> int:

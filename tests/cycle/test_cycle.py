@@ -173,7 +173,7 @@ def test_it_evicts_victims_gracefully_and_admits_the_preemptor_once_they_are_gon
     assert claimant.nominated_devices == sorted(device.pk for device in rack_1)
     explanation = Explanation.objects.get(workload=claimant)
     assert explanation.reason == "PreemptionPending"
-    assert f"waiting for 1 victim to leave: {hog.pk} (WithinQueue, priority 1)" in explanation.message
+    assert f"waiting for 1 victim to leave: {hog} (WithinQueue, priority 1)" in explanation.message
 
     # 2. While it shuts down the core sees it evicting for the claimant: no new victims, still waiting.
     snapshot, _ = load_snapshot(start + timedelta(milliseconds=500))
@@ -183,7 +183,7 @@ def test_it_evicts_victims_gracefully_and_admits_the_preemptor_once_they_are_gon
     assert (second.preempted, second.admitted) == ((), ())
     explanation = Explanation.objects.get(workload=claimant)
     assert explanation.reason == "PreemptionPending"
-    assert f"{hog.pk} (being evicted)" in explanation.message
+    assert f"{hog} (being evicted)" in explanation.message
 
     # 3. The executor stops it after the grace period: devices released, Preempted, requeued, audited.
     executor = SimulatedExecutor(speed=60)

@@ -79,7 +79,7 @@ def test_it_shrinks_an_elastic_victim_and_gives_its_pods_devices_to_the_preempto
     assert set(claimant.nominated_devices) == leaving_devices
     explanation = Explanation.objects.get(workload=claimant)
     assert explanation.reason == "PreemptionPending"
-    assert f"{stretchy.pk} (4 pods, WithinQueue, priority 1)" in explanation.message
+    assert f"{stretchy} (4 pods, WithinQueue, priority 1)" in explanation.message
 
     # 2. The next snapshot splits it: the pods staying, and the pods leaving, held for the claimant.
     snapshot, _ = load_snapshot(start + timedelta(milliseconds=500))
@@ -90,7 +90,7 @@ def test_it_shrinks_an_elastic_victim_and_gives_its_pods_devices_to_the_preempto
     assert (going.evicting, going.evicted_for, going.part_of) == (True, str(claimant.pk), str(stretchy.pk))
     second = run_once(now=start + timedelta(milliseconds=500))
     assert (second.preempted, second.admitted) == ((), ())
-    assert f"{stretchy.pk} (4 pods being evicted)" in Explanation.objects.get(workload=claimant).message
+    assert f"{stretchy} (4 pods being evicted)" in Explanation.objects.get(workload=claimant).message
 
     # 3. The executor stops those pods after the grace period; the workload runs on with the others.
     executor = SimulatedExecutor(speed=60)
