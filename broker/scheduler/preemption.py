@@ -402,14 +402,14 @@ def _eligible(cycle, request, class_name: str, any_priority: bool = False, shrin
             if workload.id not in chosen and workload.id not in others:
                 others[workload.id] = (workload, "ReclaimWithinCohort")
     if _preempts_across_queues(request):
-        for workload in _class_priority_candidates(index, request):  # none is own
+        for workload in _cohort_work(index, request, PriorityRun.below, own_queue=False):
             if workload.id not in chosen and workload.id not in others:
                 others[workload.id] = (workload, "ClassPriority")
     bar = _shorter_remaining_bar(cycle, request)
     if bar is not None:
         own_ids = {workload.id for workload in own}
         now = cycle.snapshot.now
-        for workload in _equal_priority_candidates(index, request):
+        for workload in _cohort_work(index, request, PriorityRun.equal, own_queue=True):
             if workload.id in chosen or workload.id in others or workload.id in own_ids:
                 continue
             if workload.expected_end is not None and (workload.expected_end - now) * workload.device_count >= bar:
@@ -441,26 +441,19 @@ def _cohort_reclaim_candidates(cycle, index: VictimIndex, request, any_priority:
             yield from run.workloads if any_priority else run.up_to(priority)
 
 
-def _class_priority_candidates(index: VictimIndex, request):
-    """Preemptible work of strictly lower priority in the other queues of the preemptor's cohort tree."""
-    queue = request.queue
-    root = index.cohort_root.get(queue.name)
-    if root is None:
-        return
+def _cohort_work(index: VictimIndex, request, select, own_queue: bool):
+    """Preemptible work in the other queues of the preemptor's cohort tree (and in its own queue too with
+    `own_queue`) that `select` (a PriorityRun method: below, equal) picks by the preemptor's priority:
+    below for ClassPriority, equal for ShorterRemaining. A queue outside any cohort has only itself."""
+    queue = request.queue.name
+    root = index.cohort_root.get(queue)
     priority = request.workload.priority
     for other in index.queues:
-        if other != queue.name and index.cohort_root.get(other) == root:
-            yield from index.own(other).below(priority)
-
-
-def _equal_priority_candidates(index: VictimIndex, request):
-    """Preemptible work of the preemptor's own priority in its own queue and its cohort tree's others."""
-    queue = request.queue
-    root = index.cohort_root.get(queue.name)
-    priority = request.workload.priority
-    for other in index.queues:
-        if other == queue.name or (root is not None and index.cohort_root.get(other) == root):
-            yield from index.own(other).equal(priority)
+        if other == queue:
+            if own_queue:
+                yield from select(index.own(other), priority)
+        elif root is not None and index.cohort_root.get(other) == root:
+            yield from select(index.own(other), priority)
 
 
 def _cohort_reclaim_runs(cycle, index: VictimIndex, request):
