@@ -6,11 +6,13 @@ The same Philly slice as the replay section (bench/replay.py: 552 machines, 2,49
 - today: fair share, priority, age; backfill protection; no preemption (the replay section's rules);
 - short waits: the policy of issue 31. Interactive and inference classes preempt preemptible batch and
   training work across queues (ResourceClass.preempts_across_queues, set here on the demo menu's
-  `PREEMPTING_CLASSES`; the demo itself keeps it off until large gangs no longer starve under it); a
-  preempted job is requeued at its place in
-  line and pays its class's checkpoint-restart cost (60 s of its devices) inside its job completion time;
-  no job is preempted before it ran `min_runtime` seconds or more than `max_preemptions` times; among equal
-  priorities the shortest expected device-time goes first, aged so nothing starves.
+  `PREEMPTING_CLASSES`); each queue preempts its own lower-priority work as the demo's queues do
+  (within_queue LowerPriority: one big virtual cluster runs most of the trace, so across queues alone
+  reaches little); a preempted job is requeued at its place in line and pays its class's
+  checkpoint-restart cost (60 s of its devices) inside its job completion time; no job is preempted
+  before it ran `min_runtime` seconds or more than `max_preemptions` times; among equal priorities the
+  shortest expected device-time goes first, aged so nothing starves; the oldest `large_gangs` gangs of
+  32+ GPUs keep a planned start and rack that neither admissions nor preemptors may take.
 
 Arrivals stop at the end of the window and the run goes on until every job that arrived has finished, so
 job completion time (JCT: finish - submit) covers every job. A cycle runs every `tick` seconds when
@@ -46,6 +48,7 @@ class Rules:
     name: str
     config: SchedulerConfig
     preempting_classes: tuple[str, ...] = ()
+    within_queue: str = "Never"  # each queue's own preemption policy (the demo seeds LowerPriority)
 
     def on(self, cluster: Cluster) -> Cluster:
         """The cluster with this rule's classes preempting across queues."""
@@ -61,7 +64,13 @@ def today_rules() -> Rules:
 
 
 def short_wait_rules(
-    min_runtime=120.0, max_preemptions=3, aging=1800.0, preemptors_per_queue=64, shorter_factor=4.0
+    min_runtime=120.0,
+    max_preemptions=3,
+    aging=1800.0,
+    preemptors_per_queue=64,
+    shorter_factor=4.0,
+    large_gangs=2,
+    within_queue="LowerPriority",
 ) -> Rules:
     return Rules(
         "short_waits",
@@ -74,8 +83,11 @@ def short_wait_rules(
             shortest_first_aging_seconds=aging,
             preemptions_per_queue_per_cycle=preemptors_per_queue,
             shorter_remaining_factor=shorter_factor,
+            protected_large_gangs=large_gangs,
+            large_gang_devices=LARGE_GANG,
         ),
         PREEMPTING_CLASSES,
+        within_queue,
     )
 
 
@@ -111,7 +123,8 @@ def racks_needed(cluster: Cluster):
 
 def simulate(cluster: Cluster, jobs: list[Job], rules: Rules, tick: float) -> Outcome:
     cluster = rules.on(cluster)
-    queues = tuple(Queue(name, name, cohort="philly") for name in sorted({job.queue for job in jobs}))
+    names = sorted({job.queue for job in jobs})
+    queues = tuple(Queue(name, name, cohort="philly", within_queue=rules.within_queue) for name in names)
     classes = {resource_class.name: resource_class for resource_class in cluster.resource_classes}
     by_id = {job.id: job for job in jobs}
     rack_of, needed = racks_needed(cluster)
@@ -264,8 +277,11 @@ def compare(cluster: Cluster, jobs: list[Job], tick: float) -> dict:
                 "shortest_first_aging_seconds",
                 "preemptions_per_queue_per_cycle",
                 "shorter_remaining_factor",
+                "protected_large_gangs",
+                "large_gang_devices",
             )
         }
+        runs[rules.name]["within_queue"] = rules.within_queue
     today, short = runs["today"], runs["short_waits"]
     return {
         "tick_s": tick,

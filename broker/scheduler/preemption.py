@@ -26,7 +26,9 @@ search among such surplus pods alone comes first, and only when shrinking cannot
 evicted whole; a gang never drops below its minimum while it runs.
 
 Device classes are tried in fallback order; the first class some victim set works for decides (as Kueue
-tries flavors in order). The victims must free room inside ONE domain of the preemptor's required level.
+tries flavors in order). The victims must free room inside ONE domain of the preemptor's required level,
+and off the nodes the preemptor may not take (`Cycle.excluded_for`: those held for protected gangs whose
+planned start it would delay, those of reservation windows it would overrun), as an admission must.
 The cheapest set wins (issue 27, as Kubernetes' workload-aware preemption and Kueue take the lowest
 priority first): the lowest priorities (sets compared by their victims' priorities, highest first, so
 two priority-1 jobs go before one priority-250 gang), then pods before whole PodGroups, then the fewest
@@ -118,10 +120,13 @@ def find_victims(cycle, request) -> Found | None:
     if cycle.preemptions_by_queue.get(request.queue.name, 0) >= cycle.config.preemptions_per_queue_per_cycle:
         return _waiting_for_evictions_only(cycle, request)
     newer_counts = request.queue.within_queue == "LowerOrNewerEqualPriority"
+    excluded = cycle.excluded_for(request)
     memo_key = (
         request.classes, request.demands, request.required, request.preferred, request.queue.name,
         request.team, request.workload.priority, request.preemptible,
-        request.workload.submitted if newer_counts else None,
+        request.workload.submitted if newer_counts else None, excluded,
+        # ShorterRemaining's victims depend on how long the preemptor runs: a shorter one may find some.
+        request.workload.expected_duration if cycle.config.shorter_remaining_factor else None,
     )  # fmt: skip
     if memo_key in cycle.preemption_failed:
         return None
@@ -131,7 +136,9 @@ def find_victims(cycle, request) -> Found | None:
     for any_priority in priorities:
         for shrink in shrinking:
             for class_name in request.classes:
-                found = _search_class(cycle, request, class_name, any_priority=any_priority, shrink=shrink)
+                found = _search_class(
+                    cycle, request, class_name, any_priority=any_priority, shrink=shrink, excluded=excluded
+                )
                 if found is not None:
                     _claim(cycle, found)
                     if found.victims:
@@ -209,8 +216,9 @@ def _waiting_for_evictions_only(cycle, request) -> Found | None:
     """Once its queue has preempted this cycle, a workload may still wait for evictions under way."""
     if not _index(cycle).evicting_slots:
         return None
+    excluded = cycle.excluded_for(request)
     for class_name in request.classes:
-        found = _search_class(cycle, request, class_name, with_victims=False)
+        found = _search_class(cycle, request, class_name, with_victims=False, excluded=excluded)
         if found is not None:
             _claim(cycle, found)
             return found
@@ -492,23 +500,36 @@ def _cohort_roots(snapshot) -> dict[str, str | None]:
 
 
 def _search_class(
-    cycle, request, class_name: str, with_victims: bool = True, any_priority: bool = False, shrink: bool = False
+    cycle,
+    request,
+    class_name: str,
+    with_victims: bool = True,
+    any_priority: bool = False,
+    shrink: bool = False,
+    excluded: frozenset = frozenset(),
 ) -> Found | None:
+    """The cheapest victims in one class. `excluded`: nodes the request may not take (those held for
+    protected gangs whose planned start it would delay, and reservation windows it would overrun):
+    what victims free there, or evictions under way leave there, is not room for it. Without this,
+    short work preempting batch work keeps refilling the rack a large gang is waiting for."""
     access = request.default_access
     class_index = cycle.state.class_index[class_name]
     level_index = cycle.state.levels.index(request.required) if request.required else None
-    evicting = _by_scope(cycle, _evicting_slots(cycle, access, request.id), class_index, level_index)
+    evicting_slots = _evicting_slots(cycle, access, request.id)
+    if excluded and evicting_slots:
+        evicting_slots = [entry for entry in evicting_slots if entry[1].node not in excluded]
+    evicting = _by_scope(cycle, evicting_slots, class_index, level_index)
     eligible = _eligible(cycle, request, class_name, any_priority, shrink) if with_victims else _Eligible([], set(), {})
     if shrink and not eligible:
         return None  # the search without shrinking answers the same
     if not evicting and not eligible:
         return None  # no scope to search (what follows would find none)
-    base_view = cycle.view(class_name, access)
+    base_view = cycle.view(class_name, access, excluded)
     most = base_view.total() + sum(len(slots) for slots in evicting.values())
     if not _hold_at_least(cycle, eligible.workloads(), request.needed - most):
         return None
     # Shrunk records share their workload's id: what they free is kept apart from what the whole frees.
-    freed_key = (cycle.access_key(access), class_index, level_index, shrink)
+    freed_key = (cycle.access_key(access), class_index, level_index, shrink, excluded)
     if level_index is None and eligible:
         found = _cheapest_single(cycle, request, class_name, eligible, evicting.get(ROOT, []), freed_key)
         if found is not _UNDECIDED:
@@ -526,7 +547,7 @@ def _search_class(
     for bound, _, scope, candidates, gains, evicting_here in bounded:
         if best is not None and bound > cost_key(best.victims)[0]:
             break
-        search = _ScopeSearch(cycle, request, class_name, scope, evicting_here, freed)
+        search = _ScopeSearch(cycle, request, class_name, scope, evicting_here, freed, excluded)
         found = search.run(candidates, gains)
         if found is not None and (best is None or cost_key(found.victims) < cost_key(best.victims)):
             best = found
@@ -583,12 +604,13 @@ def _cheapest_single(cycle, request, class_name, eligible, evicting_here, freed_
     free anything here (none that frees less than the deficit could be chosen alone), a set of one is
     tried once its gain covers the deficit, and the first feasible one ends the search."""
     access = request.default_access
+    excluded = freed_key[4]
     freed: dict[str, dict] = {}
-    search = _ScopeSearch(cycle, request, class_name, ROOT, evicting_here, freed)
+    search = _ScopeSearch(cycle, request, class_name, ROOT, evicting_here, freed, excluded)
     evicting = _evicting_ids(evicting_here)
     if search.feasible(()):
         return Found((), evicting) if evicting else None
-    view = cycle.view(class_name, access)
+    view = cycle.view(class_name, access, excluded)
     deficit = max(1, request.needed - view.total() - len(evicting_here))
     budget = cycle.config.preemption_search_limit  # a walk within it examines no more sets than the search
     known = _freed_memo(cycle, freed_key)
@@ -691,8 +713,9 @@ def _hold_at_least(cycle, workloads, devices: int) -> bool:
 
 def _freed_by_scope(cycle, workload: RunningWorkload, access, freed_key: tuple) -> dict:
     """`_by_scope` of what evicting `workload` frees, for freed_key = (access key, class index, level
-    index). Kept for the cycle, as one workload is a candidate in many searches: running work keeps its
-    devices while decisions are made, and what a request may use of them depends only on its access key."""
+    index, shrink, nodes excluded). Kept for the cycle, as one workload is a candidate in many searches:
+    running work keeps its devices while decisions are made, and what a request may use of them depends
+    only on its access key and the nodes it may not take."""
     freed = _freed_memo(cycle, freed_key).get(workload.id)
     return _freed_now(cycle, workload, access, freed_key) if freed is None else freed
 
@@ -708,8 +731,11 @@ def _freed_memo(cycle, freed_key: tuple) -> dict[str, dict[tuple, list]]:
 
 
 def _freed_now(cycle, workload: RunningWorkload, access, freed_key: tuple) -> dict:
-    class_index, level_index = freed_key[1], freed_key[2]
-    freed = _by_scope(cycle, _freed_slots(cycle, workload, access), class_index, level_index)
+    class_index, level_index, excluded = freed_key[1], freed_key[2], freed_key[4]
+    slots = _freed_slots(cycle, workload, access)
+    if excluded:
+        slots = [entry for entry in slots if entry[1].node not in excluded]
+    freed = _by_scope(cycle, slots, class_index, level_index)
     _freed_memo(cycle, freed_key)[workload.id] = freed
     return freed
 
@@ -767,11 +793,12 @@ def _unblocked_slots(state, freed, access) -> list:
 class _ScopeSearch:
     """The cheapest victim set that makes the request fit inside one scope."""
 
-    def __init__(self, cycle, request, class_name, scope, evicting_here, freed):
+    def __init__(self, cycle, request, class_name, scope, evicting_here, freed, excluded=frozenset()):
         self.cycle = cycle
         self.request = request
         self.class_name = class_name
         self.scope = scope
+        self.excluded = excluded
         self.evicting_here = evicting_here
         self.freed = freed
         self.checks = 0
@@ -783,7 +810,7 @@ class _ScopeSearch:
         evicting = _evicting_ids(self.evicting_here)
         if self.feasible(()):
             return Found((), evicting) if evicting else None
-        view = self.cycle.view(self.class_name, self.request.default_access)
+        view = self.cycle.view(self.class_name, self.request.default_access, self.excluded)
         deficit = self.request.needed - view.domain_count(self.scope) - len(self.evicting_here)
         budget = self.cycle.config.preemption_search_limit
         chosen = _cheapest_feasible(candidates, gains, deficit, self.feasible, budget)
@@ -803,7 +830,7 @@ class _ScopeSearch:
         more = list(self.evicting_here)
         for victim in chosen:
             more.extend(self.freed[victim.workload.id][self.scope])
-        view = self.cycle.view(self.class_name, self.request.default_access, more=more)
+        view = self.cycle.view(self.class_name, self.request.default_access, self.excluded, more=more)
         if self.cycle.state.counted:
             view.counter_credit = _counters_given_back(
                 self.cycle, [victim.workload for victim in chosen] + self.evicting_workloads
