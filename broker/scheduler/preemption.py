@@ -417,8 +417,11 @@ def _eligible(cycle, request, class_name: str, any_priority: bool = False, shrin
     if bar is not None:
         own_ids = {workload.id for workload in own}
         now = cycle.snapshot.now
+        spared = _spared_gang_size(cycle, request)
         for workload in _cohort_work(index, request, PriorityRun.equal, own_queue=True):
             if workload.id in chosen or workload.id in others or workload.id in own_ids:
+                continue
+            if workload.device_count >= spared:
                 continue
             if workload.expected_end is not None and (workload.expected_end - now) * workload.device_count >= bar:
                 others[workload.id] = (workload, "ShorterRemaining")
@@ -427,6 +430,17 @@ def _eligible(cycle, request, class_name: str, any_priority: bool = False, shrin
         own = [shrunk[workload.id] for workload in own if workload.id in shrunk]
         others = {key: (shrunk[key], rule) for key, (_, rule) in others.items() if key in shrunk}
     return _Eligible(own, chosen, others)
+
+
+def _spared_gang_size(cycle, request) -> float:
+    """The devices from which a running gang is no ShorterRemaining victim of `request`: large gangs,
+    while they are protected (`protected_large_gangs`), for work smaller than a large gang. Measured in
+    device-time, a large gang's remaining work dwarfs any small job's, so every equal-priority job would
+    find it a victim; stopped, it waits for a whole rack again, its protected start undone."""
+    least = cycle.config.large_gang_devices
+    if cycle.config.protected_large_gangs <= 0 or request.needed >= least:
+        return float("inf")
+    return least
 
 
 def _within_queue_candidates(run: PriorityRun, policy: str, preemptor) -> list[RunningWorkload]:

@@ -215,3 +215,19 @@ def test_it_tries_shorter_remaining_again_for_a_shorter_preemptor_of_the_same_sh
 
         [preemption] = result.preemptions
         assert (preemption.preemptor_id, preemption.rule) == ("half-hour", "ShorterRemaining")
+
+
+def test_it_spares_a_running_large_gang_from_shorter_remaining_work_smaller_than_it():
+    # A 16-device gang with ten hours left, and a two-hour job of 8 devices at the gang's priority:
+    # 160 device-hours left is more than four times 16, so by device-time the gang is its victim.
+    work = [running("big", "n1", 8, 36_000, priority=300), running("big", "n2", 8, 36_000, priority=300)]
+    work = [replace(work[0], pods=work[0].pods + work[1].pods)]
+    work += [running("day3", "n3", 8, 86_400, priority=900), running("day4", "n4", 8, 86_400, priority=900)]
+    eight = replace(gang("eight", pods=1), expected_duration=7200.0)
+    by_remaining = {"shorter_remaining_factor": 4.0, "large_gang_devices": 16}
+
+    unprotected = decide(snapshot(work, [eight], protected_large_gangs=0, **by_remaining))
+    protected = decide(snapshot(work, [eight], protected_large_gangs=1, **by_remaining))
+
+    assert [(p.victim_id, p.rule) for p in unprotected.preemptions] == [("big", "ShorterRemaining")]
+    assert protected.preemptions == ()
