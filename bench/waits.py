@@ -5,10 +5,10 @@ The same Philly slice as the replay section (bench/replay.py: 552 machines, 2,49
 
 - today: fair share, priority, age; backfill protection; no preemption (the replay section's rules);
 - short waits: the policy of issue 31. Interactive and inference classes preempt preemptible batch and
-  training work across queues (ResourceClass.preempts_across_queues, set here on the demo menu's
-  `PREEMPTING_CLASSES`); each queue preempts its own lower-priority work as the demo's queues do
-  (within_queue LowerPriority: one big virtual cluster runs most of the trace, so across queues alone
-  reaches little); a preempted job is requeued at its place in line and pays its class's
+  training work across queues (ResourceClass.preempts_across_queues, as the demo menu sets it on
+  `PREEMPTING_CLASSES`, and set here for this run only); each queue preempts its own lower-priority
+  work as the demo's queues do (within_queue LowerPriority: one big virtual cluster runs most of the
+  trace, so across queues alone reaches little); a preempted job is requeued at its place in line and pays its class's
   checkpoint-restart cost (60 s of its devices) inside its job completion time; no job is preempted
   before it ran `min_runtime` seconds or more than `max_preemptions` times; among equal priorities the
   shortest expected device-time goes first, aged so nothing starves; the oldest `large_gangs` gangs of
