@@ -215,6 +215,11 @@ def summary_line(name: str, result: dict) -> str:
                 f"mean JCT {today['jct_mean_s']} -> {short['jct_mean_s']} s, {short['preemptions']} preemptions "
                 f"({short['lost_device_hours']} device-h lost), spread {short['gangs_spread_over_extra_racks']}"
             )
+        known = result["known_preemption"]["short_waits"]
+        cells.append(
+            f"known case: {known['preemptions']} preemption, {known['lost_device_seconds']:g} GPU-s lost "
+            f"(expected {result['known_preemption']['expected_short_waits']['lost_device_seconds']:g})"
+        )
         text = "today -> short waits: " + "; ".join(cells)
     elif name == "soak":
         latency, checks = result["latency_ms"], result["invariants"]

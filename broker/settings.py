@@ -255,6 +255,10 @@ PREEMPTION_MAX_PER_WORKLOAD = envint("PREEMPTION_MAX_PER_WORKLOAD", "3") or None
 # (unset: off). And shortest-first order within a priority, aged by this many seconds (unset: by age).
 SHORTER_REMAINING_FACTOR = envfloat("SHORTER_REMAINING_FACTOR", "0") or None
 SHORTEST_FIRST_AGING_SECONDS = envfloat("SHORTEST_FIRST_AGING_SECONDS", "0") or None
+# The oldest this many waiting gangs of at least LARGE_GANG_DEVICES devices keep a planned start and
+# domain wherever they stand in line: no admission or preemption may delay them (0 = only BACKFILL_DEPTH).
+PROTECTED_LARGE_GANGS = int(os.getenv("PROTECTED_LARGE_GANGS", "2"))
+LARGE_GANG_DEVICES = int(os.getenv("LARGE_GANG_DEVICES", "32"))
 # Once an inventory of at least this many devices has been read (and indexed), a cycle ends by moving
 # everything then alive out of the cyclic collector's reach (gc.freeze): at 100k devices its full
 # passes over the kept inventory paused the process for 300 ms at a time. 0 = never.

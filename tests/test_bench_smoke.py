@@ -85,6 +85,15 @@ def test_it_compares_todays_rules_with_short_waits_on_the_same_slice(tmp_path):
         assert short["most_preemptions_of_one_job"] <= short["config"]["max_preemptions_per_workload"]
         # Each preemption costs its class's checkpoint-restart seconds of the victim's devices.
         assert (short["lost_device_hours"] > 0) == (short["preemptions"] > 0)
+    # A quick slice preempts nothing, so the check above holds whether lost work is counted or not;
+    # the known case preempts once, and must count exactly one checkpoint-restart of one GPU.
+    known = waits["known_preemption"]
+    assert known["today"]["preemptions"] == 0 and known["today"]["lost_device_seconds"] == 0
+    expected = known["expected_short_waits"]
+    assert expected["lost_device_seconds"] > 0
+    assert known["short_waits"]["preemptions"] == expected["preemptions"] == 1
+    assert known["short_waits"]["lost_device_seconds"] == expected["lost_device_seconds"]
+    assert known["short_waits"]["inference_wait_s"] < known["today"]["inference_wait_s"]
     assert isinstance(waits["target"]["pass"], bool)
     assert "waits" in completed.stdout
 

@@ -168,6 +168,8 @@ def _load_snapshot(now, config):
         or s.SchedulerConfig(
             backfill_wait_seconds=settings.BACKFILL_WAIT_SECONDS,
             backfill_depth=settings.BACKFILL_DEPTH,
+            protected_large_gangs=settings.PROTECTED_LARGE_GANGS,
+            large_gang_devices=settings.LARGE_GANG_DEVICES,
             estimate_queue_depth=settings.ESTIMATE_QUEUE_DEPTH,
             preemption_min_runtime_seconds=settings.PREEMPTION_MIN_RUNTIME_SECONDS,
             max_preemptions_per_workload=settings.PREEMPTION_MAX_PER_WORKLOAD,

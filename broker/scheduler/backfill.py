@@ -179,7 +179,10 @@ def held_slots(cycle, workload_id: str, access) -> list:
     return slots
 
 
-def plan_protection(cycle, request) -> Protection | None:
+def plan_protection(cycle, request, every_domain: bool = False) -> Protection | None:
+    """The earliest start the release timeline gives `request`, on nodes no gang protected before it
+    holds. `every_domain`: when that timeline ends before a start is found, look further in each domain
+    of the required level by the ends of the work there alone (see `_plan_in_each_domain`)."""
     levels = cycle.state.levels
     required = levels.index(request.required) if request.required else None
     preferred = levels.index(request.preferred) if request.preferred else None
@@ -206,9 +209,70 @@ def plan_protection(cycle, request) -> Protection | None:
             plan = place_gang(view, request.demands, required, preferred)
             if plan is not None:
                 return _protection(cycle, request, plan.scope, {pod.node for pod in plan.pods}, end)
+    if every_domain and required is not None:
+        found = _plan_in_each_domain(cycle, request, classes, required, preferred, ahead)
+        if found is not None:
+            return found
     if cycle.snapshot.now - request.workload.submitted < cycle.config.backfill_wait_seconds:
         return None
     return _protection_without_durations(cycle, request, classes, required, ahead)
+
+
+def _plan_in_each_domain(cycle, request, classes, required, preferred, ahead) -> Protection | None:
+    """The earliest start in any one domain of the required level, each domain simulated with the
+    expected ends of the work holding devices there alone. The cluster-wide timeline stops after
+    `estimate_horizon_events` releases, and on a cluster busy with short jobs those are spent within
+    minutes, long before the one batch job whose end frees a rack: a large gang planned only from it
+    loses its protection at every burst of short work, and its rack is refilled meanwhile."""
+    access = request.default_access
+    needed = request.needed
+    ends = _ends_by_domain(cycle, required)
+    built = cycle.empty_state()
+    best = None
+    for class_name in classes:
+        capacities = View(built, built.class_index[class_name], excluded=ahead).domain_counts(required)
+        free_now = cycle.view(class_name, access, excluded=ahead)
+        for scope in sorted(capacities):
+            if capacities[scope] < needed:
+                continue
+            view = cycle.view(class_name, access, excluded=ahead)  # extended below: one per domain
+            free = free_now.domain_count(scope)
+            events = ends.get(scope, ())
+            for position, (end, slots) in enumerate(events):
+                if best is not None and end >= best[0]:
+                    break
+                view.extend([(rank, slot) for slot in slots if (rank := access.rank(slot)) is not None])
+                free += len(slots)
+                if position + 1 < len(events) and events[position + 1][0] == end:
+                    continue
+                if free >= needed and place_within_scope(view, scope, request.demands, preferred) is not None:
+                    best = (end, scope)
+                    break
+    if best is None:
+        return None
+    return _protection(cycle, request, best[1], (), best[0])
+
+
+def _ends_by_domain(cycle, level_index: int) -> dict[tuple, list[tuple[float, list]]]:
+    """Domain of the level -> (expected end, the devices it frees there) of everything holding devices
+    there whose end is known (the whole timeline, not its first releases), earliest first. Made once per
+    cycle state: asked for the few oldest large gangs only, before anything is admitted."""
+    timeline = _timeline(cycle)
+    key = (level_index, len(cycle.log.admitted), len(cycle.chosen_victims), len(cycle.leaving))
+    known = cycle.__dict__.setdefault("_ends_by_domain", {})
+    if key in known:
+        return known[key]
+    events = timeline.events(cycle, len(timeline.ends) + len(timeline.evicting) + len(cycle.log.admitted) + 1)
+    keys = cycle.state.node_domains[level_index]
+    by_domain: dict[tuple, list] = {}
+    for end, workload_id in events:
+        here: dict[tuple, list] = {}
+        for slot in cycle.slots_held_by(workload_id):
+            here.setdefault(keys[slot.node], []).append(slot)
+        for scope, slots in here.items():
+            by_domain.setdefault(scope, []).append((end, slots))
+    known[key] = by_domain
+    return by_domain
 
 
 def _protection(cycle, request, scope, plan_nodes, start) -> Protection:

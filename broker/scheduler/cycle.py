@@ -108,6 +108,8 @@ class Cycle:
         self._marked = -1  # how many protections `_marks` counts
         self._now = snapshot.now
         self._protected_ids: set[str] = set()
+        # Of those, the oldest large gangs, protected before anything else is decided (_protect_oldest_gangs).
+        self.protected_first: set[str] = set()
         self.windows: list[Window] = []
         self._failed: set = set()
         self._extras_cache: dict = {}
@@ -160,10 +162,13 @@ class Cycle:
         self._own_answers = {w.evicted_for for w in self.snapshot.running if w.evicting and w.evicted_for}
         self._own_answers.update(w.id for w in self.snapshot.pending if w.nominated_devices)
         own_answers = self._own_answers
+        self._own_nodes = self._nodes_freed_for(own_answers) if own_answers else {}
         for workload in sorted((w for w in self.snapshot.pending if w.id in own_answers), key=_by_id):
             self._resolve(workload)
         # 3b. Devices a preemptor's victims freed are held for it until its turn (its nomination).
         self._hold_nominated()
+        # 3c. The oldest large gangs keep a planned start wherever they stand in line.
+        self._protect_oldest_gangs()
         # 4. Order: fair share between queues (recomputed after each admission), then priority, then age.
         #    A workload that cannot be resolved takes no share and no position: the order goes on as if
         #    it were not there.
@@ -267,6 +272,21 @@ class Cycle:
         self.requests[workload.id] = resolved
         return resolved
 
+    def _nodes_freed_for(self, workload_ids) -> dict[str, frozenset]:
+        """Workload id -> the nodes of the devices being evicted for it or nominated to it. Its victims
+        were chosen before any gang protected this cycle held those nodes: they stay open to it."""
+        slots = self.state.slot_by_id
+        nodes: dict[str, set] = {}
+        for workload in self.snapshot.running:
+            if workload.evicting and workload.evicted_for in workload_ids:
+                here = nodes.setdefault(workload.evicted_for, set())
+                here.update(slots[d].node for pod in workload.pods for d in pod.device_ids if d in slots)
+        for workload in self.snapshot.pending:
+            if workload.nominated_devices:
+                here = nodes.setdefault(workload.id, set())
+                here.update(slots[d].node for d in workload.nominated_devices if d in slots)
+        return {workload_id: frozenset(found) for workload_id, found in nodes.items()}
+
     def _hold_nominated(self) -> None:
         """Free devices named in a pending workload's `nominated_devices` are held for it (first
         nominee wins a device named twice), so work ordered before it cannot take what its victims
@@ -286,6 +306,35 @@ class Cycle:
                 held = list(held.values())
                 self.state.hold(held, NOMINATED + workload.id)
                 self.nominated[workload.id] = held
+
+    def _protect_oldest_gangs(self) -> None:
+        """Plan a start and domain for the oldest waiting gangs of at least `large_gang_devices` devices,
+        before anything is admitted. Protection in line order reaches only the first few blocked
+        workloads; with shortest-first order a large gang sits behind every short job of its queue, never
+        gets there, and the racks it waits for keep being refilled (by admissions and by preemptors alike)
+        until it has waited for hours. Held from the start of the cycle, its domain takes only work that
+        ends before its planned start, whatever that work's place in line."""
+        count = self.config.protected_large_gangs
+        if count <= 0 or not self.config.enable_backfill_protection:
+            return
+        least = self.config.large_gang_devices
+        large = []
+        for workload in self.snapshot.pending:
+            devices = 0
+            for pod_set in workload.pod_sets:
+                devices += pod_set.gang_size * pod_set.devices_per_pod
+            if devices >= least:
+                large.append(workload)
+        large.sort(key=_by_age)
+        for workload in large[:count]:
+            request = self.requests.get(workload.id) or self._resolve(workload)
+            if request is None or self.gate_problem(request) or not self.entitled_classes(request):
+                continue
+            protection = backfill.plan_protection(self, request, every_domain=True)
+            if protection is not None:
+                self.protections.append(protection)
+                self._protected_ids.add(protection.workload_id)
+                self.protected_first.add(protection.workload_id)
 
     def _release_nominated(self, workload_id: str) -> None:
         held = self.nominated.pop(workload_id, None)
@@ -313,6 +362,8 @@ class Cycle:
             request.preemptible, request.tolerations, workload.priority,
             workload.submitted if queue.within_queue == "LowerOrNewerEqualPriority" else None,
             self.excluded_for(request), at_limit,
+            # ShorterRemaining's victims depend on its expected duration (preemption.find_victims).
+            workload.expected_duration if self.config.shorter_remaining_factor else None,
             # Whether it has waited long enough to be protected without known durations (backfill).
             self.snapshot.now - workload.submitted >= self.config.backfill_wait_seconds,
         )  # fmt: skip
@@ -335,7 +386,8 @@ class Cycle:
         return self.protections[0] if self.protections else None
 
     def _protects_more(self) -> bool:
-        return len(self.protections) < max(1, self.config.backfill_depth)
+        in_line = len(self.protections) - len(self.protected_first)
+        return in_line < max(1, self.config.backfill_depth)
 
     def _charge(self, queue: str, device_class: str, amount: int) -> None:
         self.quota.add_usage(queue, device_class, amount)
@@ -553,6 +605,9 @@ class Cycle:
                 self._record_preemption(request, found)
                 return
         outcome = self.log.outcomes[request.id]
+        if request.id in self.protected_first:
+            outcome.protected = True
+            return
         if not self.entitled_classes(request):
             outcome.unprotectable = True
             return
@@ -611,8 +666,9 @@ class Cycle:
             return NOTHING
         if len(protections) != self._marked:
             self._new_marks()
-        if request.id in self._protected_ids:
-            return self._excluded_now(request)  # its own protection holds nothing against it: a few only
+        if request.id in self._protected_ids or request.id in self._own_nodes:
+            # Its own protection, or the nodes its victims free, hold nothing against it: a few only.
+            return self._excluded_now(request)
         duration = request.workload.expected_duration
         if duration is None:
             key = -1
@@ -643,12 +699,18 @@ class Cycle:
 
     def _excluded_now(self, request: Request) -> frozenset:
         now = self.snapshot.now
-        held = [window.nodes for window in self.windows_blocking(request)] if self.windows else []
-        held += [
+        windows = [window.nodes for window in self.windows_blocking(request)] if self.windows else []
+        protected = [
             nodes
             for protection in self.protections
             if protection.workload_id != request.id and (nodes := protection.excluded_for(request, now))
         ]
+        own = self._own_nodes.get(request.id)
+        if own:
+            # Its victims were chosen before this cycle's protected gangs held those nodes: what they
+            # free (or freed) stays open to it. A few workloads a cycle, so no union is kept for them.
+            return frozenset().union(*windows, *(nodes - own for nodes in protected))
+        held = windows + protected
         if len(held) < 2:
             return held[0] if held else frozenset()
         key = tuple(map(id, held))  # the protections' and windows' own sets, alive for the cycle
@@ -882,6 +944,7 @@ class Cycle:
 
 
 _by_id = attrgetter("id")
+_by_age = attrgetter("submitted", "id")
 new_tuple = tuple.__new__
 _by_workload_id = attrgetter("workload_id")
 

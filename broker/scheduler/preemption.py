@@ -26,7 +26,9 @@ search among such surplus pods alone comes first, and only when shrinking cannot
 evicted whole; a gang never drops below its minimum while it runs.
 
 Device classes are tried in fallback order; the first class some victim set works for decides (as Kueue
-tries flavors in order). The victims must free room inside ONE domain of the preemptor's required level.
+tries flavors in order). The victims must free room inside ONE domain of the preemptor's required level,
+and off the nodes the preemptor may not take (`Cycle.excluded_for`: those held for protected gangs whose
+planned start it would delay, those of reservation windows it would overrun), as an admission must.
 The cheapest set wins (issue 27, as Kubernetes' workload-aware preemption and Kueue take the lowest
 priority first): the lowest priorities (sets compared by their victims' priorities, highest first, so
 two priority-1 jobs go before one priority-250 gang), then pods before whole PodGroups, then the fewest
@@ -118,10 +120,13 @@ def find_victims(cycle, request) -> Found | None:
     if cycle.preemptions_by_queue.get(request.queue.name, 0) >= cycle.config.preemptions_per_queue_per_cycle:
         return _waiting_for_evictions_only(cycle, request)
     newer_counts = request.queue.within_queue == "LowerOrNewerEqualPriority"
+    excluded = cycle.excluded_for(request)
     memo_key = (
         request.classes, request.demands, request.required, request.preferred, request.queue.name,
         request.team, request.workload.priority, request.preemptible,
-        request.workload.submitted if newer_counts else None,
+        request.workload.submitted if newer_counts else None, excluded,
+        # ShorterRemaining's victims depend on how long the preemptor runs: a shorter one may find some.
+        request.workload.expected_duration if cycle.config.shorter_remaining_factor else None,
     )  # fmt: skip
     if memo_key in cycle.preemption_failed:
         return None
@@ -131,7 +136,9 @@ def find_victims(cycle, request) -> Found | None:
     for any_priority in priorities:
         for shrink in shrinking:
             for class_name in request.classes:
-                found = _search_class(cycle, request, class_name, any_priority=any_priority, shrink=shrink)
+                found = _search_class(
+                    cycle, request, class_name, any_priority=any_priority, shrink=shrink, excluded=excluded
+                )
                 if found is not None:
                     _claim(cycle, found)
                     if found.victims:
@@ -209,8 +216,9 @@ def _waiting_for_evictions_only(cycle, request) -> Found | None:
     """Once its queue has preempted this cycle, a workload may still wait for evictions under way."""
     if not _index(cycle).evicting_slots:
         return None
+    excluded = cycle.excluded_for(request)
     for class_name in request.classes:
-        found = _search_class(cycle, request, class_name, with_victims=False)
+        found = _search_class(cycle, request, class_name, with_victims=False, excluded=excluded)
         if found is not None:
             _claim(cycle, found)
             return found
@@ -402,15 +410,18 @@ def _eligible(cycle, request, class_name: str, any_priority: bool = False, shrin
             if workload.id not in chosen and workload.id not in others:
                 others[workload.id] = (workload, "ReclaimWithinCohort")
     if _preempts_across_queues(request):
-        for workload in _class_priority_candidates(index, request):  # none is own
+        for workload in _cohort_work(index, request, PriorityRun.below, own_queue=False):
             if workload.id not in chosen and workload.id not in others:
                 others[workload.id] = (workload, "ClassPriority")
     bar = _shorter_remaining_bar(cycle, request)
     if bar is not None:
         own_ids = {workload.id for workload in own}
         now = cycle.snapshot.now
-        for workload in _equal_priority_candidates(index, request):
+        spared = _spared_gang_size(cycle, request)
+        for workload in _cohort_work(index, request, PriorityRun.equal, own_queue=True):
             if workload.id in chosen or workload.id in others or workload.id in own_ids:
+                continue
+            if workload.device_count >= spared:
                 continue
             if workload.expected_end is not None and (workload.expected_end - now) * workload.device_count >= bar:
                 others[workload.id] = (workload, "ShorterRemaining")
@@ -419,6 +430,17 @@ def _eligible(cycle, request, class_name: str, any_priority: bool = False, shrin
         own = [shrunk[workload.id] for workload in own if workload.id in shrunk]
         others = {key: (shrunk[key], rule) for key, (_, rule) in others.items() if key in shrunk}
     return _Eligible(own, chosen, others)
+
+
+def _spared_gang_size(cycle, request) -> float:
+    """The devices from which a running gang is no ShorterRemaining victim of `request`: large gangs,
+    while they are protected (`protected_large_gangs`), for work smaller than a large gang. Measured in
+    device-time, a large gang's remaining work dwarfs any small job's, so every equal-priority job would
+    find it a victim; stopped, it waits for a whole rack again, its protected start undone."""
+    least = cycle.config.large_gang_devices
+    if cycle.config.protected_large_gangs <= 0 or request.needed >= least:
+        return float("inf")
+    return least
 
 
 def _within_queue_candidates(run: PriorityRun, policy: str, preemptor) -> list[RunningWorkload]:
@@ -441,26 +463,19 @@ def _cohort_reclaim_candidates(cycle, index: VictimIndex, request, any_priority:
             yield from run.workloads if any_priority else run.up_to(priority)
 
 
-def _class_priority_candidates(index: VictimIndex, request):
-    """Preemptible work of strictly lower priority in the other queues of the preemptor's cohort tree."""
-    queue = request.queue
-    root = index.cohort_root.get(queue.name)
-    if root is None:
-        return
+def _cohort_work(index: VictimIndex, request, select, own_queue: bool):
+    """Preemptible work in the other queues of the preemptor's cohort tree (and in its own queue too with
+    `own_queue`) that `select` (a PriorityRun method: below, equal) picks by the preemptor's priority:
+    below for ClassPriority, equal for ShorterRemaining. A queue outside any cohort has only itself."""
+    queue = request.queue.name
+    root = index.cohort_root.get(queue)
     priority = request.workload.priority
     for other in index.queues:
-        if other != queue.name and index.cohort_root.get(other) == root:
-            yield from index.own(other).below(priority)
-
-
-def _equal_priority_candidates(index: VictimIndex, request):
-    """Preemptible work of the preemptor's own priority in its own queue and its cohort tree's others."""
-    queue = request.queue
-    root = index.cohort_root.get(queue.name)
-    priority = request.workload.priority
-    for other in index.queues:
-        if other == queue.name or (root is not None and index.cohort_root.get(other) == root):
-            yield from index.own(other).equal(priority)
+        if other == queue:
+            if own_queue:
+                yield from select(index.own(other), priority)
+        elif root is not None and index.cohort_root.get(other) == root:
+            yield from select(index.own(other), priority)
 
 
 def _cohort_reclaim_runs(cycle, index: VictimIndex, request):
@@ -499,23 +514,36 @@ def _cohort_roots(snapshot) -> dict[str, str | None]:
 
 
 def _search_class(
-    cycle, request, class_name: str, with_victims: bool = True, any_priority: bool = False, shrink: bool = False
+    cycle,
+    request,
+    class_name: str,
+    with_victims: bool = True,
+    any_priority: bool = False,
+    shrink: bool = False,
+    excluded: frozenset = frozenset(),
 ) -> Found | None:
+    """The cheapest victims in one class. `excluded`: nodes the request may not take (those held for
+    protected gangs whose planned start it would delay, and reservation windows it would overrun):
+    what victims free there, or evictions under way leave there, is not room for it. Without this,
+    short work preempting batch work keeps refilling the rack a large gang is waiting for."""
     access = request.default_access
     class_index = cycle.state.class_index[class_name]
     level_index = cycle.state.levels.index(request.required) if request.required else None
-    evicting = _by_scope(cycle, _evicting_slots(cycle, access, request.id), class_index, level_index)
+    evicting_slots = _evicting_slots(cycle, access, request.id)
+    if excluded and evicting_slots:
+        evicting_slots = [entry for entry in evicting_slots if entry[1].node not in excluded]
+    evicting = _by_scope(cycle, evicting_slots, class_index, level_index)
     eligible = _eligible(cycle, request, class_name, any_priority, shrink) if with_victims else _Eligible([], set(), {})
     if shrink and not eligible:
         return None  # the search without shrinking answers the same
     if not evicting and not eligible:
         return None  # no scope to search (what follows would find none)
-    base_view = cycle.view(class_name, access)
+    base_view = cycle.view(class_name, access, excluded)
     most = base_view.total() + sum(len(slots) for slots in evicting.values())
     if not _hold_at_least(cycle, eligible.workloads(), request.needed - most):
         return None
     # Shrunk records share their workload's id: what they free is kept apart from what the whole frees.
-    freed_key = (cycle.access_key(access), class_index, level_index, shrink)
+    freed_key = (cycle.access_key(access), class_index, level_index, shrink, excluded)
     if level_index is None and eligible:
         found = _cheapest_single(cycle, request, class_name, eligible, evicting.get(ROOT, []), freed_key)
         if found is not _UNDECIDED:
@@ -533,7 +561,7 @@ def _search_class(
     for bound, _, scope, candidates, gains, evicting_here in bounded:
         if best is not None and bound > cost_key(best.victims)[0]:
             break
-        search = _ScopeSearch(cycle, request, class_name, scope, evicting_here, freed)
+        search = _ScopeSearch(cycle, request, class_name, scope, evicting_here, freed, excluded)
         found = search.run(candidates, gains)
         if found is not None and (best is None or cost_key(found.victims) < cost_key(best.victims)):
             best = found
@@ -590,12 +618,13 @@ def _cheapest_single(cycle, request, class_name, eligible, evicting_here, freed_
     free anything here (none that frees less than the deficit could be chosen alone), a set of one is
     tried once its gain covers the deficit, and the first feasible one ends the search."""
     access = request.default_access
+    excluded = freed_key[4]
     freed: dict[str, dict] = {}
-    search = _ScopeSearch(cycle, request, class_name, ROOT, evicting_here, freed)
+    search = _ScopeSearch(cycle, request, class_name, ROOT, evicting_here, freed, excluded)
     evicting = _evicting_ids(evicting_here)
     if search.feasible(()):
         return Found((), evicting) if evicting else None
-    view = cycle.view(class_name, access)
+    view = cycle.view(class_name, access, excluded)
     deficit = max(1, request.needed - view.total() - len(evicting_here))
     budget = cycle.config.preemption_search_limit  # a walk within it examines no more sets than the search
     known = _freed_memo(cycle, freed_key)
@@ -698,8 +727,9 @@ def _hold_at_least(cycle, workloads, devices: int) -> bool:
 
 def _freed_by_scope(cycle, workload: RunningWorkload, access, freed_key: tuple) -> dict:
     """`_by_scope` of what evicting `workload` frees, for freed_key = (access key, class index, level
-    index). Kept for the cycle, as one workload is a candidate in many searches: running work keeps its
-    devices while decisions are made, and what a request may use of them depends only on its access key."""
+    index, shrink, nodes excluded). Kept for the cycle, as one workload is a candidate in many searches:
+    running work keeps its devices while decisions are made, and what a request may use of them depends
+    only on its access key and the nodes it may not take."""
     freed = _freed_memo(cycle, freed_key).get(workload.id)
     return _freed_now(cycle, workload, access, freed_key) if freed is None else freed
 
@@ -715,8 +745,11 @@ def _freed_memo(cycle, freed_key: tuple) -> dict[str, dict[tuple, list]]:
 
 
 def _freed_now(cycle, workload: RunningWorkload, access, freed_key: tuple) -> dict:
-    class_index, level_index = freed_key[1], freed_key[2]
-    freed = _by_scope(cycle, _freed_slots(cycle, workload, access), class_index, level_index)
+    class_index, level_index, excluded = freed_key[1], freed_key[2], freed_key[4]
+    slots = _freed_slots(cycle, workload, access)
+    if excluded:
+        slots = [entry for entry in slots if entry[1].node not in excluded]
+    freed = _by_scope(cycle, slots, class_index, level_index)
     _freed_memo(cycle, freed_key)[workload.id] = freed
     return freed
 
@@ -774,11 +807,12 @@ def _unblocked_slots(state, freed, access) -> list:
 class _ScopeSearch:
     """The cheapest victim set that makes the request fit inside one scope."""
 
-    def __init__(self, cycle, request, class_name, scope, evicting_here, freed):
+    def __init__(self, cycle, request, class_name, scope, evicting_here, freed, excluded=frozenset()):
         self.cycle = cycle
         self.request = request
         self.class_name = class_name
         self.scope = scope
+        self.excluded = excluded
         self.evicting_here = evicting_here
         self.freed = freed
         self.checks = 0
@@ -790,7 +824,7 @@ class _ScopeSearch:
         evicting = _evicting_ids(self.evicting_here)
         if self.feasible(()):
             return Found((), evicting) if evicting else None
-        view = self.cycle.view(self.class_name, self.request.default_access)
+        view = self.cycle.view(self.class_name, self.request.default_access, self.excluded)
         deficit = self.request.needed - view.domain_count(self.scope) - len(self.evicting_here)
         budget = self.cycle.config.preemption_search_limit
         chosen = _cheapest_feasible(candidates, gains, deficit, self.feasible, budget)
@@ -810,7 +844,7 @@ class _ScopeSearch:
         more = list(self.evicting_here)
         for victim in chosen:
             more.extend(self.freed[victim.workload.id][self.scope])
-        view = self.cycle.view(self.class_name, self.request.default_access, more=more)
+        view = self.cycle.view(self.class_name, self.request.default_access, self.excluded, more=more)
         if self.cycle.state.counted:
             view.counter_credit = _counters_given_back(
                 self.cycle, [victim.workload for victim in chosen] + self.evicting_workloads

@@ -474,6 +474,10 @@ class SchedulerConfig:
       (Slurm's rule; broker.scheduler.windows). False: a window holds nothing until it opens.
     backfill_wait_seconds: without known durations, how long the head waits before its planned domain
       is kept free.
+    protected_large_gangs: how many of the oldest waiting gangs of at least `large_gang_devices` devices
+      get a planned start and domain before the line is walked, wherever they stand in it: no admission
+      and no preemption that would delay them is made this cycle (0 = none beyond `backfill_depth`).
+    large_gang_devices: the devices a gang needs at least to count as large for `protected_large_gangs`.
     enable_preemption: look for victims at all.
     explain: compute explanations, estimated starts and suggestions (False = codes only, for speed).
     suggestions: compute verified suggestions.
@@ -501,6 +505,8 @@ class SchedulerConfig:
     backfill_depth: int = 4
     reservations_ahead: bool = True
     backfill_wait_seconds: float = 3600.0
+    protected_large_gangs: int = 0
+    large_gang_devices: int = 32
     enable_preemption: bool = True
     explain: bool = True
     suggestions: bool = True
