@@ -1183,7 +1183,7 @@ def load_running(loaded, fetched, pks=None):
             else:
                 renewed = True
                 record = running_records(workload_id, *source, loaded, class_names, executor)
-                if source[1][5] is not None or source[1][6] is not None:
+                if source[1][ADMITTED_AT] is not None or source[1][STARTED_AT] is not None:
                     records[workload_id] = (source, record)
                 else:  # it started "now": not reusable
                     built_now[workload_id] = record
@@ -1218,7 +1218,7 @@ def shrinking_rows(info):
     their preemptor) for the few holders that are in Pod mode or have pods being evicted (both small
     index reads). Others are left out, and their records stay as they were."""
     extra = {}
-    elastic = [workload_id for workload_id, row in info.items() if row[2] == "Pod"]
+    elastic = [workload_id for workload_id, row in info.items() if row[DISRUPTION] == "Pod"]
     minimums = defaultdict(list)
     if elastic:
         pod_sets = PodSet.objects.filter(**column_in("workload", elastic), min_count__isnull=False)
@@ -1241,40 +1241,63 @@ def shrinking_rows(info):
     return extra
 
 
+# Where each value sits in a holder's info: its holder_rows row without the id, then, for a workload in
+# Pod disruption mode or with pods being evicted, what shrinking_rows adds.
+HOLDER_TIMESTAMPS = ("admitted_at", "started_at", "eviction_requested_at")
+HOLDER_FIELDS = (
+    "queue__name",
+    "priority",
+    "disruption_mode",
+    "preemptible",
+    "state",
+    "admitted_at",
+    "started_at",
+    "expected_duration_seconds",
+    "eviction_requested_at",
+    "evicted_for_id",
+    "preemption_count",
+    "team__name",
+    "name",
+)
+ADMITTED_AT, STARTED_AT, DISRUPTION = (HOLDER_FIELDS.index(f) for f in ("admitted_at", "started_at", "disruption_mode"))
+MIN_COUNTS, LEAVING, LEAVING_FOR = range(len(HOLDER_FIELDS), len(HOLDER_FIELDS) + 3)
+
+
 def holder_rows(workloads):
-    """What a RunningWorkload needs from its workload row (no ORDER BY: the rows become a dict)."""
-    return workloads.order_by().values_list(
-        "id",
-        "queue__name",
-        "priority",
-        "disruption_mode",
-        "preemptible",
-        "state",
-        epoch("admitted_at"),
-        epoch("started_at"),
-        "expected_duration_seconds",
-        epoch("eviction_requested_at"),
-        "evicted_for_id",
-        "preemption_count",
-        "team__name",
-        "name",
-    )
+    """What a RunningWorkload needs from its workload row, id first, then HOLDER_FIELDS (no ORDER BY:
+    the rows become a dict)."""
+    fields = (epoch(name) if name in HOLDER_TIMESTAMPS else name for name in HOLDER_FIELDS)
+    return workloads.order_by().values_list("id", *fields)
 
 
 def running_records(workload_id, rows, info, loaded, class_names, executor):
     """`running_workload`, or for a workload with pods being evicted the tuple `split_leaving` makes."""
     workload = running_workload(workload_id, rows, info, loaded, class_names, executor)
-    if len(info) > 13 and info[14]:
-        return s.split_leaving(workload, set(info[14]), None if info[15] is None else str(info[15]))
+    if len(info) > LEAVING and info[LEAVING]:
+        leaving_for = info[LEAVING_FOR]
+        return s.split_leaving(workload, set(info[LEAVING]), None if leaving_for is None else str(leaving_for))
     return workload
 
 
 def running_workload(workload_id, rows, info, loaded, class_names, executor):
     """One RunningWorkload from its active allocation rows (ordered) and its workload row (plus, in Pod
     disruption mode, what `shrinking_rows` adds)."""
-    queue, priority, disruption, preemptible, state, admitted_at, started_at, duration = info[:8]
-    eviction_requested_at, evicted_for, preemptions, team, name = info[8:13]
-    min_counts = info[13] if len(info) > 13 else ()
+    (
+        queue,
+        priority,
+        disruption,
+        preemptible,
+        state,
+        admitted_at,
+        started_at,
+        duration,
+        eviction_requested_at,
+        evicted_for,
+        preemptions,
+        team,
+        name,
+    ) = info[:MIN_COUNTS]
+    min_counts = info[MIN_COUNTS] if len(info) > MIN_COUNTS else ()
     # Device and class names come from what was loaded already: no join per allocation.
     devices_by_pk = loaded.devices_by_pk
     if len(rows) == 1:  # most running work is one device: one pod, nothing to group or sort
