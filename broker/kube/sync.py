@@ -23,7 +23,7 @@ from django.utils import timezone
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from broker.kube import failures, intake, mirror
+from broker.kube import intake, mirror
 from broker.kube.connection import api_client
 from broker.kube.models import Cluster, WatchCursor
 
@@ -122,7 +122,6 @@ class Sync:
                 resource.changed(self.cluster, items)
             if resource in INVENTORY:
                 mirror.forget_missing(self.cluster, resource.name, present)
-                failures.evict_from_tainted_devices(self.cluster)
             else:
                 intake.forget_missing(self.cluster, resource.name, present)
             self.advance(resource, version, listed=True)
@@ -151,8 +150,6 @@ class Sync:
                         resource.deleted(self.cluster, obj)
                     else:
                         resource.changed(self.cluster, [obj])
-                    if resource in INVENTORY:
-                        failures.evict_from_tainted_devices(self.cluster)
                     self.advance(resource, new_version, event=True)
             version = new_version
             if self.stopping.is_set():

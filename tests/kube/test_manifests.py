@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from broker.cycle.runner import run_once
 from broker.kube.applier import Applier
 from tests.kube.helpers import admit
 from tests.kube_apiserver import as_model, same_keys, to_dict
@@ -78,6 +79,7 @@ def test_it_grants_exactly_the_verbs_the_bridge_uses(sync, lab):
 
     lab.create(objects.taint_rule("broken", pool="k0"))
     sync.list_all()
+    run_once()  # the cycle evicts the group from the tainted device
     assert applier.drain()  # creates evictions
     assert group.workload_id
     used = lab.verbs()
