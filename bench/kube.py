@@ -74,13 +74,14 @@ def wait(predicate, timeout=60.0, interval=0.01):
 
 def section(quick: bool) -> dict:
     from django.conf import settings
+    from django.utils import timezone
 
     from bench import db
     from broker.cycle.loader import forget_everything_loaded
     from broker.cycle.runner import run_once
     from broker.inventory.models import Device, Node
     from broker.kube.applier import Applier
-    from broker.kube.models import MirroredPodGroup, OutboxEntry
+    from broker.kube.models import MirroredPodGroup, OutboxEntry, WatchCursor
     from broker.kube.sync import INVENTORY, WORK, Sync
     from broker.workloads.models import SchedulingCycle
     from tests.kube import objects
@@ -128,7 +129,11 @@ def section(quick: bool) -> dict:
             stderr=subprocess.DEVNULL,
         )
         try:
-            time.sleep(1.0)
+            # Timed from when the sync follows the nodes (a bookmark moved their cursor), not from its
+            # process start: a second or more of Django's setup is not a watch event's latency.
+            started = timezone.now()
+            following = wait(lambda: WatchCursor.objects.filter(resource="nodes", updated_at__gt=started).exists(), 120)
+            assert following, "the sync did not start following the nodes"
             latencies = []
             for i in range(EVENTS):
                 name = f"node-{(i * 37) % nodes:05d}"

@@ -126,21 +126,25 @@ def claim_requests(obj):
 
 
 def claims_changed(cluster, objs):
-    namespaces = set()
-    for obj in objs:
-        meta = obj["metadata"]
-        MirroredClaim.objects.update_or_create(
-            cluster=cluster,
-            namespace=meta["namespace"],
-            name=meta["name"],
-            defaults={
-                "uid": meta.get("uid", ""),
-                "requests": claim_requests(obj),
-                "allocated": bool((obj.get("status") or {}).get("allocation")),
-            },
-        )
-        namespaces.add(meta["namespace"])
-    return reconcile_waiting(cluster, namespaces)
+    # One statement for a batch of claims (the sync hands over each object once per batch).
+    MirroredClaim.objects.bulk_create(
+        [
+            MirroredClaim(
+                cluster=cluster,
+                namespace=obj["metadata"]["namespace"],
+                name=obj["metadata"]["name"],
+                uid=obj["metadata"].get("uid", ""),
+                resource_version=obj["metadata"].get("resourceVersion", ""),
+                requests=claim_requests(obj),
+                allocated=bool((obj.get("status") or {}).get("allocation")),
+            )
+            for obj in objs
+        ],
+        update_conflicts=True,
+        unique_fields=["cluster", "namespace", "name"],
+        update_fields=["uid", "resource_version", "requests", "allocated"],
+    )
+    return reconcile_waiting(cluster, {obj["metadata"]["namespace"] for obj in objs})
 
 
 def claim_deleted(cluster, obj):
@@ -169,26 +173,30 @@ def ours(obj):
 
 
 def pods_changed(cluster, objs):
-    groups = set()
-    for obj in objs:
-        if not ours(obj):
-            continue
-        meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
-        pod, _ = MirroredPod.objects.update_or_create(
+    pods = [
+        MirroredPod(
             cluster=cluster,
-            namespace=meta["namespace"],
-            name=meta["name"],
-            defaults={
-                "uid": meta.get("uid", ""),
-                "pod_group": spec["schedulingGroup"]["podGroupName"],
-                "node_name": spec.get("nodeName") or "",
-                "phase": status.get("phase") or "",
-                "claims": pod_claims(obj),
-                "terminating": bool(meta.get("deletionTimestamp")),
-            },
+            namespace=obj["metadata"]["namespace"],
+            name=obj["metadata"]["name"],
+            uid=obj["metadata"].get("uid", ""),
+            pod_group=obj["spec"]["schedulingGroup"]["podGroupName"],
+            node_name=obj["spec"].get("nodeName") or "",
+            phase=(obj.get("status") or {}).get("phase") or "",
+            claims=pod_claims(obj),
+            terminating=bool(obj["metadata"].get("deletionTimestamp")),
         )
-        groups.add((pod.namespace, pod.pod_group))
-    return sum(reconcile_named(cluster, namespace, name) for namespace, name in groups)
+        for obj in objs
+        if ours(obj)
+    ]
+    # One statement for a batch of pods (the sync hands over each object once per batch).
+    MirroredPod.objects.bulk_create(
+        pods,
+        update_conflicts=True,
+        unique_fields=["cluster", "namespace", "name"],
+        update_fields=["uid", "pod_group", "node_name", "phase", "claims", "terminating"],
+    )
+    groups = {(pod.namespace, pod.pod_group) for pod in pods}
+    return sum(reconcile_named(cluster, namespace, name) for namespace, name in sorted(groups))
 
 
 def pod_deleted(cluster, obj):
@@ -320,8 +328,10 @@ def submission_for(group, pods):
     if len(pods) < wanted:
         return None, f"{len(pods)} of the gang's {wanted} pods exist"
     claims, shapes = {}, set()
+    named = [name for pod in pods for name in pod.claims]
     known = {
-        claim.name: claim for claim in MirroredClaim.objects.filter(cluster=group.cluster, namespace=group.namespace)
+        claim.name: claim
+        for claim in MirroredClaim.objects.filter(cluster=group.cluster, namespace=group.namespace, name__in=named)
     }
     for pod in sorted(pods, key=lambda pod: pod.name):
         if len(pod.claims) != 1:

@@ -24,6 +24,8 @@ def test_it_admits_a_gang_allocates_its_claims_and_binds_its_pods_on_one_rack(sy
     assert Applier().drain()
     nodes = bound_nodes(lab, "train-")
     assert len(nodes) == 8 and None not in nodes.values()
+    reads = [path for _, path in lab.requests("GET") if "/train-" in path]
+    assert reads == [], "two calls a pod, from the mirror: no pod or claim read first"
     assert {Node.objects.get(name=node).domain.name for node in nodes.values()} == {"r0"}
     for i in range(8):
         claim = lab.get("ResourceClaim", f"train-{i}-gpus", "ml")
