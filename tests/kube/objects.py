@@ -8,6 +8,8 @@ BLOCK = "cloud.provider.com/topology-block"
 RACK = "cloud.provider.com/topology-rack"
 SCHEDULER = "capacity-broker"
 H100 = f'device.attributes["{DRIVER}"].model == "H100"'
+HALF = "H100-3g.40gb"
+H100_HALF = f'device.attributes["{DRIVER}"].model == "{HALF}"'
 
 
 def meta(name, namespace=None, labels=None, **more):
@@ -47,6 +49,50 @@ def resource_slice(node_name, devices=8, model="H100", taints=None):
             node_name=node_name,
             pool=client.V1ResourcePool(name=node_name, generation=1, resource_slice_count=1),
             devices=[device(f"gpu-{i}", model, taints=taints if i == 0 else None) for i in range(devices)],
+        ),
+    )
+
+
+def counter_slice(node_name, gpus=1, memory="80Gi"):
+    """The slice of a node's pool that publishes its shared counters: one set per physical GPU."""
+    return client.V1ResourceSlice(
+        api_version="resource.k8s.io/v1",
+        kind="ResourceSlice",
+        metadata=meta(f"{node_name}-{DRIVER}-counters"),
+        spec=client.V1ResourceSliceSpec(
+            driver=DRIVER,
+            node_name=node_name,
+            pool=client.V1ResourcePool(name=node_name, generation=1, resource_slice_count=2),
+            shared_counters=[
+                client.V1CounterSet(name=f"gpu-{i}", counters={"memory": client.V1Counter(value=memory)})
+                for i in range(gpus)
+            ],
+        ),
+    )
+
+
+def partitioned_slice(node_name, gpus=1):
+    """The devices of that pool: each GPU whole (all its memory) and cut in two halves (half each), all
+    consuming the GPU's counter set, as a MIG-capable driver publishes them."""
+    devices = []
+    for i in range(gpus):
+        for suffix, model, memory in (("", "H100", "80Gi"), ("-half-0", HALF, "40Gi"), ("-half-1", HALF, "40Gi")):
+            partition = device(f"gpu-{i}{suffix}", model, memory)
+            partition.consumes_counters = [
+                client.V1DeviceCounterConsumption(
+                    counter_set=f"gpu-{i}", counters={"memory": client.V1Counter(value=memory)}
+                )
+            ]
+            devices.append(partition)
+    return client.V1ResourceSlice(
+        api_version="resource.k8s.io/v1",
+        kind="ResourceSlice",
+        metadata=meta(f"{node_name}-{DRIVER}"),
+        spec=client.V1ResourceSliceSpec(
+            driver=DRIVER,
+            node_name=node_name,
+            pool=client.V1ResourcePool(name=node_name, generation=1, resource_slice_count=2),
+            devices=devices,
         ),
     )
 
@@ -132,9 +178,9 @@ def pod(name, group, namespace="ml", claim_name=None, scheduler=SCHEDULER):
     )
 
 
-def gang(cluster, name, pods=8, devices_per_pod=1, namespace="ml", **group):
+def gang(cluster, name, pods=8, devices_per_pod=1, namespace="ml", device_class_name="h100", **group):
     """A PodGroup, its pods and one claim per pod, created in the mock cluster."""
     cluster.create(pod_group(name, namespace, min_count=pods, **group))
     for i in range(pods):
-        cluster.create(claim(f"{name}-{i}-gpus", namespace, count=devices_per_pod))
+        cluster.create(claim(f"{name}-{i}-gpus", namespace, device_class_name, count=devices_per_pod))
         cluster.create(pod(f"{name}-{i}", name, namespace, claim_name=f"{name}-{i}-gpus"))
