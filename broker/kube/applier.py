@@ -4,7 +4,8 @@ For an admitted workload (a Bind entry), every pod of the gang at once (as kube-
 goroutines): allocate the pod's ResourceClaim (`status.allocation` names the devices the cycle chose, on
 the pod's node, and `reservedFor` the pod), then bind the pod to that node through the `binding`
 subresource; then the workload is Running. For a victim (an Evict entry): every pod of its group goes
-through the Eviction API with the grace period; the sync completes the eviction when the pods are gone
+through the Eviction API with the grace period, or, for a workload the cycle shrinks (Pod disruption
+mode), only the pods it let go; the sync completes the eviction when they are gone
 (broker.kube.intake.pod_deleted).
 
 Two calls a pod: what the calls need (the pod's uid, whether it is bound, the claim's resourceVersion
@@ -242,8 +243,18 @@ class Applier:
     # --- evict ---------------------------------------------------------------------------------------
 
     def evict(self, group):
+        """Evict the group's pods: all of them, or, when the cycle shrinks the workload (Pod disruption
+        mode: it runs on without the pods on failed devices, or above its gang minimum), just the pods
+        whose devices it marked leaving."""
+        pods = group.pods
+        workload = group.workload
+        if workload is not None and workload.eviction_requested_at is None:
+            leaving = Allocation.objects.filter(
+                workload_id=workload.pk, released_at__isnull=True, eviction_requested_at__isnull=False
+            ).values_list("pod_index", flat=True)
+            pods = [group.pods[index] for index in sorted(set(leaving)) if index < len(group.pods)]
         evicted = []
-        for pod in group.pods:
+        for pod in pods:
             eviction = client.V1Eviction(
                 metadata=client.V1ObjectMeta(name=pod, namespace=group.namespace),
                 delete_options=client.V1DeleteOptions(grace_period_seconds=int(settings.EVICTION_GRACE_SECONDS)),
@@ -259,17 +270,34 @@ class Applier:
     # --- release -------------------------------------------------------------------------------------
 
     def release_claims(self):
-        """Deallocate the claims of PodGroups that hold no devices any more (ended, or evicted and
-        requeued) once none of their pods runs; returns the claims released."""
-        idle = MirroredPodGroup.objects.exclude(workload__state__in=HOLDING_STATES)
+        """Deallocate the claims of pods that hold no devices any more, once they no longer run: every pod
+        of a PodGroup whose workload ended or was evicted and requeued, and the pods a shrunk workload
+        let go; returns the claims released."""
+        holding = dict(
+            MirroredPodGroup.objects.filter(workload__state__in=HOLDING_STATES).values_list("workload_id", "pk")
+        )
+        # Of the running workloads, only those that let pods go hold released allocations.
+        shrunk = set(
+            Allocation.objects.filter(workload_id__in=list(holding), released_at__isnull=False)
+            .values_list("workload_id", flat=True)
+            .distinct()
+        )
+        groups = MirroredPodGroup.objects.exclude(workload__state__in=HOLDING_STATES) | MirroredPodGroup.objects.filter(
+            workload_id__in=list(shrunk)
+        )
         released = []
-        for group in idle:
+        for group in groups:
+            pods = set(group.claims)
+            if group.workload_id in shrunk:
+                staying = Allocation.objects.filter(workload_id=group.workload_id, released_at__isnull=True)
+                kept = set(staying.values_list("pod_index", flat=True))
+                pods = {pod for index, pod in enumerate(group.pods) if index not in kept} & pods
             live = set(
                 MirroredPod.objects.filter(cluster=group.cluster_id, namespace=group.namespace, pod_group=group.name)
                 .exclude(phase__in=("Succeeded", "Failed"))
                 .values_list("name", flat=True)
             )
-            names = [claim for pod, claim in group.claims.items() if pod not in live]
+            names = [group.claims[pod] for pod in pods if pod not in live]
             for claim in MirroredClaim.objects.filter(
                 cluster=group.cluster_id, namespace=group.namespace, name__in=names, allocated=True
             ):

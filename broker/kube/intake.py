@@ -23,7 +23,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from broker.audit.models import record
-from broker.cycle.executor import complete_evictions, move
+from broker.cycle.executor import complete_evictions, complete_pod_evictions, move
 from broker.events import request_cycle_after_commit
 from broker.kube.mirror import level_for_label
 from broker.kube.models import MirroredClaim, MirroredPod, MirroredPodGroup
@@ -216,6 +216,16 @@ def pod_deleted(cluster, obj):
         if not MirroredPod.objects.filter(cluster=cluster, namespace=pod.namespace, pod_group=group.name).exists():
             complete_evictions([workload.pk], timezone.now())
         return 1
+    leaving = Allocation.objects.filter(
+        workload=workload,
+        pod_index=group.pods.index(pod.name),
+        released_at__isnull=True,
+        eviction_requested_at__isnull=False,
+    ).values_list("id", "workload_id", "pod_set", "pod_index")
+    if leaving:
+        # One of the pods a shrunk workload lets go (Pod disruption mode): the rest run on.
+        complete_pod_evictions(list(leaving), timezone.now())
+        return 1
     end(workload, State.FAILED, f"pod {pod.namespace}/{pod.name} was deleted in the cluster", manual=True)
     return 1
 
@@ -376,10 +386,15 @@ def follow_pods(group, pods):
     workload = Workload.objects.get(pk=group.workload_id)
     if workload.state != State.RUNNING:
         return 0
-    phases = {pod.name: pod.phase for pod in pods if pod.name in group.pods}
+    # The pods that still hold devices: a shrunk workload (Pod disruption mode) runs on without the rest.
+    holding = set(
+        Allocation.objects.filter(workload=workload, released_at__isnull=True).values_list("pod_index", flat=True)
+    )
+    members = {name for index, name in enumerate(group.pods) if index in holding}
+    phases = {pod.name: pod.phase for pod in pods if pod.name in members}
     if any(phase == "Failed" for phase in phases.values()):
         return end(workload, State.FAILED, "a pod failed")
-    if len(phases) == len(group.pods) and all(phase == "Succeeded" for phase in phases.values()):
+    if members and len(phases) == len(members) and all(phase == "Succeeded" for phase in phases.values()):
         return end(workload, State.SUCCEEDED, "every pod succeeded")
     return 0
 

@@ -123,7 +123,16 @@ def taint_rule(name, pool=None, device_name=None, effect="NoExecute"):
     )
 
 
-def pod_group(name, namespace="ml", min_count=8, resource_class="training", topology=RACK, priority=None, queue=None):
+def pod_group(
+    name,
+    namespace="ml",
+    min_count=8,
+    resource_class="training",
+    topology=RACK,
+    priority=None,
+    queue=None,
+    disruption_mode="PodGroup",
+):
     labels = {"broker.capacity.io/resource-class": resource_class} if resource_class else {}
     if queue:
         labels["broker.capacity.io/queue"] = queue
@@ -139,7 +148,7 @@ def pod_group(name, namespace="ml", min_count=8, resource_class="training", topo
                 topology=[client.V1alpha2TopologyConstraint(key=topology)] if topology else None
             ),
             priority=priority,
-            disruption_mode="PodGroup",
+            disruption_mode=disruption_mode,
         ),
     )
 
@@ -180,7 +189,7 @@ def pod(name, group, namespace="ml", claim_name=None, scheduler=SCHEDULER):
 
 def gang(cluster, name, pods=8, devices_per_pod=1, namespace="ml", device_class_name="h100", **group):
     """A PodGroup, its pods and one claim per pod, created in the mock cluster."""
-    cluster.create(pod_group(name, namespace, min_count=pods, **group))
+    cluster.create(pod_group(name, namespace, **{"min_count": pods, **group}))
     for i in range(pods):
         cluster.create(claim(f"{name}-{i}-gpus", namespace, device_class_name, count=devices_per_pod))
         cluster.create(pod(f"{name}-{i}", name, namespace, claim_name=f"{name}-{i}-gpus"))
