@@ -7,9 +7,10 @@
 3. PodGroup to bound: a 64-pod PodGroup (one GPU per pod, one rack) created in the API server until every
    pod is bound and every claim allocated, 10 times, target 3 s at p99. The sync follows the PodGroups,
    pods and claims on its threads; a loop stands in for the trigger, the Celery worker and the applier:
-   once the workload exists it runs one cycle and drains the outbox, as the worker does. The cycle's own
-   share is reported beside it. The sync runs as `manage.py kube_sync` in a process of its own; the mock
-   API server runs on a thread of the bench's process.
+   once the workload exists it runs one cycle and drains the outbox, as the worker does (warmed up first,
+   as the worker is when it starts). The cycle's own share is reported beside it. The sync runs as
+   `manage.py kube_sync` in a process of its own; the mock API server runs on a thread of the bench's
+   process.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def section(quick: bool) -> dict:
 
     from bench import db
     from broker.cycle.loader import forget_everything_loaded
-    from broker.cycle.runner import run_once
+    from broker.cycle.runner import run_once, warm_up
     from broker.inventory.models import Device, Node
     from broker.kube.applier import Applier
     from broker.kube.models import MirroredPodGroup, OutboxEntry, WatchCursor
@@ -148,6 +149,9 @@ def section(quick: bool) -> dict:
                 "target": {"what": "a watch event reaches the database <= 1 s", "pass": max(latencies) <= 1.0},
             }
 
+            # As the Celery worker does when it starts (CYCLE_WARM_UP): its first cycle then finds the
+            # inventory read and indexed, as every later one does, instead of reading 80,000 devices.
+            warm_up()
             bound, cycles, cycle_ms = [], [], []
             for g in range(GANGS):
                 name = f"gang-{g}"
@@ -167,7 +171,9 @@ def section(quick: bool) -> dict:
                     bound.append(done)
                     cycle = SchedulingCycle.objects.get(pk=run.cycle_id)
                     cycle_ms.append(cycle.duration_ms)
-                    cycles.append({"mirrored_s": round(mirrored, 3), "bound_s": round(done, 3)})
+                    cycles.append(
+                        {"mirrored_s": round(mirrored, 3), "cycle_ms": cycle.duration_ms, "bound_s": round(done, 3)}
+                    )
                 # Free the rack for the next gang: the gang ends in the cluster.
                 for i in range(GANG):
                     apiserver.delete("Pod", f"{name}-{i}", "ml")

@@ -171,7 +171,8 @@ class Applier:
         """Allocate one pod's claim, then bind the pod (a MirroredPod; `claim` its MirroredClaim or None)."""
         pod_object = {"metadata": {"name": pod.name, "uid": pod.uid}, "spec": {"nodeName": pod.node_name}}
         known = None
-        if claim is not None and not careful and not claim.allocated:
+        # Without a resourceVersion the write would be unconditional: then read the claim first.
+        if claim is not None and not careful and not claim.allocated and claim.resource_version:
             known = (claim.resource_version, claim.requests)
         if careful:
             pod_object = self.read(self.core.read_namespaced_pod, pod.name, namespace)

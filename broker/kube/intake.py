@@ -200,33 +200,55 @@ def pods_changed(cluster, objs):
 
 
 def pod_deleted(cluster, obj):
-    meta = obj["metadata"]
-    pod = MirroredPod.objects.filter(cluster=cluster, namespace=meta["namespace"], name=meta["name"]).first()
-    if pod is None:
+    return pods_deleted(cluster, [obj])
+
+
+def pods_deleted(cluster, objs):
+    """Pods gone from the cluster, a batch at a time (a gang's pods go together): their rows in one
+    statement, then each group they belonged to looked at once."""
+    keys = {(obj["metadata"]["namespace"], obj["metadata"]["name"]) for obj in objs}
+    pods = [
+        pod
+        for pod in MirroredPod.objects.filter(cluster=cluster, name__in={name for _, name in keys})
+        if (pod.namespace, pod.name) in keys
+    ]
+    if not pods:
         return 0
-    pod.delete()
-    group = MirroredPodGroup.objects.filter(cluster=cluster, namespace=pod.namespace, name=pod.pod_group).first()
+    MirroredPod.objects.filter(pk__in=[pod.pk for pod in pods]).delete()
+    by_group = {}
+    for pod in pods:
+        by_group.setdefault((pod.namespace, pod.pod_group), []).append(pod.name)
+    return sum(group_lost_pods(cluster, namespace, name, gone) for (namespace, name), gone in sorted(by_group.items()))
+
+
+def group_lost_pods(cluster, namespace, name, gone):
+    group = MirroredPodGroup.objects.filter(cluster=cluster, namespace=namespace, name=name).first()
     if group is None or group.workload_id is None:
-        return reconcile_named(cluster, pod.namespace, pod.pod_group)
+        return reconcile_named(cluster, namespace, name)
     workload = Workload.objects.get(pk=group.workload_id)
-    if workload.state not in HOLDING_STATES or pod.name not in group.pods:
+    gone = [pod for pod in gone if pod in group.pods]
+    if workload.state not in HOLDING_STATES or not gone:
         return 0
     if workload.eviction_requested_at is not None:
         # Evicted by the broker: once the last pod is gone its eviction is complete.
-        if not MirroredPod.objects.filter(cluster=cluster, namespace=pod.namespace, pod_group=group.name).exists():
+        if not MirroredPod.objects.filter(cluster=cluster, namespace=namespace, pod_group=group.name).exists():
             complete_evictions([workload.pk], timezone.now())
         return 1
-    leaving = Allocation.objects.filter(
-        workload=workload,
-        pod_index=group.pods.index(pod.name),
-        released_at__isnull=True,
-        eviction_requested_at__isnull=False,
-    ).values_list("id", "workload_id", "pod_set", "pod_index")
+    leaving = list(
+        Allocation.objects.filter(
+            workload=workload,
+            pod_index__in=[group.pods.index(pod) for pod in gone],
+            released_at__isnull=True,
+            eviction_requested_at__isnull=False,
+        ).values_list("id", "workload_id", "pod_set", "pod_index")
+    )
     if leaving:
-        # One of the pods a shrunk workload lets go (Pod disruption mode): the rest run on.
-        complete_pod_evictions(list(leaving), timezone.now())
-        return 1
-    end(workload, State.FAILED, f"pod {pod.namespace}/{pod.name} was deleted in the cluster", manual=True)
+        # Pods a shrunk workload lets go (Pod disruption mode): the rest run on.
+        complete_pod_evictions(leaving, timezone.now())
+    left = {row[3] for row in leaving}
+    by_hand = [pod for pod in gone if group.pods.index(pod) not in left]
+    if by_hand:
+        end(workload, State.FAILED, f"pod {namespace}/{by_hand[0]} was deleted in the cluster", manual=True)
     return 1
 
 
@@ -424,7 +446,11 @@ def forget_missing(cluster, resource, present):
     present = set(present)  # (namespace, name)
     model = {"podgroups": MirroredPodGroup, "resourceclaims": MirroredClaim, "pods": MirroredPod}[resource]
     gone = [row for row in model.objects.filter(cluster=cluster) if (row.namespace, row.name) not in present]
-    handler = {"podgroups": pod_group_deleted, "resourceclaims": claim_deleted, "pods": pod_deleted}[resource]
-    for row in gone:
-        handler(cluster, {"metadata": {"namespace": row.namespace, "name": row.name}})
+    objs = [{"metadata": {"namespace": row.namespace, "name": row.name}} for row in gone]
+    if resource == "pods":
+        pods_deleted(cluster, objs)
+    else:
+        handler = {"podgroups": pod_group_deleted, "resourceclaims": claim_deleted}[resource]
+        for obj in objs:
+            handler(cluster, obj)
     return len(gone)

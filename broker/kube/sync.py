@@ -51,6 +51,12 @@ class Resource:
     # The client's model, when Watch cannot find it from the list's name: 36.0.3 names resource.k8s.io/v1's
     # claim ResourceV1ResourceClaim (beside core's), but its list docstring says V1ResourceClaimList.
     model: str | None = None
+    deleted_many: Any = None  # (cluster, [objects]) -> rows changed, where deletes come in bulk
+
+    def delete(self, cluster, objs):
+        if self.deleted_many is not None:
+            return self.deleted_many(cluster, objs)
+        return sum(self.deleted(cluster, obj) for obj in objs)
 
 
 class Apis:
@@ -91,7 +97,13 @@ WORK = (
         intake.claim_deleted,
         "ResourceV1ResourceClaim",
     ),
-    Resource("pods", lambda a: a.core.list_pod_for_all_namespaces, intake.pods_changed, intake.pod_deleted),
+    Resource(
+        "pods",
+        lambda a: a.core.list_pod_for_all_namespaces,
+        intake.pods_changed,
+        intake.pod_deleted,
+        deleted_many=intake.pods_deleted,
+    ),
 )
 RESOURCES = INVENTORY + WORK
 ORDER = {resource.name: index for index, resource in enumerate(RESOURCES)}
@@ -117,10 +129,9 @@ class Sync:
         self.timeout_seconds = timeout_seconds or settings.KUBE_WATCH_TIMEOUT_SECONDS
         self.stopping = threading.Event()
         self.inbox = queue.Queue()
-        # Per resource: the reader's current watch (its generation), and the newest generation whose
-        # events the applier drops because one of them failed (the reader then watches again from the
-        # cursor, so the failed event is retried, not skipped).
-        self.generation = {}
+        # Per resource, the newest of its reader's watches (numbered from 1) whose events the applier
+        # drops because one of them failed: the reader then watches again from the cursor, so the failed
+        # event is retried, not skipped.
         self.dropped = {}
         self.batches = 0
 
@@ -177,7 +188,7 @@ class Sync:
                 else:
                     self.inbox.put((resource, event, generation))
                 version = event["raw_object"]["metadata"]["resourceVersion"]
-                if self.stopping.is_set() or self.dropped.get(resource.name, 0) >= (generation or 1):
+                if self.stopping.is_set() or self.held_back(resource, generation):
                     break
         finally:
             stream.close()  # the response too, at once, when the loop stops early
@@ -190,7 +201,7 @@ class Sync:
         order, each run of changes as one call with the last version of each object, then the cursors.
         If the batch fails, its events are applied one by one so one bad object holds back only its own
         resource; returns how many events were applied."""
-        events = [item for item in events if self.dropped.get(item[0].name, 0) < (item[2] or 1)]
+        events = [item for item in events if not self.held_back(item[0], item[2])]
         if not events:
             return 0
         try:
@@ -202,16 +213,20 @@ class Sync:
             applied = 0
             for item in events:
                 resource, _, generation = item
-                if self.dropped.get(resource.name, 0) >= (generation or 1):
+                if self.held_back(resource, generation):
                     continue
                 try:
                     with transaction.atomic(), one_cycle_request():
                         applied += self.apply_in_transaction([item])
                 except Exception as error:  # noqa: BLE001 - kept on the Cluster row; the reader retries it
-                    self.dropped[resource.name] = generation or 1
+                    self.dropped[resource.name] = generation
                     self.failed(resource, error, 0)
         self.batches += 1
         return applied
+
+    def held_back(self, resource, generation):
+        """Whether the events of this watch of `resource` are dropped (None: applied directly, never)."""
+        return generation is not None and self.dropped.get(resource.name, 0) >= generation
 
     def apply_in_transaction(self, events):
         by_resource = {}
@@ -220,7 +235,8 @@ class Sync:
         versions, applied = {}, 0
         for name in sorted(by_resource, key=ORDER.__getitem__):
             resource, stream = by_resource[name]
-            changes = {}
+            # Runs of changes, and runs of deletes, each applied as one call.
+            changes, deletes = {}, []
             for event in stream:
                 obj = event["raw_object"]
                 if event["type"] == "BOOKMARK":
@@ -229,9 +245,12 @@ class Sync:
                     if changes:
                         resource.changed(self.cluster, list(changes.values()))
                         changes = {}
-                    resource.deleted(self.cluster, obj)
+                    deletes.append(obj)
                     applied += 1
                 else:
+                    if deletes:
+                        resource.delete(self.cluster, deletes)
+                        deletes = []
                     key = (obj["metadata"].get("namespace"), obj["metadata"]["name"])
                     changes.pop(key, None)  # only its newest version counts
                     changes[key] = obj
@@ -239,19 +258,31 @@ class Sync:
                 versions[resource] = obj["metadata"]["resourceVersion"]
             if changes:
                 resource.changed(self.cluster, list(changes.values()))
-        for resource, version in versions.items():
-            self.advance(resource, version, stamp=False)
+            if deletes:
+                resource.delete(self.cluster, deletes)
+        self.advance_all(versions)
         self.stamp(events=applied)
         return applied
 
-    def advance(self, resource, version, listed=False, stamp=True):
+    def advance_all(self, versions):
+        """Every cursor of a batch in one statement."""
+        WatchCursor.objects.bulk_create(
+            [
+                WatchCursor(cluster=self.cluster, resource=resource.name, resource_version=version)
+                for resource, version in versions.items()
+            ],
+            update_conflicts=True,
+            unique_fields=["cluster", "resource"],
+            update_fields=["resource_version", "updated_at"],
+        )
+
+    def advance(self, resource, version, listed=False):
         now = timezone.now()
         defaults = {"resource_version": version}
         if listed:
             defaults["listed_at"] = now
         WatchCursor.objects.update_or_create(cluster=self.cluster, resource=resource.name, defaults=defaults)
-        if stamp:
-            self.stamp(listed=listed)
+        self.stamp(listed=listed)
 
     def stamp(self, listed=False, events=0):
         now = timezone.now()
@@ -273,9 +304,9 @@ class Sync:
         """The reader of one resource: resume from its cursor (or have it listed), watch and queue the
         events, list again on 410, until stopped. Touches the database only to read its cursor."""
         version = self.cursor(resource)
-        backoff = 1.0
+        backoff, generation = 1.0, 0
         while not self.stopping.is_set():
-            generation = self.generation[resource.name] = self.generation.get(resource.name, 0) + 1
+            generation += 1
             try:
                 if not version:
                     version = self.listed_by_applier(resource)

@@ -12,6 +12,7 @@ from tests.kube import objects
 
 NODES = next(resource for resource in INVENTORY if resource.name == "nodes")
 CLASSES = next(resource for resource in INVENTORY if resource.name == "deviceclasses")
+PODS = next(resource for resource in WORK if resource.name == "pods")
 
 
 def read(sync, resources):
@@ -67,3 +68,22 @@ def test_it_holds_back_only_the_resource_whose_object_fails_and_retries_it(sync,
     assert sync.dropped == {"deviceclasses": 1}, "the reader watches again from the cursor"
     cluster = Cluster.objects.get(name="lab")
     assert cluster.last_error.startswith("deviceclasses: ValidationError")
+
+
+def test_it_takes_a_gang_deleted_at_once_as_one_batch_ending_the_workload_once(sync, lab):
+    from broker.audit.models import AuditEvent
+    from broker.kube.applier import Applier
+    from broker.workloads.states import State
+    from tests.kube.helpers import admit
+
+    group = admit(sync, lab, "gone")
+    Applier().drain()
+    for i in range(8):
+        lab.delete("Pod", f"gone-{i}", "ml")
+    read(sync, [PODS])
+    assert sync.drain(block=0) >= 8
+    group.workload.refresh_from_db()
+    assert group.workload.state == State.FAILED
+    assert not MirroredPod.objects.filter(pod_group="gone").exists()
+    (event,) = AuditEvent.objects.filter(action="workload.ended_in_cluster")
+    assert event.manual_intervention and "gone-0" in event.reason
