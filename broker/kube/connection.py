@@ -5,12 +5,16 @@ applier does not open a connection per task (its pool holds one per thread bindi
 
 import os
 import threading
+import time
 
 from django.conf import settings
 from kubernetes import client, config
 
 # The applier binds up to this many pods at once; a smaller pool would drop and reopen connections.
 POOL_SIZE = 16
+# A kubeconfig's credentials are read when its client is made (an exec plugin's token expires): a
+# client older than this is made again for new callers.
+MAX_AGE_SECONDS = 300
 _clients = {}
 _lock = threading.Lock()
 
@@ -18,9 +22,10 @@ _lock = threading.Lock()
 def api_client():
     key = (settings.KUBE_API_URL, settings.KUBE_IN_CLUSTER, os.environ.get("KUBECONFIG", ""))
     with _lock:
-        api = _clients.get(key)
-        if api is None:
-            api = _clients[key] = new_api_client()
+        api, made = _clients.get(key, (None, 0.0))
+        if api is None or (not key[0] and not key[1] and time.monotonic() - made > MAX_AGE_SECONDS):
+            api = new_api_client()
+            _clients[key] = (api, time.monotonic())
         return api
 
 
@@ -34,5 +39,5 @@ def new_api_client():
         config.load_incluster_config(client_configuration=configuration)
     else:
         # KUBECONFIG, or ~/.kube/config; raises ConfigException with the client's own words when neither is there.
-        config.load_kube_config(client_configuration=configuration)
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None, client_configuration=configuration)
     return client.ApiClient(configuration)
