@@ -7,9 +7,10 @@
 3. PodGroup to bound: a 64-pod PodGroup (one GPU per pod, one rack) created in the API server until every
    pod is bound and every claim allocated, 10 times, target 3 s at p99. The sync follows the PodGroups,
    pods and claims on its threads; a loop stands in for the trigger, the Celery worker and the applier:
-   once the workload exists it runs one cycle and drains the outbox, as the worker does. The cycle's own
-   share is reported beside it. The sync runs as `manage.py kube_sync` in a process of its own; the mock
-   API server runs on a thread of the bench's process.
+   once the workload exists it runs one cycle and drains the outbox, as the worker does (warmed up first,
+   as the worker is when it starts). The cycle's own share is reported beside it. The sync runs as
+   `manage.py kube_sync` in a process of its own; the mock API server runs on a thread of the bench's
+   process.
 """
 
 from __future__ import annotations
@@ -74,13 +75,14 @@ def wait(predicate, timeout=60.0, interval=0.01):
 
 def section(quick: bool) -> dict:
     from django.conf import settings
+    from django.utils import timezone
 
     from bench import db
     from broker.cycle.loader import forget_everything_loaded
-    from broker.cycle.runner import run_once
+    from broker.cycle.runner import run_once, warm_up
     from broker.inventory.models import Device, Node
     from broker.kube.applier import Applier
-    from broker.kube.models import MirroredPodGroup, OutboxEntry
+    from broker.kube.models import MirroredPodGroup, OutboxEntry, WatchCursor
     from broker.kube.sync import INVENTORY, WORK, Sync
     from broker.workloads.models import SchedulingCycle
     from tests.kube import objects
@@ -128,7 +130,11 @@ def section(quick: bool) -> dict:
             stderr=subprocess.DEVNULL,
         )
         try:
-            time.sleep(1.0)
+            # Timed from when the sync follows the nodes (a bookmark moved their cursor), not from its
+            # process start: a second or more of Django's setup is not a watch event's latency.
+            started = timezone.now()
+            following = wait(lambda: WatchCursor.objects.filter(resource="nodes", updated_at__gt=started).exists(), 120)
+            assert following, "the sync did not start following the nodes"
             latencies = []
             for i in range(EVENTS):
                 name = f"node-{(i * 37) % nodes:05d}"
@@ -143,6 +149,9 @@ def section(quick: bool) -> dict:
                 "target": {"what": "a watch event reaches the database <= 1 s", "pass": max(latencies) <= 1.0},
             }
 
+            # As the Celery worker does when it starts (CYCLE_WARM_UP): its first cycle then finds the
+            # inventory read and indexed, as every later one does, instead of reading 80,000 devices.
+            warm_up()
             bound, cycles, cycle_ms = [], [], []
             for g in range(GANGS):
                 name = f"gang-{g}"
@@ -162,7 +171,9 @@ def section(quick: bool) -> dict:
                     bound.append(done)
                     cycle = SchedulingCycle.objects.get(pk=run.cycle_id)
                     cycle_ms.append(cycle.duration_ms)
-                    cycles.append({"mirrored_s": round(mirrored, 3), "bound_s": round(done, 3)})
+                    cycles.append(
+                        {"mirrored_s": round(mirrored, 3), "cycle_ms": cycle.duration_ms, "bound_s": round(done, 3)}
+                    )
                 # Free the rack for the next gang: the gang ends in the cluster.
                 for i in range(GANG):
                     apiserver.delete("Pod", f"{name}-{i}", "ml")

@@ -15,6 +15,9 @@ layer above connects its receivers when its app is ready (broker.cycle.apps, bro
   (`kind`: "approval.requested", "approval.decided", "approval.updated", "approval.escalated").
 """
 
+import threading
+from contextlib import contextmanager
+
 from django.db import transaction
 from django.dispatch import Signal
 
@@ -24,9 +27,36 @@ decisions_made = Signal()
 approval_changed = Signal()
 
 
+_batch = threading.local()
+
+
 def request_cycle_after_commit(reason=""):
     """Ask for a cycle once the current transaction commits (never for a rolled-back change)."""
+    reasons = getattr(_batch, "reasons", None)
+    if reasons is not None:
+        reasons.append(reason)
+        return
     transaction.on_commit(lambda: cycle_wanted.send(sender=None, reason=reason))
+
+
+@contextmanager
+def one_cycle_request():
+    """Within it, every change that asks for a cycle adds its reason to one request, asked once the
+    transaction commits: a batch of changes (the Kubernetes sync's watch events) asks once, not once per
+    change. Used inside the transaction; nothing is asked if the block raises (a change rolled back to a
+    savepoint within it still counts: that cycle merely finds nothing new)."""
+    outer = getattr(_batch, "reasons", None)
+    _batch.reasons = reasons = [] if outer is None else outer
+    try:
+        yield
+    finally:
+        _batch.reasons = outer
+    if outer is None and reasons:
+        named = list(dict.fromkeys(reason for reason in reasons if reason))
+        reason = named[0] if named else ""
+        if len(named) > 1:
+            reason += f" (and {len(named) - 1} more changes)"
+        request_cycle_after_commit(reason)
 
 
 def approval_changed_after_commit(kind, workload_id):

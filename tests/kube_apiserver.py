@@ -11,7 +11,9 @@ client relies on and KMock lacks:
   streams it) for a version older than the last compaction;
 - `409 Conflict` for a write that carries a stale resourceVersion, and `409 AlreadyExists`;
 - the `status` subresource (replace and patch), merge and JSON patches, equality label and field selectors;
-- the pods' `binding` subresource (409 when already bound) and `eviction` subresource.
+- the pods' `binding` subresource (409 when already bound) and `eviction` subresource;
+- the validation the models cannot express that the broker relies on (a ResourceSlice publishes devices
+  or shared counters, not both).
 
 Every object stored is deserialized into the official client's own model (and its keys checked against
 what the model serializes back), so what is served cannot drift from the real shapes. The server runs
@@ -109,6 +111,15 @@ def checked(kind, data):
     return data
 
 
+def validated(kind, data):
+    """What the API server's validation refuses that the models cannot: `data`, or raises ShapeError."""
+    if kind.kind == "ResourceSlice":
+        spec = data.get("spec") or {}
+        if spec.get("devices") and spec.get("sharedCounters"):
+            raise ShapeError("ResourceSlice: only one of devices and sharedCounters may be set")
+    return data
+
+
 def merge_patch(target, patch):
     """RFC 7386 JSON merge patch."""
     if not isinstance(patch, dict):
@@ -202,7 +213,7 @@ class ApiServer(kmock.KubernetesScaffold):
         meta = data.setdefault("metadata", {})
         if kind.namespaced:
             meta["namespace"] = namespace or meta.get("namespace") or "default"
-        checked(kind, data)
+        validated(kind, checked(kind, data))
         key = (kind.plural, meta.get("namespace"), meta["name"])
         if key in self.objects:
             raise status_error(409, "AlreadyExists", f'{kind.plural} "{meta["name"]}" already exists')
@@ -240,7 +251,7 @@ class ApiServer(kmock.KubernetesScaffold):
                 updated["metadata"]["generation"] = current["metadata"].get("generation", 1) + 1
         updated = {key: value for key, value in updated.items() if value is not None}
         updated.update(apiVersion=kind.api_version, kind=kind.kind)
-        checked(kind, updated)
+        validated(kind, checked(kind, updated))
         return self.store(kind, updated, "MODIFIED")
 
     def patch(self, kind, namespace, name, body, content_type, subresource=None):

@@ -1,16 +1,24 @@
 """Decisions out: the applier drains the outbox the cycle's commit wrote, exactly once.
 
-For an admitted workload (a Bind entry), pod by pod in the gang's order: allocate the pod's ResourceClaim
-(`status.allocation` names the devices the cycle chose, on the pod's node, and `reservedFor` the pod), then
-bind the pod to that node through the `binding` subresource; then the workload is Running. For a victim
-(an Evict entry): every pod of its group goes through the Eviction API with the grace period; the sync
-completes the eviction when the pods are gone (broker.kube.intake.pod_deleted).
+For an admitted workload (a Bind entry), every pod of the gang at once (as kube-scheduler binds in
+goroutines): allocate the pod's ResourceClaim (`status.allocation` names the devices the cycle chose, on
+the pod's node, and `reservedFor` the pod), then bind the pod to that node through the `binding`
+subresource; then the workload is Running. For a victim (an Evict entry): every pod of its group goes
+through the Eviction API with the grace period, or, for a workload the cycle shrinks (Pod disruption
+mode), only the pods it let go; the sync completes the eviction when they are gone
+(broker.kube.intake.pod_deleted).
+
+Two calls a pod: what the calls need (the pod's uid, whether it is bound, the claim's resourceVersion
+and requests) comes from the mirror the sync keeps, not from a read. The claim's write is conditional
+on the resourceVersion the mirror saw: a `409 Conflict` (the mirror was behind, or someone wrote the
+claim since) is re-read and retried, up to KUBE_CONFLICT_RETRIES times, as is a binding refused because
+the pod is bound already.
 
 Exactly once: the entry is locked while it is applied and marked done in the same transaction that moves
-the workload, so a worker that dies anywhere leaves it open and the next one applies it again; every call
-reads first and skips what is already so (a claim allocated with these devices, a pod bound to this node),
-so nothing is done twice. A `409 Conflict` (someone wrote the object since it was read) is re-read and
-retried, up to KUBE_CONFLICT_RETRIES times.
+the workload, so a worker that dies anywhere leaves it open and the next one applies it again. Each try is
+counted in its own transaction before any call; a try after the first may follow a worker that died
+half-way, so it reads every pod and claim first and skips what is already so (a claim allocated with
+these devices, a pod bound to this node): nothing is done twice.
 
 Every PodGroup also carries a `PodGroupScheduled` condition with the broker's reason code and message, the
 same words as the dashboard (`write_conditions`).
@@ -29,6 +37,7 @@ from kubernetes.client.rest import ApiException
 
 from broker.cycle.executor import move
 from broker.kube.connection import api_client
+from broker.kube.intake import claim_requests
 from broker.kube.models import Action, MirroredClaim, MirroredPod, MirroredPodGroup, OutboxEntry
 from broker.workloads.models import Allocation, Explanation
 from broker.workloads.states import HOLDING_STATES, State
@@ -40,14 +49,15 @@ CONDITION = "PodGroupScheduled"
 PARALLEL_PODS = 16
 
 
-def request_name(claim, device_class=None):
-    """The request an allocation result names: for firstAvailable, the subrequest of the device class the
-    cycle chose (`request/subrequest`)."""
-    request = claim["spec"]["devices"]["requests"][0]
-    if request.get("firstAvailable"):
-        subs = request["firstAvailable"]
-        chosen = next((sub for sub in subs if sub.get("deviceClassName") == device_class), subs[0])
-        return f"{request['name']}/{chosen['name']}"
+def request_name(requests, device_class=None):
+    """The request an allocation result names, from the claim's requests as the mirror keeps them
+    (intake.claim_requests): for firstAvailable, the subrequest of the device class the cycle chose
+    (`request/subrequest`)."""
+    request = requests[0]
+    if request.get("subrequests"):
+        classes = request["classes"]
+        index = classes.index(device_class) if device_class in classes else 0
+        return f"{request['name']}/{request['subrequests'][index]}"
     return request["name"]
 
 
@@ -70,6 +80,9 @@ class Applier:
         done = []
         ids = list(OutboxEntry.objects.filter(done_at__isnull=True).values_list("pk", flat=True)[:limit])
         for pk in ids:
+            # Counted before any call, in a transaction of its own: a worker killed mid-way leaves the
+            # count behind, so the next try knows it must read what is already done.
+            OutboxEntry.objects.filter(pk=pk, done_at__isnull=True).update(attempts=F("attempts") + 1)
             try:
                 if self.apply(pk):
                     done.append(pk)
@@ -77,9 +90,7 @@ class Applier:
                 log.warning(
                     "outbox entry %s: %s", pk, error, exc_info=not isinstance(error, ApplyFailed | ApiException)
                 )
-                OutboxEntry.objects.filter(pk=pk).update(
-                    attempts=F("attempts") + 1, last_error=f"{type(error).__name__}: {error}"[:2000]
-                )
+                OutboxEntry.objects.filter(pk=pk).update(last_error=f"{type(error).__name__}: {error}"[:2000])
         return done
 
     def apply(self, pk):
@@ -92,12 +103,14 @@ class Applier:
             )
             if entry is None:
                 return False  # done meanwhile, or another applier holds it
-            applied = self.bind(entry.pod_group) if entry.action == Action.BIND else self.evict(entry.pod_group)
+            if entry.action == Action.BIND:
+                applied = self.bind(entry.pod_group, careful=entry.attempts > 1)
+            else:
+                applied = self.evict(entry.pod_group)
             entry.done_at = timezone.now()
-            entry.attempts += 1
             entry.applied = applied
             entry.last_error = ""
-            entry.save(update_fields=["done_at", "attempts", "applied", "last_error"])
+            entry.save(update_fields=["done_at", "applied", "last_error"])
             return True
 
     # --- bind ----------------------------------------------------------------------------------------
@@ -119,49 +132,72 @@ class Applier:
             out[pod][1].append((driver, pool, device))
         return out
 
-    def bind(self, group):
+    def bind(self, group, careful=False):
+        """Allocate the claims and bind the pods of an admitted group. `careful`: read each pod and claim
+        before writing (a try after one that may have stopped half-way), instead of trusting the mirror."""
         workload = group.workload
         if workload is None or workload.state not in HOLDING_STATES or workload.eviction_requested_at is not None:
             return {"skipped": f"workload is {workload.state if workload else 'gone'}"}
         placement = self.placement(group)
-        if workload.chosen_device_class_id:
-            workload.chosen_device_class  # read once here, not in each pod's thread  # noqa: B018
-        present = set(
-            MirroredPod.objects.filter(cluster=group.cluster_id, namespace=group.namespace, pod_group=group.name)
-            .filter(name__in=list(placement))
-            .values_list("name", flat=True)
-        )
-        missing = sorted(set(placement) - present)
+        device_class = workload.chosen_device_class.name if workload.chosen_device_class_id else None
+        pods = {
+            pod.name: pod
+            for pod in MirroredPod.objects.filter(
+                cluster=group.cluster_id, namespace=group.namespace, pod_group=group.name, name__in=list(placement)
+            )
+        }
+        missing = sorted(set(placement) - set(pods))
         if missing:
             # Gone since it was taken (evicted, deleted); its controller recreates it: try again then.
             raise ApplyFailed(f"pods {', '.join(missing)} of {group} do not exist (yet)")
+        claims = {
+            claim.name: claim
+            for claim in MirroredClaim.objects.filter(
+                cluster=group.cluster_id, namespace=group.namespace, name__in=[group.claims[pod] for pod in placement]
+            )
+        }
+        jobs = [
+            (group.namespace, pods[pod], claims.get(group.claims[pod]), group.claims[pod], node, devices)
+            for pod, (node, devices) in placement.items()
+        ]
         # Pod by pod in parallel, as kube-scheduler binds in goroutines: each pod's calls are its own.
-        with ThreadPoolExecutor(max_workers=min(PARALLEL_PODS, len(placement) or 1)) as pool:
-            list(pool.map(lambda item: self.place(group, *item), placement.items()))
+        with ThreadPoolExecutor(max_workers=min(PARALLEL_PODS, len(jobs) or 1)) as pool:
+            list(pool.map(lambda job: self.place(*job, device_class=device_class, careful=careful), jobs))
         if workload.state == State.ADMITTED:
             move([workload.pk], State.ADMITTED, State.RUNNING, timezone.now(), "its pods were bound in the cluster")
         return {"pods": {pod: node for pod, (node, _) in placement.items()}}
 
-    def place(self, group, pod, placed):
-        node, devices = placed
-        pod_object = self.read(self.core.read_namespaced_pod, pod, group.namespace)
-        chosen = group.workload.chosen_device_class.name if group.workload.chosen_device_class_id else None
-        self.allocate_claim(group.namespace, group.claims[pod], pod_object, node, devices, chosen)
-        self.bind_pod(group.namespace, pod, node, pod_object)
+    def place(self, namespace, pod, claim, claim_name, node, devices, device_class=None, careful=False):
+        """Allocate one pod's claim, then bind the pod (a MirroredPod; `claim` its MirroredClaim or None)."""
+        pod_object = {"metadata": {"name": pod.name, "uid": pod.uid}, "spec": {"nodeName": pod.node_name}}
+        known = None
+        # Without a resourceVersion the write would be unconditional: then read the claim first.
+        if claim is not None and not careful and not claim.allocated and claim.resource_version:
+            known = (claim.resource_version, claim.requests)
+        if careful:
+            pod_object = self.read(self.core.read_namespaced_pod, pod.name, namespace)
+        self.allocate_claim(namespace, claim_name, pod_object, node, devices, device_class, known)
+        self.bind_pod(namespace, pod.name, node, pod_object)
 
-    def allocate_claim(self, namespace, name, pod, node, devices, device_class=None):
+    def allocate_claim(self, namespace, name, pod, node, devices, device_class=None, known=None):
+        """Write the claim's allocation; `known` is (resourceVersion, requests) as the mirror saw them,
+        else (or after a 409) the claim is read first. Returns False when it was allocated already."""
         for _ in range(settings.KUBE_CONFLICT_RETRIES):
-            claim = self.read(self.resource.read_namespaced_resource_claim, name, namespace)
+            if known is None:
+                claim = self.read(self.resource.read_namespaced_resource_claim, name, namespace)
+                allocation = (claim.get("status") or {}).get("allocation")
+                if allocation:
+                    have = [(r["driver"], r["pool"], r["device"]) for r in allocation["devices"]["results"]]
+                    if sorted(have) == sorted(devices):
+                        return False  # allocated already (by an applier that died before marking its entry done)
+                    raise ApplyFailed(f"claim {namespace}/{name} is allocated other devices: {have}")
+                version, requests = claim["metadata"]["resourceVersion"], claim_requests(claim)
+            else:
+                version, requests = known
             results = [
-                {"request": request_name(claim, device_class), "driver": driver, "pool": pool, "device": device}
+                {"request": request_name(requests, device_class), "driver": driver, "pool": pool, "device": device}
                 for driver, pool, device in devices
             ]
-            allocation = (claim.get("status") or {}).get("allocation")
-            if allocation:
-                have = [(r["driver"], r["pool"], r["device"]) for r in allocation["devices"]["results"]]
-                if sorted(have) == sorted(devices):
-                    return False  # allocated already (by an applier that died before marking its entry done)
-                raise ApplyFailed(f"claim {namespace}/{name} is allocated other devices: {have}")
             status = {
                 "allocation": {
                     "devices": {"results": results},
@@ -173,16 +209,14 @@ class Applier:
                 },
                 "reservedFor": [{"resource": "pods", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}],
             }
-            body = {
-                "metadata": {"name": name, "resourceVersion": claim["metadata"]["resourceVersion"]},
-                "status": status,
-            }
+            body = {"metadata": {"name": name, "resourceVersion": version}, "status": status}
             try:
                 self.resource.replace_namespaced_resource_claim_status(name, namespace, body, _preload_content=False)
                 return True
             except ApiException as error:
                 if error.status != CONFLICT:
                     raise
+                known = None  # read it again
         raise ApplyFailed(f"claim {namespace}/{name}: still conflicting after {settings.KUBE_CONFLICT_RETRIES} tries")
 
     def bind_pod(self, namespace, name, node, pod=None):
@@ -194,7 +228,7 @@ class Applier:
             if bound:
                 raise ApplyFailed(f"pod {namespace}/{name} is bound to {bound}, not {node}")
             binding = client.V1Binding(
-                metadata=client.V1ObjectMeta(name=name, namespace=namespace, uid=pod["metadata"].get("uid")),
+                metadata=client.V1ObjectMeta(name=name, namespace=namespace, uid=pod["metadata"].get("uid") or None),
                 target=client.V1ObjectReference(api_version="v1", kind="Node", name=node),
             )
             try:
@@ -204,14 +238,24 @@ class Applier:
             except ApiException as error:
                 if error.status != CONFLICT:
                     raise
-                pod = None  # read it again
+                pod = None  # bound meanwhile, or the mirror was behind: read it again
         raise ApplyFailed(f"pod {namespace}/{name}: still conflicting after {settings.KUBE_CONFLICT_RETRIES} tries")
 
     # --- evict ---------------------------------------------------------------------------------------
 
     def evict(self, group):
+        """Evict the group's pods: all of them, or, when the cycle shrinks the workload (Pod disruption
+        mode: it runs on without the pods on failed devices, or above its gang minimum), just the pods
+        whose devices it marked leaving."""
+        pods = group.pods
+        workload = group.workload
+        if workload is not None and workload.eviction_requested_at is None:
+            leaving = Allocation.objects.filter(
+                workload_id=workload.pk, released_at__isnull=True, eviction_requested_at__isnull=False
+            ).values_list("pod_index", flat=True)
+            pods = [group.pods[index] for index in sorted(set(leaving)) if index < len(group.pods)]
         evicted = []
-        for pod in group.pods:
+        for pod in pods:
             eviction = client.V1Eviction(
                 metadata=client.V1ObjectMeta(name=pod, namespace=group.namespace),
                 delete_options=client.V1DeleteOptions(grace_period_seconds=int(settings.EVICTION_GRACE_SECONDS)),
@@ -227,17 +271,34 @@ class Applier:
     # --- release -------------------------------------------------------------------------------------
 
     def release_claims(self):
-        """Deallocate the claims of PodGroups that hold no devices any more (ended, or evicted and
-        requeued) once none of their pods runs; returns the claims released."""
-        idle = MirroredPodGroup.objects.exclude(workload__state__in=HOLDING_STATES)
+        """Deallocate the claims of pods that hold no devices any more, once they no longer run: every pod
+        of a PodGroup whose workload ended or was evicted and requeued, and the pods a shrunk workload
+        let go; returns the claims released."""
+        holding = dict(
+            MirroredPodGroup.objects.filter(workload__state__in=HOLDING_STATES).values_list("workload_id", "pk")
+        )
+        # Of the running workloads, only those that let pods go hold released allocations.
+        shrunk = set(
+            Allocation.objects.filter(workload_id__in=list(holding), released_at__isnull=False)
+            .values_list("workload_id", flat=True)
+            .distinct()
+        )
+        groups = MirroredPodGroup.objects.exclude(workload__state__in=HOLDING_STATES) | MirroredPodGroup.objects.filter(
+            workload_id__in=list(shrunk)
+        )
         released = []
-        for group in idle:
+        for group in groups:
+            pods = set(group.claims)
+            if group.workload_id in shrunk:
+                staying = Allocation.objects.filter(workload_id=group.workload_id, released_at__isnull=True)
+                kept = set(staying.values_list("pod_index", flat=True))
+                pods = {pod for index, pod in enumerate(group.pods) if index not in kept} & pods
             live = set(
                 MirroredPod.objects.filter(cluster=group.cluster_id, namespace=group.namespace, pod_group=group.name)
                 .exclude(phase__in=("Succeeded", "Failed"))
                 .values_list("name", flat=True)
             )
-            names = [claim for pod, claim in group.claims.items() if pod not in live]
+            names = [group.claims[pod] for pod in pods if pod not in live]
             for claim in MirroredClaim.objects.filter(
                 cluster=group.cluster_id, namespace=group.namespace, name__in=names, allocated=True
             ):

@@ -23,7 +23,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from broker.audit.models import record
-from broker.cycle.executor import complete_evictions, move
+from broker.cycle.executor import complete_evictions, complete_pod_evictions, move
 from broker.events import request_cycle_after_commit
 from broker.kube.mirror import level_for_label
 from broker.kube.models import MirroredClaim, MirroredPod, MirroredPodGroup
@@ -126,21 +126,25 @@ def claim_requests(obj):
 
 
 def claims_changed(cluster, objs):
-    namespaces = set()
-    for obj in objs:
-        meta = obj["metadata"]
-        MirroredClaim.objects.update_or_create(
-            cluster=cluster,
-            namespace=meta["namespace"],
-            name=meta["name"],
-            defaults={
-                "uid": meta.get("uid", ""),
-                "requests": claim_requests(obj),
-                "allocated": bool((obj.get("status") or {}).get("allocation")),
-            },
-        )
-        namespaces.add(meta["namespace"])
-    return reconcile_waiting(cluster, namespaces)
+    # One statement for a batch of claims (the sync hands over each object once per batch).
+    MirroredClaim.objects.bulk_create(
+        [
+            MirroredClaim(
+                cluster=cluster,
+                namespace=obj["metadata"]["namespace"],
+                name=obj["metadata"]["name"],
+                uid=obj["metadata"].get("uid", ""),
+                resource_version=obj["metadata"].get("resourceVersion", ""),
+                requests=claim_requests(obj),
+                allocated=bool((obj.get("status") or {}).get("allocation")),
+            )
+            for obj in objs
+        ],
+        update_conflicts=True,
+        unique_fields=["cluster", "namespace", "name"],
+        update_fields=["uid", "resource_version", "requests", "allocated"],
+    )
+    return reconcile_waiting(cluster, {obj["metadata"]["namespace"] for obj in objs})
 
 
 def claim_deleted(cluster, obj):
@@ -169,46 +173,82 @@ def ours(obj):
 
 
 def pods_changed(cluster, objs):
-    groups = set()
-    for obj in objs:
-        if not ours(obj):
-            continue
-        meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
-        pod, _ = MirroredPod.objects.update_or_create(
+    pods = [
+        MirroredPod(
             cluster=cluster,
-            namespace=meta["namespace"],
-            name=meta["name"],
-            defaults={
-                "uid": meta.get("uid", ""),
-                "pod_group": spec["schedulingGroup"]["podGroupName"],
-                "node_name": spec.get("nodeName") or "",
-                "phase": status.get("phase") or "",
-                "claims": pod_claims(obj),
-                "terminating": bool(meta.get("deletionTimestamp")),
-            },
+            namespace=obj["metadata"]["namespace"],
+            name=obj["metadata"]["name"],
+            uid=obj["metadata"].get("uid", ""),
+            pod_group=obj["spec"]["schedulingGroup"]["podGroupName"],
+            node_name=obj["spec"].get("nodeName") or "",
+            phase=(obj.get("status") or {}).get("phase") or "",
+            claims=pod_claims(obj),
+            terminating=bool(obj["metadata"].get("deletionTimestamp")),
         )
-        groups.add((pod.namespace, pod.pod_group))
-    return sum(reconcile_named(cluster, namespace, name) for namespace, name in groups)
+        for obj in objs
+        if ours(obj)
+    ]
+    # One statement for a batch of pods (the sync hands over each object once per batch).
+    MirroredPod.objects.bulk_create(
+        pods,
+        update_conflicts=True,
+        unique_fields=["cluster", "namespace", "name"],
+        update_fields=["uid", "pod_group", "node_name", "phase", "claims", "terminating"],
+    )
+    groups = {(pod.namespace, pod.pod_group) for pod in pods}
+    return sum(reconcile_named(cluster, namespace, name) for namespace, name in sorted(groups))
 
 
 def pod_deleted(cluster, obj):
-    meta = obj["metadata"]
-    pod = MirroredPod.objects.filter(cluster=cluster, namespace=meta["namespace"], name=meta["name"]).first()
-    if pod is None:
+    return pods_deleted(cluster, [obj])
+
+
+def pods_deleted(cluster, objs):
+    """Pods gone from the cluster, a batch at a time (a gang's pods go together): their rows in one
+    statement, then each group they belonged to looked at once."""
+    keys = {(obj["metadata"]["namespace"], obj["metadata"]["name"]) for obj in objs}
+    pods = [
+        pod
+        for pod in MirroredPod.objects.filter(cluster=cluster, name__in={name for _, name in keys})
+        if (pod.namespace, pod.name) in keys
+    ]
+    if not pods:
         return 0
-    pod.delete()
-    group = MirroredPodGroup.objects.filter(cluster=cluster, namespace=pod.namespace, name=pod.pod_group).first()
+    MirroredPod.objects.filter(pk__in=[pod.pk for pod in pods]).delete()
+    by_group = {}
+    for pod in pods:
+        by_group.setdefault((pod.namespace, pod.pod_group), []).append(pod.name)
+    return sum(group_lost_pods(cluster, namespace, name, gone) for (namespace, name), gone in sorted(by_group.items()))
+
+
+def group_lost_pods(cluster, namespace, name, gone):
+    group = MirroredPodGroup.objects.filter(cluster=cluster, namespace=namespace, name=name).first()
     if group is None or group.workload_id is None:
-        return reconcile_named(cluster, pod.namespace, pod.pod_group)
+        return reconcile_named(cluster, namespace, name)
     workload = Workload.objects.get(pk=group.workload_id)
-    if workload.state not in HOLDING_STATES or pod.name not in group.pods:
+    gone = [pod for pod in gone if pod in group.pods]
+    if workload.state not in HOLDING_STATES or not gone:
         return 0
     if workload.eviction_requested_at is not None:
         # Evicted by the broker: once the last pod is gone its eviction is complete.
-        if not MirroredPod.objects.filter(cluster=cluster, namespace=pod.namespace, pod_group=group.name).exists():
+        if not MirroredPod.objects.filter(cluster=cluster, namespace=namespace, pod_group=group.name).exists():
             complete_evictions([workload.pk], timezone.now())
         return 1
-    end(workload, State.FAILED, f"pod {pod.namespace}/{pod.name} was deleted in the cluster", manual=True)
+    leaving = list(
+        Allocation.objects.filter(
+            workload=workload,
+            pod_index__in=[group.pods.index(pod) for pod in gone],
+            released_at__isnull=True,
+            eviction_requested_at__isnull=False,
+        ).values_list("id", "workload_id", "pod_set", "pod_index")
+    )
+    if leaving:
+        # Pods a shrunk workload lets go (Pod disruption mode): the rest run on.
+        complete_pod_evictions(leaving, timezone.now())
+    left = {row[3] for row in leaving}
+    by_hand = [pod for pod in gone if group.pods.index(pod) not in left]
+    if by_hand:
+        end(workload, State.FAILED, f"pod {namespace}/{by_hand[0]} was deleted in the cluster", manual=True)
     return 1
 
 
@@ -320,8 +360,10 @@ def submission_for(group, pods):
     if len(pods) < wanted:
         return None, f"{len(pods)} of the gang's {wanted} pods exist"
     claims, shapes = {}, set()
+    named = [name for pod in pods for name in pod.claims]
     known = {
-        claim.name: claim for claim in MirroredClaim.objects.filter(cluster=group.cluster, namespace=group.namespace)
+        claim.name: claim
+        for claim in MirroredClaim.objects.filter(cluster=group.cluster, namespace=group.namespace, name__in=named)
     }
     for pod in sorted(pods, key=lambda pod: pod.name):
         if len(pod.claims) != 1:
@@ -366,10 +408,15 @@ def follow_pods(group, pods):
     workload = Workload.objects.get(pk=group.workload_id)
     if workload.state != State.RUNNING:
         return 0
-    phases = {pod.name: pod.phase for pod in pods if pod.name in group.pods}
+    # The pods that still hold devices: a shrunk workload (Pod disruption mode) runs on without the rest.
+    holding = set(
+        Allocation.objects.filter(workload=workload, released_at__isnull=True).values_list("pod_index", flat=True)
+    )
+    members = {name for index, name in enumerate(group.pods) if index in holding}
+    phases = {pod.name: pod.phase for pod in pods if pod.name in members}
     if any(phase == "Failed" for phase in phases.values()):
         return end(workload, State.FAILED, "a pod failed")
-    if len(phases) == len(group.pods) and all(phase == "Succeeded" for phase in phases.values()):
+    if members and len(phases) == len(members) and all(phase == "Succeeded" for phase in phases.values()):
         return end(workload, State.SUCCEEDED, "every pod succeeded")
     return 0
 
@@ -399,7 +446,11 @@ def forget_missing(cluster, resource, present):
     present = set(present)  # (namespace, name)
     model = {"podgroups": MirroredPodGroup, "resourceclaims": MirroredClaim, "pods": MirroredPod}[resource]
     gone = [row for row in model.objects.filter(cluster=cluster) if (row.namespace, row.name) not in present]
-    handler = {"podgroups": pod_group_deleted, "resourceclaims": claim_deleted, "pods": pod_deleted}[resource]
-    for row in gone:
-        handler(cluster, {"metadata": {"namespace": row.namespace, "name": row.name}})
+    objs = [{"metadata": {"namespace": row.namespace, "name": row.name}} for row in gone]
+    if resource == "pods":
+        pods_deleted(cluster, objs)
+    else:
+        handler = {"podgroups": pod_group_deleted, "resourceclaims": claim_deleted}[resource]
+        for obj in objs:
+            handler(cluster, obj)
     return len(gone)

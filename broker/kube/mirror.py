@@ -121,30 +121,33 @@ def nodes_changed(cluster, objs):
         return 0
     domains = Domains()
     names = [obj["metadata"]["name"] for obj in objs]
-    # ignore_conflicts: the slices' sync may have made a node it had not seen yet, meanwhile.
-    known = set(Node.objects.filter(name__in=names).values_list("name", flat=True))
-    Node.objects.bulk_create([Node(name=name) for name in names if name not in known], ignore_conflicts=True)
-    existing = {node.name: node for node in Node.objects.filter(name__in=names)}
-    new = [name for name in names if name not in known]
-    updated, mirrors, health = [], [], {}
+    wanted, mirrors, health = {}, [], {}
     for obj in objs:
         meta, spec = obj["metadata"], obj.get("spec") or {}
         labels = meta.get("labels") or {}
         domain = domains.finest(labels)
-        fields = {
+        wanted[meta["name"]] = {
             "labels": labels,
             "cordoned": bool(spec.get("unschedulable")),
             "domain_id": domain.pk if domain else None,
         }
-        node = existing[meta["name"]]
+        ready = ready_condition(obj)
+        health[meta["name"]] = health_of(ready)
+        mirrors.append((meta["name"], meta.get("uid", ""), ready, (obj.get("status") or {}).get("conditions") or []))
+    # New nodes are inserted whole; an update of thousands of rows at once is a CASE of thousands of
+    # branches that each row walks, which took most of the initial sync at 10,000 nodes.
+    # ignore_conflicts: a node a slice named before its Node arrived exists already (then updated below).
+    known = set(Node.objects.filter(name__in=names).values_list("name", flat=True))
+    new = [name for name in names if name not in known]
+    Node.objects.bulk_create([Node(name=name, **wanted[name]) for name in new], ignore_conflicts=True, batch_size=2000)
+    updated = []
+    for node in Node.objects.filter(name__in=names):
+        fields = wanted[node.name]
         if any(getattr(node, key) != value for key, value in fields.items()):
             for key, value in fields.items():
                 setattr(node, key, value)
             updated.append(node)
-        ready = ready_condition(obj)
-        health[meta["name"]] = health_of(ready)
-        mirrors.append((meta["name"], meta.get("uid", ""), ready, (obj.get("status") or {}).get("conditions") or []))
-    Node.objects.bulk_update(updated, ["labels", "cordoned", "domain", "updated"])
+    Node.objects.bulk_update(updated, ["labels", "cordoned", "domain", "updated"], batch_size=500)
     by_name = {node.name: node for node in Node.objects.filter(name__in=names)}
     MirroredNode.objects.bulk_create(
         [
@@ -236,23 +239,54 @@ def quantity(text):
     return int(value) if value == value.to_integral_value() else float(Decimal(value))
 
 
-def counter_sets_of(shared_counters):
-    """DRA sharedCounters ([{name, counters: {counter: {value}}}]) as the node's {set: {counter: value}}."""
+def counter_set_key(node_name, driver, pool, name):
+    """The broker's name of a DRA counter set. DRA's names are unique only within their pool, the broker's
+    on the node, where every driver publishes its own pools (a GPU driver and a NIC driver may both name a
+    set `0`): so the driver qualifies it, and the pool too unless it is named after the node, as a
+    node-local driver's pool is."""
+    return f"{driver}/{name}" if pool == node_name else f"{driver}/{pool}/{name}"
+
+
+def counter_sets_of(shared_counters, key):
+    """DRA sharedCounters ([{name, counters: {counter: {value}}}]) as {key(set): {counter: value}}."""
     return {
-        counter_set["name"]: {
-            name: (counter or {}).get("value", "0") for name, counter in counter_set["counters"].items()
+        key(counter_set["name"]): {
+            name: (counter or {}).get("value", "0") for name, counter in (counter_set.get("counters") or {}).items()
         }
         for counter_set in shared_counters
     }
 
 
-def consumption_of(device):
-    """DRA consumesCounters as the device's {counter set: {counter: amount}}, None when it consumes none."""
+def consumption_of(device, key):
+    """DRA consumesCounters as the device's {key(counter set): {counter: amount}}, None when it consumes none."""
     consumed = device.get("consumesCounters") or []
     return {
-        usage["counterSet"]: {name: (counter or {}).get("value", "0") for name, counter in usage["counters"].items()}
+        key(usage["counterSet"]): {
+            name: (counter or {}).get("value", "0") for name, counter in (usage.get("counters") or {}).items()
+        }
         for usage in consumed
     } or None
+
+
+def refresh_counters(node_pks):
+    """Set each node's shared counters to the sets its slices publish now: a set whose slice changed or
+    went is gone with it (a device still consuming it then consumes a counter its node does not publish,
+    which the cycle never allocates). None for a node whose slices publish none."""
+    published = {pk: {} for pk in node_pks}
+    slices = MirroredSlice.objects.filter(node_id__in=list(node_pks))
+    for node_pk, node_name, driver, pool, shared in slices.values_list(
+        "node_id", "node__name", "driver", "pool", "shared_counters"
+    ):
+        if shared:
+            published[node_pk].update(
+                counter_sets_of(shared, lambda name, n=node_name, d=driver, p=pool: counter_set_key(n, d, p, name))
+            )
+    changed = 0
+    for pk, current in Node.objects.filter(pk__in=list(node_pks)).values_list("pk", "shared_counters"):
+        wanted = published[pk] or None
+        if current != wanted:
+            changed += Node.objects.filter(pk=pk).update(shared_counters=wanted)
+    return changed
 
 
 def capacity_of(device):
@@ -314,13 +348,17 @@ def slices_changed(cluster, objs):
         wanted = {device["name"]: device for device in spec.get("devices") or []}
         health = health_of(ready.get(node.name, "Unknown"))
         own_taints = {}
+
+        def key(name, node_name=node.name, driver=driver, pool=pool):
+            return counter_set_key(node_name, driver, pool, name)
+
         for name, device in wanted.items():
             taints = taints_of(device)
             own_taints[name] = taints
             fields = {
                 "attributes": attributes_of(driver, device),
                 "capacity": capacity_of(device),
-                "consumes_counters": consumption_of(device),
+                "consumes_counters": consumption_of(device, key),
                 "taints": taints + [rule_taint(rule) for rule in rules if rule_matches(rule, driver, pool, name)],
                 "health": health,
             }
@@ -353,24 +391,13 @@ def slices_changed(cluster, objs):
     Device.objects.bulk_update(
         updated, ["attributes", "capacity", "consumes_counters", "taints", "health"], batch_size=1000
     )
-    counter_sets = {}
-    for mirrored in mirrors:
-        if mirrored.shared_counters:
-            counter_sets.setdefault(mirrored.node.pk, {}).update(counter_sets_of(mirrored.shared_counters))
-    for node in nodes.values():
-        if node.pk in counter_sets and node.shared_counters != {
-            **(node.shared_counters or {}),
-            **counter_sets[node.pk],
-        }:
-            node.shared_counters = {**(node.shared_counters or {}), **counter_sets[node.pk]}
-            Node.objects.filter(pk=node.pk).update(shared_counters=node.shared_counters)
     MirroredSlice.objects.bulk_create(
         mirrors,
         update_conflicts=True,
         unique_fields=["cluster", "name"],
         update_fields=["driver", "pool", "node", "devices", "taints", "shared_counters"],
     )
-    count = len(new) + len(updated) + remove_devices(dropped)
+    count = len(new) + len(updated) + remove_devices(dropped) + refresh_counters({node.pk for node in nodes.values()})
     if count:
         changed(f"{count} devices changed in cluster {cluster.name}")
     return count
@@ -391,7 +418,7 @@ def slice_deleted(cluster, obj):
         Device.objects.filter(node=mirrored.node, driver=mirrored.driver, pool=mirrored.pool, name__in=mirrored.devices)
     )
     mirrored.delete()
-    count = remove_devices(devices)
+    count = remove_devices(devices) + refresh_counters({mirrored.node_id})
     if count:
         changed(f"{count} devices left cluster {cluster.name} with slice {obj['metadata']['name']}")
     return count

@@ -200,6 +200,9 @@ class MirroredClaim(models.Model):
     uid = models.CharField(max_length=63, blank=True)
     requests = models.JSONField(default=list, blank=True)
     allocated = models.BooleanField(default=False)
+    resource_version = models.CharField(
+        max_length=63, blank=True, help_text="As last seen: the applier's first write is conditional on it."
+    )
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["cluster", "namespace", "name"], name="kube_claim_unique")]

@@ -8,6 +8,8 @@ BLOCK = "cloud.provider.com/topology-block"
 RACK = "cloud.provider.com/topology-rack"
 SCHEDULER = "capacity-broker"
 H100 = f'device.attributes["{DRIVER}"].model == "H100"'
+HALF = "H100-3g.40gb"
+H100_HALF = f'device.attributes["{DRIVER}"].model == "{HALF}"'
 
 
 def meta(name, namespace=None, labels=None, **more):
@@ -51,6 +53,50 @@ def resource_slice(node_name, devices=8, model="H100", taints=None):
     )
 
 
+def counter_slice(node_name, gpus=1, memory="80Gi"):
+    """The slice of a node's pool that publishes its shared counters: one set per physical GPU."""
+    return client.V1ResourceSlice(
+        api_version="resource.k8s.io/v1",
+        kind="ResourceSlice",
+        metadata=meta(f"{node_name}-{DRIVER}-counters"),
+        spec=client.V1ResourceSliceSpec(
+            driver=DRIVER,
+            node_name=node_name,
+            pool=client.V1ResourcePool(name=node_name, generation=1, resource_slice_count=2),
+            shared_counters=[
+                client.V1CounterSet(name=f"gpu-{i}", counters={"memory": client.V1Counter(value=memory)})
+                for i in range(gpus)
+            ],
+        ),
+    )
+
+
+def partitioned_slice(node_name, gpus=1):
+    """The devices of that pool: each GPU whole (all its memory) and cut in two halves (half each), all
+    consuming the GPU's counter set, as a MIG-capable driver publishes them."""
+    devices = []
+    for i in range(gpus):
+        for suffix, model, memory in (("", "H100", "80Gi"), ("-half-0", HALF, "40Gi"), ("-half-1", HALF, "40Gi")):
+            partition = device(f"gpu-{i}{suffix}", model, memory)
+            partition.consumes_counters = [
+                client.V1DeviceCounterConsumption(
+                    counter_set=f"gpu-{i}", counters={"memory": client.V1Counter(value=memory)}
+                )
+            ]
+            devices.append(partition)
+    return client.V1ResourceSlice(
+        api_version="resource.k8s.io/v1",
+        kind="ResourceSlice",
+        metadata=meta(f"{node_name}-{DRIVER}"),
+        spec=client.V1ResourceSliceSpec(
+            driver=DRIVER,
+            node_name=node_name,
+            pool=client.V1ResourcePool(name=node_name, generation=1, resource_slice_count=2),
+            devices=devices,
+        ),
+    )
+
+
 def device_class(name="h100", expression=H100):
     return client.V1DeviceClass(
         api_version="resource.k8s.io/v1",
@@ -77,7 +123,16 @@ def taint_rule(name, pool=None, device_name=None, effect="NoExecute"):
     )
 
 
-def pod_group(name, namespace="ml", min_count=8, resource_class="training", topology=RACK, priority=None, queue=None):
+def pod_group(
+    name,
+    namespace="ml",
+    min_count=8,
+    resource_class="training",
+    topology=RACK,
+    priority=None,
+    queue=None,
+    disruption_mode="PodGroup",
+):
     labels = {"broker.capacity.io/resource-class": resource_class} if resource_class else {}
     if queue:
         labels["broker.capacity.io/queue"] = queue
@@ -93,7 +148,7 @@ def pod_group(name, namespace="ml", min_count=8, resource_class="training", topo
                 topology=[client.V1alpha2TopologyConstraint(key=topology)] if topology else None
             ),
             priority=priority,
-            disruption_mode="PodGroup",
+            disruption_mode=disruption_mode,
         ),
     )
 
@@ -132,9 +187,9 @@ def pod(name, group, namespace="ml", claim_name=None, scheduler=SCHEDULER):
     )
 
 
-def gang(cluster, name, pods=8, devices_per_pod=1, namespace="ml", **group):
+def gang(cluster, name, pods=8, devices_per_pod=1, namespace="ml", device_class_name="h100", **group):
     """A PodGroup, its pods and one claim per pod, created in the mock cluster."""
-    cluster.create(pod_group(name, namespace, min_count=pods, **group))
+    cluster.create(pod_group(name, namespace, **{"min_count": pods, **group}))
     for i in range(pods):
-        cluster.create(claim(f"{name}-{i}-gpus", namespace, count=devices_per_pod))
+        cluster.create(claim(f"{name}-{i}-gpus", namespace, device_class_name, count=devices_per_pod))
         cluster.create(pod(f"{name}-{i}", name, namespace, claim_name=f"{name}-{i}-gpus"))

@@ -169,18 +169,44 @@ def test_it_refuses_to_run_with_the_bridge_off(db):
 
 
 def test_it_maps_shared_counters_and_their_consumption(sync, apiserver):
+    apiserver.create(objects.node("mig"))
+    apiserver.create(objects.counter_slice("mig"))
+    apiserver.create(objects.partitioned_slice("mig"))
+    sync.list_all(INVENTORY)
+    node = Node.objects.get(name="mig")
+    assert node.shared_counters == {"gpu.example.com/gpu-0": {"memory": "80Gi"}}
+    consumed = dict(Device.objects.filter(node=node).values_list("name", "consumes_counters"))
+    assert consumed == {
+        "gpu-0": {"gpu.example.com/gpu-0": {"memory": "80Gi"}},
+        "gpu-0-half-0": {"gpu.example.com/gpu-0": {"memory": "40Gi"}},
+        "gpu-0-half-1": {"gpu.example.com/gpu-0": {"memory": "40Gi"}},
+    }
+    node.full_clean()
+    for device in Device.objects.filter(node=node):
+        device.full_clean()
+    apiserver.delete("ResourceSlice", "mig-gpu.example.com-counters")
+    watch(sync, SLICES)
+    assert Node.objects.get(name="mig").shared_counters is None, "the sets go with the slice that published them"
+
+
+def test_it_keeps_the_counter_sets_of_two_drivers_apart(sync, apiserver):
     from kubernetes import client
 
     apiserver.create(objects.node("mig"))
-    mig = objects.resource_slice("mig", devices=2)
-    mig.spec.shared_counters = [client.V1CounterSet(name="gpu-0", counters={"memory": client.V1Counter(value="80Gi")})]
-    for device in mig.spec.devices:
-        device.consumes_counters = [
-            client.V1DeviceCounterConsumption(counter_set="gpu-0", counters={"memory": client.V1Counter(value="40Gi")})
-        ]
-    apiserver.create(mig)
+    apiserver.create(objects.counter_slice("mig"))
+    nic = objects.counter_slice("mig", memory="1Gi")
+    nic.metadata.name, nic.spec.driver = "mig-nic.example.com-counters", "nic.example.com"
+    nic.spec.pool = client.V1ResourcePool(name="nics", generation=1, resource_slice_count=1)
+    apiserver.create(nic)
     sync.list_all(INVENTORY)
-    node = Node.objects.get(name="mig")
-    assert node.shared_counters == {"gpu-0": {"memory": "80Gi"}}
-    assert Device.objects.get(node=node, name="gpu-1").consumes_counters == {"gpu-0": {"memory": "40Gi"}}
-    node.full_clean()
+    assert Node.objects.get(name="mig").shared_counters == {
+        "gpu.example.com/gpu-0": {"memory": "80Gi"},
+        "nic.example.com/nics/gpu-0": {"memory": "1Gi"},
+    }
+
+
+def test_it_serves_no_slice_with_both_devices_and_counters(apiserver):
+    both = objects.partitioned_slice("mig")
+    both.spec.shared_counters = objects.counter_slice("mig").spec.shared_counters
+    with pytest.raises(ShapeError, match="only one of devices and sharedCounters"):
+        apiserver.create(both)

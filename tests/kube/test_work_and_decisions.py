@@ -24,6 +24,8 @@ def test_it_admits_a_gang_allocates_its_claims_and_binds_its_pods_on_one_rack(sy
     assert Applier().drain()
     nodes = bound_nodes(lab, "train-")
     assert len(nodes) == 8 and None not in nodes.values()
+    reads = [path for _, path in lab.requests("GET") if "/train-" in path]
+    assert reads == [], "two calls a pod, from the mirror: no pod or claim read first"
     assert {Node.objects.get(name=node).domain.name for node in nodes.values()} == {"r0"}
     for i in range(8):
         claim = lab.get("ResourceClaim", f"train-{i}-gpus", "ml")
@@ -147,6 +149,31 @@ def test_it_evicts_a_group_through_the_eviction_api_and_requeues_it_once_its_pod
     group.workload.refresh_from_db()
     assert group.workload.state == State.PENDING
     assert not Allocation.objects.filter(workload=group.workload, released_at__isnull=True).exists()
+
+
+def test_it_evicts_only_the_pod_on_a_failed_device_of_a_pod_mode_group(sync, lab):
+    group = admit(sync, lab, "elastic", min_count=6, disruption_mode="Pod")
+    Applier().drain()
+    node = bound_nodes(lab, "elastic-")["elastic-3"]
+    (device,) = Allocation.objects.filter(workload=group.workload, pod_index=3).values_list("device__name", flat=True)
+    lab.create(objects.taint_rule("broken", pool=node, device_name=device))
+    sync.list_all(INVENTORY)
+    run_once()
+    entry = OutboxEntry.objects.get(pod_group=group, action="Evict")
+    assert Applier().drain() == [entry.pk]
+    assert [path.rsplit("/", 2)[1] for _, path in lab.requests("POST", "eviction")] == ["elastic-3"]
+    sync.watch_once(PODS, sync.cursor(PODS))
+    group.workload.refresh_from_db()
+    assert group.workload.state == State.RUNNING and group.workload.eviction_requested_at is None
+    staying = Allocation.objects.filter(workload=group.workload, released_at__isnull=True)
+    assert sorted(staying.values_list("pod_index", flat=True)) == [0, 1, 2, 4, 5, 6, 7]
+    sync.list_all(WORK)
+    assert Applier().release_claims() == ["ml/elastic-3-gpus"], "the pod that left gives back its claim"
+    for i in (0, 1, 2, 4, 5, 6, 7):
+        lab.set_status("Pod", f"elastic-{i}", {"phase": "Succeeded"}, "ml")
+    sync.watch_once(PODS, sync.cursor(PODS))
+    group.workload.refresh_from_db()
+    assert group.workload.state == State.SUCCEEDED, "the pods it runs on all succeeded"
 
 
 def test_it_writes_no_outbox_with_the_bridge_off(sync, lab, settings):
