@@ -14,6 +14,7 @@ from broker.cycle.loader import load_snapshot
 from broker.cycle.runner import keep_out_of_collections
 from broker.scheduler import snapshot as s
 from broker.scheduler.cycle import decide
+from dashboard.advice import form_suggestions
 
 CANDIDATE_ID = "what-if"
 
@@ -47,16 +48,19 @@ def candidate(submission, now):
             )
             for pod_set in submission.pod_sets
         ),
+        # "" is the submitter's "no level", as the loader reads a stored workload's.
         topology_required=(
             submission.topology_required
             if submission.topology_required is not None
-            else resource_class.topology_required or None
-        ),
+            else resource_class.topology_required
+        )
+        or None,
         topology_preferred=(
             submission.topology_preferred
             if submission.topology_preferred is not None
-            else resource_class.topology_preferred or None
-        ),
+            else resource_class.topology_preferred
+        )
+        or None,
         priority=resource_class.priority_class.value if submission.priority is None else submission.priority,
         submitted=now.timestamp(),
         approved=None if needs_approval else True,
@@ -95,30 +99,7 @@ def would_start(submission, user, now=None):
                 "position_in_queue": decision.position_in_queue,
                 "position_in_cluster": decision.position_in_cluster,
                 "estimated_start": datetime.fromtimestamp(estimated, tz=UTC).isoformat() if estimated else None,
-                "suggestions": form_suggestions(decision.suggestions),
+                "suggestions": form_suggestions(decision.suggestions, submission.resource_class),
                 "preempts": sum(1 for p in result.preemptions if p.preemptor_id == CANDIDATE_ID),
             }
     raise RuntimeError("The decision core returned no decision for the what-if candidate.")
-
-
-def form_suggestions(suggestions) -> list[dict]:
-    """The suggestions the submit form can make in one click, each with `form`: the fields to set (issue 27:
-    advice is only what the submitter can apply). The form has one pod set, "main", and no topology or
-    device class fields, and a submitter does not set quotas: a smaller gang is what it can change."""
-    offered = []
-    for suggestion in suggestions:
-        fields = form_change(suggestion)
-        if fields:
-            offered.append({"kind": suggestion.kind, "description": suggestion.description, "form": fields})
-    return offered
-
-
-def form_change(suggestion) -> dict | None:
-    """{form field: value} making `suggestion`'s change in the submit form, None when the form cannot."""
-    if suggestion.kind != "ShrinkGang":
-        return None
-    pod_sets = suggestion.change.get("pod_sets", {})
-    counts = pod_sets.get("main")
-    if set(pod_sets) != {"main"} or not counts:
-        return None
-    return {"replicas": counts["count"], "min_count": counts["min_count"]}
