@@ -116,3 +116,18 @@ def test_it_keeps_advice_the_submitter_cannot_apply_out_of_the_form(cluster):
             "form": {"replicas": 2, "min_count": 2},
         },
     ]
+
+
+def test_it_offers_another_class_that_starts_the_request_and_applying_it_does(client, scene, alice, cluster):
+    from broker.policy.models import PriorityClass
+    from tests.builders import make_resource_class
+
+    anywhere = make_resource_class("batch-anywhere", PriorityClass.objects.get(name="batch"), [cluster.h100])
+    client.force_login(alice)
+    answer = ask(client, cluster, cluster.training, 6, 1).json()  # 6 in one rack: r2 has 5 free, the cluster 7
+    assert answer["admitted"] is False
+
+    (other,) = [s for s in answer["suggestions"] if s["kind"] == "OtherClass"]
+    assert other["form"] == {"resource_class": anywhere.pk}
+    assert "batch-anywhere" in other["description"].lower().replace(" ", "-")
+    assert ask(client, cluster, anywhere, 6, 1).json()["admitted"] is True
