@@ -50,6 +50,8 @@ def test_it_offers_an_operator_the_quota_change_and_no_resubmission(client, quot
 
     assert [(item["kind"], item["action"]) for item in shown] == [("IncreaseQuota", "quota")]
     assert shown[0]["url"] == reverse("queue-detail", args=[quota_too.a_wait.queue_id])
+    where = client.get(shown[0]["url"], HTTP_ACCEPT="text/html")  # the browsable API's form writes the quota
+    assert where.status_code == 200 and "nominal_quota" in where.content.decode()
     page = client.get(reverse("dashboard:workload", args=[quota_too.a_wait.pk])).content.decode()
     assert "Change queue team-a's quota" in page
     assert "Ask for 1 pod fewer" not in page  # olivia is in no team: she cannot submit to team-a's queue
