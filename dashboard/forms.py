@@ -2,9 +2,11 @@ from django import forms
 from django.db.models import Q
 
 from broker import limits
-from broker.policy.models import Queue, ResourceClass
+from broker.policy.models import DeviceClass, Queue, ResourceClass
 from broker.policy.roles import is_admin, team_ids
+from broker.workloads.models import Workload
 from broker.workloads.services import PodSetRequest, Submission
+from dashboard.advice import ANYWHERE, class_refusal, levels
 
 
 def entitled_resource_classes(user):
@@ -62,6 +64,12 @@ class SubmitForm(forms.Form):
         required=False,
         help_text="Helps estimate when others start.",
     )
+    # What a suggestion may change besides the gang (issue 27): empty means as the resource class says.
+    device_class = forms.ChoiceField(
+        required=False, help_text="Empty: any the class offers, in its order of preference."
+    )
+    topology_required = forms.ChoiceField(required=False, help_text="Where all pods must be together.")
+    topology_preferred = forms.ChoiceField(required=False, help_text="Where pods are packed when possible.")
 
     def __init__(self, user, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -73,12 +81,23 @@ class SubmitForm(forms.Form):
             queues = queues.filter(team_id__in=team_ids(user))
         self.fields["queue"].queryset = queues
         self.fields["resource_class"].queryset = entitled_resource_classes(user)
+        self.fields["device_class"].choices = [("", "As the class prefers")] + [
+            (name, name) for name in DeviceClass.objects.order_by("name").values_list("name", flat=True)
+        ]
+        self.levels = levels()
+        places = [(level, f"one {level}") for level in self.levels]
+        for name in ("topology_required", "topology_preferred"):
+            self.fields[name].choices = [("", "As the class sets it"), (ANYWHERE, "anywhere"), *places]
 
     def clean(self):
         cleaned = super().clean()
         replicas, min_count = cleaned.get("replicas"), cleaned.get("min_count")
         if replicas and min_count and min_count > replicas:
             self.add_error("min_count", "The gang cannot be larger than the number of replicas.")
+        for name in ("topology_required", "topology_preferred"):
+            refusal = class_refusal(cleaned.get("resource_class"), name, cleaned.get(name), self.levels)
+            if refusal:
+                self.add_error(name, refusal)
         return cleaned
 
     def submission(self):
@@ -94,9 +113,12 @@ class SubmitForm(forms.Form):
                     replicas=data["replicas"],
                     devices_per_pod=data["devices_per_pod"],
                     min_count=data.get("min_count"),
+                    device_classes=(data["device_class"],) if data.get("device_class") else (),
                 ),
             ),
             expected_duration_seconds=int(hours * 3600) if hours else None,
+            topology_required=topology(data.get("topology_required")),
+            topology_preferred=topology(data.get("topology_preferred")),
         )
 
     def add_service_errors(self, errors):
@@ -105,11 +127,55 @@ class SubmitForm(forms.Form):
                 for per_pod_set in found if isinstance(found, list) else [found]:
                     if isinstance(per_pod_set, dict):
                         for name, texts in per_pod_set.items():
+                            name = "device_class" if name == "device_classes" else name
                             self.add_error(name if name in self.fields else None, texts)
                     elif per_pod_set:
                         self.add_error(None, per_pod_set)
             else:
                 self.add_error(field if field in self.fields else None, found)
+
+
+def topology(value):
+    """A topology field's value as a Submission takes it: None keeps the class's, "" asks for none."""
+    if not value:
+        return None
+    return "" if value == ANYWHERE else value
+
+
+def resubmission_initial(workload, pod_set, changes):
+    """The submit form's values saying `workload` again under a free name, with `changes` (form fields)
+    made: what a suggestion's "resubmit with this change" opens."""
+    resource_class = workload.resource_class
+    initial = {
+        "name": free_name(workload),
+        "queue": workload.queue_id,
+        "resource_class": workload.resource_class_id,
+        "replicas": pod_set.replicas,
+        "devices_per_pod": pod_set.devices_per_pod,
+        "min_count": pod_set.min_count,
+        "expected_hours": round(workload.expected_duration_seconds / 3600, 3)
+        if workload.expected_duration_seconds
+        else None,
+        "device_class": pod_set.device_classes[0] if pod_set.device_classes else "",
+        "topology_required": own_topology(workload.topology_required, resource_class.topology_required),
+        "topology_preferred": own_topology(workload.topology_preferred, resource_class.topology_preferred),
+    }
+    return {**initial, **changes}
+
+
+def own_topology(value, class_value):
+    """The form's value for a workload's level: "" for the class's own (a stored empty level reads so)."""
+    return "" if not value or value == class_value else value
+
+
+def free_name(workload):
+    """`name-2`, `name-3`, ...: the first name its team has not used (names are unique within a team)."""
+    taken = set(Workload.objects.filter(team_id=workload.team_id).values_list("name", flat=True))
+    base = workload.name[:95]
+    number = 2
+    while f"{base}-{number}" in taken:
+        number += 1
+    return f"{base}-{number}"
 
 
 class PriorityForm(forms.Form):

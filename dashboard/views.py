@@ -3,6 +3,7 @@
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import transaction
 from django.http import Http404, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.http import url_has_allowed_host_and_scheme
@@ -15,8 +16,8 @@ from broker.policy.roles import is_operator, sees_all_workloads, team_ids
 from broker.workloads import services as workload_services
 from broker.workloads.models import Workload
 from broker.workloads.states import FINAL_STATES, WAITING_STATES
-from dashboard import broadcast, live_health, queries
-from dashboard.forms import PriorityForm, SubmitForm, entitled_resource_classes, plain_words
+from dashboard import advice, broadcast, live_health, queries
+from dashboard.forms import PriorityForm, SubmitForm, entitled_resource_classes, plain_words, resubmission_initial
 from dashboard.whatif import would_start
 
 
@@ -75,6 +76,12 @@ def workload_detail(request, pk):
     context["can_cancel"] = workload.state not in FINAL_STATES and (
         is_operator(request.user) or workload.team_id in team_ids(request.user)
     )
+    explanation = context["explanation"]
+    context["advice"] = (
+        advice.for_viewer(request.user, workload, context["pod_sets"], explanation.suggestions)
+        if explanation is not None and context["row"]["reason"]
+        else []
+    )
     return render(request, "dashboard/workload.html", context)
 
 
@@ -115,21 +122,60 @@ def teams(request):
 
 @login_required
 def submit(request):
-    form = SubmitForm(request.user, request.POST or None)
+    replacing = replaced_workload(request)
+    initial = None
+    if request.method != "POST" and replacing is not None:
+        changes = {name: request.GET[name] for name in advice.FORM_FIELDS if name in request.GET}
+        initial = resubmission_initial(replacing, replacing.pod_sets.get(), changes)
+    form = SubmitForm(request.user, request.POST or None, initial=initial)
     if request.method == "POST" and form.is_valid():
         try:
-            workload = workload_services.submit_workload(form.submission(), request.user)
+            with transaction.atomic():
+                workload = workload_services.submit_workload(form.submission(), request.user)
+                cancelled = replace(replacing, workload, request.user)
         except workload_services.InvalidSubmission as error:
             form.add_service_errors(error.errors)
         else:
             messages.success(request, f"Submitted {workload.name}; the next cycle decides where it runs.")
-            for advice in workload.guidance:  # wrong-class advice from broker.governance.guidance
-                messages.warning(request, advice["message"])
+            if cancelled:
+                messages.info(request, f"Cancelled {replacing.name}: {workload.name} replaces it.")
+            elif replacing is not None:
+                messages.warning(request, f"{replacing.name} no longer waits, so it was not cancelled.")
+            for advice_item in workload.guidance:  # wrong-class advice from broker.governance.guidance
+                messages.warning(request, advice_item["message"])
             return redirect("dashboard:workload", pk=workload.pk)
     classes = [
         {"rc": rc, "words": plain_words(rc), "price": rc_price(rc)} for rc in entitled_resource_classes(request.user)
     ]
-    return render(request, "dashboard/submit.html", {"form": form, "classes": classes})
+    return render(request, "dashboard/submit.html", {"form": form, "classes": classes, "replacing": replacing})
+
+
+def replaced_workload(request):
+    """The workload a resubmission replaces: `from` of a suggestion's link (it must be waiting),
+    `replaces` of the form's box (unticked: the original keeps waiting). None unless the user may
+    resubmit it through the form: a link for another team's workload opens an empty form."""
+    posted = request.method == "POST"
+    raw = request.POST.get("replaces", "") if posted else request.GET.get("from", "")
+    if not raw.isdigit():
+        return None
+    workload = Workload.objects.select_related("team", "queue", "resource_class").filter(pk=int(raw)).first()
+    if workload is None or not advice.may_resubmit(request.user, workload, waiting=not posted):
+        return None
+    if not advice.resubmittable(workload, list(workload.pod_sets.all())):
+        return None
+    return workload
+
+
+def replace(original, workload, user):
+    """Cancel `original` now that `workload` says it again; False when it no longer waits: it may have
+    started since the form opened, and then both stay for the user to decide."""
+    if original is None:
+        return False
+    current = Workload.objects.select_for_update().get(pk=original.pk)
+    if current.state not in WAITING_STATES:
+        return False
+    workload_services.cancel_workload(current, user, reason=f"replaced by {workload.name}")
+    return True
 
 
 def rc_price(resource_class):

@@ -12,10 +12,17 @@ from django.utils import timezone
 from broker.cycle.executor import get_executor
 from broker.cycle.loader import load_snapshot
 from broker.cycle.runner import keep_out_of_collections
+from broker.governance import guidance
+from broker.governance.approvals import price_per_hour
 from broker.scheduler import snapshot as s
 from broker.scheduler.cycle import decide
+from broker.workloads import services as workload_services
+from dashboard.advice import ANYWHERE, class_refusal, form_suggestions, levels
+from dashboard.forms import entitled_resource_classes
 
 CANDIDATE_ID = "what-if"
+# Other resource classes a what-if that does not start tries: each is one more run of the decision core.
+OTHER_CLASSES_TRIED = 3
 
 
 def read_snapshot(now):
@@ -47,16 +54,19 @@ def candidate(submission, now):
             )
             for pod_set in submission.pod_sets
         ),
+        # "" is the submitter's "no level", as the loader reads a stored workload's.
         topology_required=(
             submission.topology_required
             if submission.topology_required is not None
-            else resource_class.topology_required or None
-        ),
+            else resource_class.topology_required
+        )
+        or None,
         topology_preferred=(
             submission.topology_preferred
             if submission.topology_preferred is not None
-            else resource_class.topology_preferred or None
-        ),
+            else resource_class.topology_preferred
+        )
+        or None,
         priority=resource_class.priority_class.value if submission.priority is None else submission.priority,
         submitted=now.timestamp(),
         approved=None if needs_approval else True,
@@ -68,25 +78,27 @@ def candidate(submission, now):
 def would_start(submission, user, now=None):
     """{"admitted": bool, ...}: where it would go, or the reason, message, position and suggestions."""
     now = now or timezone.now()
-    snapshot = read_snapshot(now)
-    snapshot = dataclasses.replace(snapshot, pending=(*snapshot.pending, candidate(submission, now)))
+    read = read_snapshot(now)
+    snapshot = dataclasses.replace(read, pending=(*read.pending, candidate(submission, now)))
     result = decide(snapshot)
     # What a cycle keeps, a what-if keeps too (the read inventory, the core's index, the work's records):
     # in a web process that runs no cycle, this is where a large one is frozen out of the collector.
     keep_out_of_collections()
-    for admission in result.admissions:
-        if admission.workload_id == CANDIDATE_ID:
-            nodes = sorted({pod.node for pod in admission.pods})
-            where = ", ".join(f"{level} {name}" for level, name in admission.domain.items())
-            return {
-                "admitted": True,
-                "device_class": admission.device_class,
-                "where": where or ", ".join(nodes),
-                "nodes": nodes,
-            }
+    admission = admission_of(result)
+    if admission is not None:
+        nodes = sorted({pod.node for pod in admission.pods})
+        where = ", ".join(f"{level} {name}" for level, name in admission.domain.items())
+        return {
+            "admitted": True,
+            "device_class": admission.device_class,
+            "where": where or ", ".join(nodes),
+            "nodes": nodes,
+        }
     for decision in result.pending:
         if decision.workload_id == CANDIDATE_ID:
             estimated = decision.estimated_start
+            suggestions = form_suggestions(decision.suggestions, submission.resource_class)
+            other = other_class(submission, user, read, now)
             return {
                 "admitted": False,
                 "reason": decision.reason,
@@ -95,30 +107,60 @@ def would_start(submission, user, now=None):
                 "position_in_queue": decision.position_in_queue,
                 "position_in_cluster": decision.position_in_cluster,
                 "estimated_start": datetime.fromtimestamp(estimated, tz=UTC).isoformat() if estimated else None,
-                "suggestions": form_suggestions(decision.suggestions),
+                "suggestions": suggestions + ([other] if other else []),
                 "preempts": sum(1 for p in result.preemptions if p.preemptor_id == CANDIDATE_ID),
             }
     raise RuntimeError("The decision core returned no decision for the what-if candidate.")
 
 
-def form_suggestions(suggestions) -> list[dict]:
-    """The suggestions the submit form can make in one click, each with `form`: the fields to set (issue 27:
-    advice is only what the submitter can apply). The form has one pod set, "main", and no topology or
-    device class fields, and a submitter does not set quotas: a smaller gang is what it can change."""
-    offered = []
-    for suggestion in suggestions:
-        fields = form_change(suggestion)
-        if fields:
-            offered.append({"kind": suggestion.kind, "description": suggestion.description, "form": fields})
-    return offered
+def admission_of(result):
+    return next((admission for admission in result.admissions if admission.workload_id == CANDIDATE_ID), None)
 
 
-def form_change(suggestion) -> dict | None:
-    """{form field: value} making `suggestion`'s change in the submit form, None when the form cannot."""
-    if suggestion.kind != "ShrinkGang":
-        return None
-    pod_sets = suggestion.change.get("pod_sets", {})
-    counts = pod_sets.get("main")
-    if set(pod_sets) != {"main"} or not counts:
-        return None
-    return {"replicas": counts["count"], "min_count": counts["min_count"]}
+def other_class(submission, user, snapshot, now):
+    """The cheapest other resource class the user may pick in which the request, as the form has it,
+    is valid, needs no approval and would start now, as a suggestion the form applies (the core advises
+    within the request's class only). Tried only where it could hold the request at all, so a request
+    invalid everywhere gets no such advice."""
+    chosen = submission.resource_class
+    classes = [rc for rc in entitled_resource_classes(user) if rc.pk != chosen.pk]
+    classes.sort(key=lambda rc: (price_per_hour(rc) is None, price_per_hour(rc) or 0, rc.name))
+    cluster, tried = guidance.ClusterAsBuilt(), 0
+    for resource_class in classes:
+        changed = dataclasses.replace(submission, resource_class=resource_class)
+        if not usable(changed, user) or not cluster.holds(changed, resource_class):
+            continue
+        if tried == OTHER_CLASSES_TRIED:
+            break
+        tried += 1
+        pending = (*snapshot.pending, candidate(changed, now))
+        if admission_of(decide(dataclasses.replace(snapshot, pending=pending))) is None:
+            continue
+        price = price_per_hour(resource_class)
+        cost = f" (${price:.2f}/device-hour)" if price is not None else ""
+        return {
+            "kind": "OtherClass",
+            "description": f"use resource class {resource_class.display_name or resource_class}{cost}: starts now",
+            "form": {"resource_class": resource_class.pk},
+        }
+    return None
+
+
+def usable(submission, user):
+    """Whether the form would take `submission` in its class without an approver's wait."""
+    resource_class = submission.resource_class
+    if resource_class.needs_approval(submission.total_devices):
+        return False
+    errors = workload_services.submission_errors(submission, user)
+    errors.pop("name", None)
+    if errors:
+        return False
+    known = levels()
+    for field, value in (
+        ("topology_required", submission.topology_required),
+        ("topology_preferred", submission.topology_preferred),
+    ):
+        shown = "" if value is None else (value or ANYWHERE)
+        if class_refusal(resource_class, field, shown, known):
+            return False
+    return True

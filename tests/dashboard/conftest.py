@@ -61,7 +61,13 @@ def wait(workload, cycle, reason, message, position):
         message=message,
         position_in_queue=1,
         position_in_cluster=position,
-        suggestions=[{"kind": "ShrinkGang", "description": "Ask for 1 pod fewer and it starts now.", "change": {}}],
+        suggestions=[
+            {
+                "kind": "ShrinkGang",
+                "description": "Ask for 1 pod fewer and it starts now.",
+                "change": {"pod_sets": {"main": {"count": 1, "min_count": 1}}},
+            }
+        ],
         details={"needed": 8, "free": 3},
     )
     ExplanationChange.objects.create(workload=workload, cycle=cycle, reason=reason, message=message)

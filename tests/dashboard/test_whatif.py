@@ -1,6 +1,7 @@
 from django.urls import reverse
 
 from broker.workloads.models import Workload
+from dashboard.forms import SubmitForm
 from dashboard.queries import REASON_CODES
 
 
@@ -66,7 +67,7 @@ def test_it_offers_only_changes_the_form_makes_and_each_starts_the_gang(client, 
     assert answer["suggestions"], answer
 
     for suggestion in answer["suggestions"]:
-        assert set(suggestion["form"]) <= {"replicas", "devices_per_pod", "min_count"}, suggestion
+        assert set(suggestion["form"]) <= set(SubmitForm(alice).fields), suggestion
         applied = {"replicas": 4, "devices_per_pod": 2, **suggestion["form"]}
         again = ask(
             client, cluster, cluster.training, applied.pop("replicas"), applied.pop("devices_per_pod"), **applied
@@ -74,22 +75,59 @@ def test_it_offers_only_changes_the_form_makes_and_each_starts_the_gang(client, 
         assert again.json()["admitted"] is True, (suggestion, again.json())
 
 
-def test_it_keeps_advice_the_submitter_cannot_apply_out_of_the_form():
+def test_it_keeps_advice_the_submitter_cannot_apply_out_of_the_form(cluster):
     from broker.scheduler.snapshot import Suggestion
     from dashboard import whatif
 
     made = (
         Suggestion("IncreaseQuota", "raise queue team-a's h100 quota from 8 to 16: starts now", {"queue": "team-a"}),
-        Suggestion("RelaxTopology", "drop the one-rack requirement: starts now", {"topology_required": ""}),
+        Suggestion(
+            "RelaxTopology",
+            "drop the one-rack requirement (prefer one rack): starts now",
+            {"topology_required": "", "topology_preferred": "rack"},
+        ),
+        Suggestion("FallbackClass", "use device class a100 ($2/device-hour): starts now", {"device_classes": ["a100"]}),
         Suggestion(
             "ShrinkGang", "run 2 pods instead of 4: starts now", {"pod_sets": {"main": {"count": 2, "min_count": 2}}}
         ),
+        Suggestion(
+            "ShrinkGang",
+            "run fewer workers and helpers: starts now",
+            {"pod_sets": {"workers": {"count": 1, "min_count": 1}, "helpers": {"count": 1, "min_count": 1}}},
+        ),
     )
 
-    assert whatif.form_suggestions(made) == [
+    # distributed-training keeps a gang in one rack: only another class drops that, not this form.
+    assert [s["kind"] for s in whatif.form_suggestions(made, cluster.training)] == ["FallbackClass", "ShrinkGang"]
+    assert whatif.form_suggestions(made, cluster.inference) == [
+        {
+            "kind": "RelaxTopology",
+            "description": "drop the one-rack requirement (prefer one rack): starts now",
+            "form": {"topology_required": "anywhere", "topology_preferred": "rack"},
+        },
+        {
+            "kind": "FallbackClass",
+            "description": "use device class a100 ($2/device-hour): starts now",
+            "form": {"device_class": "a100"},
+        },
         {
             "kind": "ShrinkGang",
             "description": "run 2 pods instead of 4: starts now",
             "form": {"replicas": 2, "min_count": 2},
-        }
+        },
     ]
+
+
+def test_it_offers_another_class_that_starts_the_request_and_applying_it_does(client, scene, alice, cluster):
+    from broker.policy.models import PriorityClass
+    from tests.builders import make_resource_class
+
+    anywhere = make_resource_class("batch-anywhere", PriorityClass.objects.get(name="batch"), [cluster.h100])
+    client.force_login(alice)
+    answer = ask(client, cluster, cluster.training, 6, 1).json()  # 6 in one rack: r2 has 5 free, the cluster 7
+    assert answer["admitted"] is False
+
+    (other,) = [s for s in answer["suggestions"] if s["kind"] == "OtherClass"]
+    assert other["form"] == {"resource_class": anywhere.pk}
+    assert "batch-anywhere" in other["description"].lower().replace(" ", "-")
+    assert ask(client, cluster, anywhere, 6, 1).json()["admitted"] is True

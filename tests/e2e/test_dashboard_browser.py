@@ -157,3 +157,52 @@ def test_it_applies_a_suggestion_of_the_what_if_in_one_click(stack, browser, clu
     assert member.input_value("input[name=replicas]") == "1"
     assert member.input_value("input[name=min_count]") == "1"
     assert "it would start now" in member.inner_text("#whatif")
+
+
+def test_it_resubmits_a_waiting_gang_with_a_suggestion_in_one_click(stack, browser, cluster, alice, bob):
+    base, _logs = stack
+    n1, _, n3, _ = cluster.nodes
+    # team-b holds a node in each rack: a rack-local 2 × 4 gang waits, 1 × 4 would start.
+    for name, node in (("blocker-1", n1), ("blocker-2", n3)):
+        blocker = make_workload(
+            cluster.queue_b, name, devices_per_pod=4, priority=1000, preemptible=False, chosen_device_class=cluster.h100
+        )
+        hold(blocker, [node], cluster.h100)
+
+    member = log_in(browser, base, "alice")
+    member.goto(f"{base}/submit/")
+    member.fill("input[name=name]", "gang-wide")
+    member.check('input[name=resource_class][data-name="distributed-training"]')
+    member.fill("input[name=replicas]", "2")
+    member.fill("input[name=devices_per_pod]", "4")
+    member.click("#submit-button")
+    member.wait_for_url(f"{base}/workloads/*/")
+    original = Workload.objects.get(name="gang-wide")
+
+    # The cycle's explanation carries the suggestion; the list is drawn with the page.
+    resubmit = '#suggestions li[data-kind="ShrinkGang"] a[data-action="resubmit"]'
+    for _ in range(30):
+        if member.locator(resubmit).count():
+            break
+        member.wait_for_timeout(1000)
+        member.reload()
+    assert "quota" not in member.inner_text("#explanation").lower()  # a member changes no quota
+    shot(member, "workload-resubmit-suggestion")
+
+    member.click(resubmit)
+    member.wait_for_selector("#resubmitting")
+    assert member.input_value("input[name=name]") == "gang-wide-2"
+    assert (member.input_value("input[name=replicas]"), member.input_value("input[name=min_count]")) == ("1", "1")
+    assert member.is_checked("input[name=replaces]")
+    shot(member, "submit-resubmission")
+    member.click("#submit-button")
+    member.wait_for_url(f"{base}/workloads/*/")
+
+    assert "gang-wide-2" in member.inner_text("h1")
+    original.refresh_from_db()
+    assert original.state == State.CANCELLED
+    member.wait_for_function(
+        "() => ['Admitted', 'Running'].includes(document.querySelector('#workload-state').textContent.trim())",
+        timeout=30000,
+    )
+    assert member.console_errors == []
