@@ -385,6 +385,9 @@ def test_it_submits_a_request_for_one_partition_profile_of_a_class(client, scene
     page = client.get(reverse("dashboard:submit"))
     choices = [label for _, label in page.context["form"].fields["device_class"].choices]
     assert "mig-2g" in choices and "h100" in choices
+    # The page tells its script which device classes each resource class offers.
+    assert f'value="{slices.pk}" data-name="gpu-slice"' in page.content.decode()
+    assert 'data-device-classes="mig-1g mig-2g "' in page.content.decode()
 
     response = client.post(
         reverse("dashboard:submit"),

@@ -41,3 +41,31 @@ def test_it_marks_partitioned_gpus_and_nics_in_the_rack_drill_down(stack, browse
     assert rows.nth(0).inner_text().startswith("p1/0 · 2/3 partitions used")
     assert page.locator("#devices tbody tr[data-kind='partition']").count() == 3
     assert page.locator("#devices tbody tr[data-kind='nic']").inner_text().startswith("p1/nic-0 (NIC)")
+
+
+def test_it_offers_only_the_device_classes_of_the_chosen_resource_class(stack, browser, cluster, alice):
+    from broker.policy.models import DeviceClass
+    from tests.builders import make_resource_class
+
+    base, _logs = stack
+    selector = 'device.attributes["gpu.example.com"].profile == "{}"'
+    profiles = [
+        DeviceClass.objects.create(name=f"mig-{size}", selector=selector.format(size), price_per_hour="1.00")
+        for size in ("1g", "2g")
+    ]
+    slices = make_resource_class("gpu-slice", cluster.inference.priority_class, profiles)
+    page = log_in(browser, base, "alice")
+    page.goto(f"{base}/submit/")
+
+    def offered():
+        return page.evaluate(
+            "Array.from(document.querySelector('select[name=device_class]').options)"
+            ".filter(o => !o.disabled && o.value).map(o => o.value)"
+        )
+
+    page.check(f'input[name="resource_class"][value="{slices.pk}"]')
+    assert offered() == ["mig-1g", "mig-2g"]
+    page.select_option('select[name="device_class"]', "mig-2g")
+    page.check(f'input[name="resource_class"][value="{cluster.training.pk}"]')
+    assert offered() == ["h100"]
+    assert page.input_value('select[name="device_class"]') == "", "a class the new choice lacks is let go"
