@@ -49,6 +49,15 @@ class SubmitForm(forms.Form):
     name = forms.SlugField(max_length=100, help_text="Unique within your team, e.g. llama-finetune-7.")
     queue = forms.ModelChoiceField(queryset=Queue.objects.none(), empty_label=None)
     resource_class = forms.ModelChoiceField(queryset=ResourceClass.objects.none(), empty_label=None)
+    # One of the class's device classes instead of its fallback order: a partition profile (mig-2g of a
+    # class offering mig-1g or else mig-2g), or a GPU model.
+    device_class = forms.ModelChoiceField(
+        queryset=DeviceClass.objects.none(),
+        to_field_name="name",
+        required=False,
+        empty_label="Any the class offers, in its order",
+        help_text="Only this kind of device, e.g. one partition profile.",
+    )
     replicas = forms.IntegerField(min_value=1, max_value=limits.REPLICAS_MAX, initial=1, help_text="Pods in the gang.")
     devices_per_pod = forms.IntegerField(min_value=1, max_value=limits.DEVICES_PER_POD_MAX, initial=1)
     min_count = forms.IntegerField(
@@ -64,10 +73,7 @@ class SubmitForm(forms.Form):
         required=False,
         help_text="Helps estimate when others start.",
     )
-    # What a suggestion may change besides the gang (issue 27): empty means as the resource class says.
-    device_class = forms.ChoiceField(
-        required=False, help_text="Empty: any the class offers, in its order of preference."
-    )
+    # What else a suggestion may change besides the gang (issue 27): empty means as the class says.
     topology_required = forms.ChoiceField(required=False, help_text="Where all pods must be together.")
     topology_preferred = forms.ChoiceField(required=False, help_text="Where pods are packed when possible.")
 
@@ -81,9 +87,9 @@ class SubmitForm(forms.Form):
             queues = queues.filter(team_id__in=team_ids(user))
         self.fields["queue"].queryset = queues
         self.fields["resource_class"].queryset = entitled_resource_classes(user)
-        self.fields["device_class"].choices = [("", "As the class prefers")] + [
-            (name, name) for name in DeviceClass.objects.order_by("name").values_list("name", flat=True)
-        ]
+        self.fields["device_class"].queryset = DeviceClass.objects.filter(
+            resource_class_choices__resource_class__in=entitled_resource_classes(user)
+        ).distinct()
         self.levels = levels()
         places = [(level, f"one {level}") for level in self.levels]
         for name in ("topology_required", "topology_preferred"):
@@ -98,6 +104,13 @@ class SubmitForm(forms.Form):
             refusal = class_refusal(cleaned.get("resource_class"), name, cleaned.get(name), self.levels)
             if refusal:
                 self.add_error(name, refusal)
+        resource_class, device_class = cleaned.get("resource_class"), cleaned.get("device_class")
+        if resource_class and device_class:
+            offered = [choice.name for choice in resource_class.ordered_device_classes()]
+            if device_class.name not in offered:
+                self.add_error(
+                    "device_class", f"{resource_class} does not offer {device_class}; it offers {', '.join(offered)}."
+                )
         return cleaned
 
     def submission(self):
@@ -113,7 +126,7 @@ class SubmitForm(forms.Form):
                     replicas=data["replicas"],
                     devices_per_pod=data["devices_per_pod"],
                     min_count=data.get("min_count"),
-                    device_classes=(data["device_class"],) if data.get("device_class") else (),
+                    device_classes=(data["device_class"].name,) if data.get("device_class") else (),
                 ),
             ),
             expected_duration_seconds=int(hours * 3600) if hours else None,

@@ -7,7 +7,7 @@ workloads; everybody else reads their own teams' workloads and sees the rest onl
 from __future__ import annotations
 
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from datetime import timedelta
 
 from django.conf import settings
@@ -577,6 +577,7 @@ def _heatmap_racks(key):
     node_counts = dict(
         Node.objects.order_by().values("domain_id").annotate(n=Count("id")).values_list("domain_id", "n")
     )
+    kinds = device_kinds_by_domain()
     rows = {}
     cells = []
     for domain_id, counts in by_domain.items():
@@ -595,6 +596,7 @@ def _heatmap_racks(key):
                 "total": sum(counts.values()),
                 "counts": counts,
                 "teams": teams_by_domain.get(domain_id, {}),
+                **kinds.get(domain_id, {}),
             }
         )
     cells.sort(key=lambda cell: (natural_key(cell["row"]), natural_key(cell["name"])))
@@ -608,6 +610,33 @@ def _heatmap_racks(key):
         "teams": teams,
         "team_colors": team_colors(),
     }
+
+
+def device_kinds_by_domain():
+    """{domain id: {"partitions", "partitions_busy", "nics"}} for the racks that have partitions or NICs,
+    so a rack cell can say what its device count is made of."""
+    out = defaultdict(dict)
+    for row in (
+        Device.objects.exclude(parent=None)
+        .order_by()
+        .values("node__domain_id")
+        .annotate(
+            # distinct: the join yields a device once per allocation it ever had.
+            n=Count("id", distinct=True),
+            busy=Count("id", distinct=True, filter=Q(allocations__released_at__isnull=True, allocations__isnull=False)),
+        )
+    ):
+        out[row["node__domain_id"]] |= {"partitions": row["n"], "partitions_busy": row["busy"]}
+    nics = (
+        Device.objects.filter(parent=None)
+        .exclude(driver=GPU_DRIVER)
+        .order_by()
+        .values("node__domain_id")
+        .annotate(n=Count("id"))
+    )
+    for row in nics:
+        out[row["node__domain_id"]]["nics"] = row["n"]
+    return dict(out)
 
 
 def device_state(device, busy_team, reserved_ids, stranded):
@@ -636,6 +665,7 @@ def _devices_with_state(user, devices, highlight=None):
             "pool",
             "attributes",
             "capacity",
+            "parent_id",
         )
     )
     node_ids = {d["node_id"] for d in devices}
@@ -675,6 +705,8 @@ def _devices_with_state(user, devices, highlight=None):
             "team": holder["workload__team__name"] if holder else None,
             "workload": None,
             "highlight": bool(holder and highlight and holder["workload_id"] == highlight),
+            "kind": device_kind(device),
+            "parent": device["parent_id"],
         }
         if holder and can_see(user, holder["workload__team_id"]):
             item["workload"] = {
@@ -684,7 +716,47 @@ def _devices_with_state(user, devices, highlight=None):
                 "url": f"/workloads/{holder['workload_id']}/",
             }
         out.append(item)
-    return out
+    return with_partitions_nested(out)
+
+
+GPU_DRIVER = Device._meta.get_field("driver").default
+
+
+def device_kind(device):
+    """ "partition" (cut from a device), "gpu" (an accelerator of the GPU driver), or "nic": every other
+    driver publishes the devices that go beside the GPUs, network interfaces in this product."""
+    if device["parent_id"] is not None:
+        return "partition"
+    return "gpu" if device["driver"] == GPU_DRIVER else "nic"
+
+
+def with_partitions_nested(items):
+    """The whole devices and NICs, each partitioned device carrying its partitions and how many are in
+    use: a GPU cut into seven slices is one cell that says "3/7 partitions used", not eight cells. A
+    whole device none of whose own allocations hold it is busy while any of its partitions is, as the
+    counters it shares with them are taken."""
+    by_parent = defaultdict(list)
+    for item in items:
+        if item["parent"] is not None:
+            by_parent[item["parent"]].append(item)
+    ids = {item["id"] for item in items}
+    # A partition whose device is not in the list (a query of partitions alone) stays at the top.
+    top = [item for item in items if item["parent"] is None or item["parent"] not in ids]
+    for item in top:
+        partitions = by_parent.get(item["id"])
+        if not partitions:
+            continue
+        partitions.sort(key=lambda part: natural_key(part["name"]))
+        used = [part for part in partitions if part["team"] is not None]
+        item["partitions"] = partitions
+        item["partitions_used"] = len(used)
+        teams = Counter(part["team"] for part in used)
+        item["partition_teams"] = dict(sorted(teams.items()))
+        if used and item["team"] is None and item["state"] != "unhealthy":
+            item["state"] = "busy"
+            item["team"] = teams.most_common(1)[0][0]
+            item["highlight"] = any(part["highlight"] for part in used)
+    return top
 
 
 def heatmap_rack(user, rack_id, highlight=None):

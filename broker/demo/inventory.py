@@ -25,6 +25,7 @@ NODES_PER_RACK = 8
 RACKS_PER_BLOCK = 8
 ZONES = ("zone-a", "zone-b")
 DRIVER = "gpu.example.com"
+NIC_DRIVER = "nic.example.com"
 INVENTORIES = ("philly", "alibaba-2026")
 
 # Memory in GB where the model name states it; the two anonymised series stay without one.
@@ -135,6 +136,10 @@ def place(machines):
 
 def device_classes_for(inventory):
     """Device classes with DRA-style CEL selectors; prices are illustrative list prices per GPU-hour."""
+    return whole_gpu_classes(inventory) + partition_and_nic_classes()
+
+
+def whole_gpu_classes(inventory):
     attr = f'device.attributes["{DRIVER}"]'
     if inventory == "philly":
         return [
@@ -149,6 +154,122 @@ def device_classes_for(inventory):
         DeviceClassSpec("gpu-series-1", f'{attr}.model == "GPU-series-1"', "1.00", "Anonymised series 1."),
         DeviceClassSpec("gpu-series-2", f'{attr}.model == "GPU-series-2"', "2.50", "Anonymised series 2."),
     ]
+
+
+# A few nodes of the partitionable type (see partitioned_and_networked) publish each GPU whole and as
+# MIG-style partitions, in the way an A30 cuts into four compute slices: the whole device and every
+# profile consume the GPU's counter set, so a whole GPU excludes its partitions and vice versa, and
+# partitions of both profiles pack onto one GPU. (profile, compute slices, partitions per GPU)
+PARTITION_PROFILES = (("1g", 1, 4), ("2g", 2, 2))
+SLICES_PER_GPU = 4
+PARTITIONED_NODES = 4
+# Nodes of one rack get two RDMA NICs, each under the PCIe root of four GPUs, so a claim can ask for
+# GPUs beside their NIC (DRA matchAttribute); the rack is their network island.
+NETWORKED_NODES = 8
+GPUS_PER_PCIE_ROOT = 4
+
+
+def partition_and_nic_classes():
+    gpu = f'device.attributes["{DRIVER}"]'
+    nic = f'device.attributes["{NIC_DRIVER}"]'
+    return [
+        DeviceClassSpec(
+            f"mig-{profile}",
+            f'{gpu}.profile == "{profile}"',
+            price,
+            f"A {slices}/{SLICES_PER_GPU} partition of a GPU ({profile} profile): its compute slices and "
+            "memory, billed as that share of the GPU.",
+        )
+        for (profile, slices, _), price in zip(PARTITION_PROFILES, ("0.45", "0.90"), strict=True)
+    ] + [
+        DeviceClassSpec(
+            "rdma-nic",
+            f'device.driver == "{NIC_DRIVER}" && {nic}.kind == "rdma"',
+            "0.20",
+            "An RDMA network interface; ask for it beside GPUs under the same PCIe root.",
+        )
+    ]
+
+
+def partitionable_type(placed):
+    """The machine type whose nodes are partitioned or networked: the first type (most devices per
+    node) whose devices state their memory, as a partition profile is a share of it."""
+    for p in placed:
+        if "memory" in p.machine.attributes and p.machine.devices >= 2 * GPUS_PER_PCIE_ROOT:
+            return p.machine.type_key
+    return None
+
+
+def partitioned_and_networked(placed):
+    """({machine names partitioned}, {machine names with NICs}): in the last two racks of the
+    partitionable type, away from its first rack (the demo reservation's) and from the last node of
+    the list, which is drained for maintenance."""
+    key = partitionable_type(placed)
+    racks = {}
+    for p in placed:
+        if p.machine.type_key == key:
+            racks.setdefault(p.rack, []).append(p.machine.name)
+    names = sorted(racks)
+    if len(names) < 3:
+        return set(), set()
+    last_node = max((p.machine.name for p in placed), key=str)
+    partitioned = [name for name in racks[names[-1]] if name != last_node][:PARTITIONED_NODES]
+    networked = [name for name in racks[names[-2]] if name != last_node][:NETWORKED_NODES]
+    return set(partitioned), set(networked)
+
+
+def partitions_of(machine, index):
+    """[(name, attributes, consumes)] of GPU `index` of a partitioned machine."""
+    memory = machine.attributes["memory"]
+    counter_set = f"gpu-{index}"
+    found = []
+    for profile, slices, per_gpu in PARTITION_PROFILES:
+        share = memory // per_gpu
+        for number in range(per_gpu):
+            attributes = {
+                "profile": profile,
+                "profileName": f"{profile}.{share}gb",
+                "parentModel": machine.attributes["model"],
+                "parentIndex": index,
+                "slices": slices,
+            }
+            consumes = {counter_set: {"memory": f"{share}Gi", "slices": slices}}
+            found.append((f"{index}-{profile}-{number}", attributes, consumes))
+    return found
+
+
+def gpu_counter_sets(machine):
+    return {
+        f"gpu-{index}": {"memory": f"{machine.attributes['memory']}Gi", "slices": SLICES_PER_GPU}
+        for index in range(machine.devices)
+    }
+
+
+def whole_gpu_consumes(machine, index):
+    return {f"gpu-{index}": {"memory": f"{machine.attributes['memory']}Gi", "slices": SLICES_PER_GPU}}
+
+
+def pcie_root(index):
+    return f"pci-{index // GPUS_PER_PCIE_ROOT}"
+
+
+def nics_of(machine):
+    """[(name, attributes)] of a networked machine: one NIC per PCIe root of its GPUs."""
+    roots = range(machine.devices // GPUS_PER_PCIE_ROOT)
+    return [(f"nic-{root}", {"kind": "rdma", "pcie_root": f"pci-{root}", "bandwidthGbps": 200}) for root in roots]
+
+
+def partition_and_nic_capacity(placed):
+    """{device class: devices} of the partitions and NICs, counted as quota counts them: per device."""
+    partitioned, networked = partitioned_and_networked(placed)
+    capacity = {}
+    for p in placed:
+        if p.machine.name in partitioned:
+            for profile, _, per_gpu in PARTITION_PROFILES:
+                capacity[f"mig-{profile}"] = capacity.get(f"mig-{profile}", 0) + p.machine.devices * per_gpu
+        if p.machine.name in networked:
+            capacity["rdma-nic"] = capacity.get("rdma-nic", 0) + len(nics_of(p.machine))
+    return capacity
 
 
 def class_of(inventory, attributes):
@@ -174,6 +295,8 @@ MENU = {
         "interactive-experiment": ["gpu-24gb", "gpu-12gb"],
         "distributed-training": ["gpu-24gb"],
         "large-reserved-training": ["gpu-24gb"],
+        "gpu-slice": ["mig-1g", "mig-2g"],
+        "networked-training": ["gpu-24gb", "rdma-nic"],
     },
     "alibaba-2026": {
         "small-inference": ["a10", "gpu-series-1"],
@@ -181,6 +304,8 @@ MENU = {
         "interactive-experiment": ["a100-80gb", "a800-80gb"],
         "distributed-training": ["a100-80gb", "a800-80gb", "h800"],
         "large-reserved-training": ["h800", "a100-80gb"],
+        "gpu-slice": ["mig-1g", "mig-2g"],
+        "networked-training": ["a100-80gb", "rdma-nic"],
     },
 }
 
@@ -241,6 +366,26 @@ RESOURCE_CLASSES = [
         "topology_required": "block",
         "preemptible": False,
         "approval_required": True,
+        "cost_label": "training",
+    },
+    {
+        "name": "gpu-slice",
+        "display_name": "GPU slice",
+        "description": "A MIG-style partition of a GPU (1g or 2g profile) for a notebook or a small model.",
+        "priority_class": "interactive",
+        "sharing": "Partitioned",
+        "preempts_across_queues": True,
+        "max_devices": 4,
+        "max_devices_per_pod": 1,
+        "cost_label": "research",
+    },
+    {
+        "name": "networked-training",
+        "display_name": "Networked training",
+        "description": "Pods that claim GPUs and an RDMA NIC under the same PCIe root (a claim with two requests).",
+        "priority_class": "training",
+        "topology_preferred": "rack",
+        "max_devices": 40,
         "cost_label": "training",
     },
 ]

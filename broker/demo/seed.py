@@ -60,11 +60,13 @@ def seed(inventory="philly"):
     with transaction.atomic():
         check_same_inventory(inventory)
         levels = ensure_levels(report)
-        place_nodes(inventory, demo.place(machines), levels, report)
+        placed = demo.place(machines)
+        place_nodes(inventory, placed, levels, report)
         classes = ensure_device_classes(inventory, report)
         capacity = Counter()
         for machine in machines:
             capacity[demo.class_of(inventory, machine.attributes)] += machine.devices
+        capacity.update(demo.partition_and_nic_capacity(placed))
         teams = ensure_teams_and_queues(demo.philly_virtual_clusters(), capacity, report)
         ensure_menu(inventory, classes, teams, report)
         report.logins = ensure_users(teams, report)
@@ -109,9 +111,15 @@ def place_nodes(inventory, placed, levels, report):
     zones = ensure_domains(levels["zone"], {p.zone: None for p in placed}, report)
     blocks = ensure_domains(levels["block"], {p.block: zones[p.zone] for p in placed}, report)
     racks = ensure_domains(levels["rack"], {p.rack: blocks[p.block] for p in placed}, report)
+    partitioned, networked = demo.partitioned_and_networked(placed)
     existing = set(Node.objects.filter(name__in=[p.machine.name for p in placed]).values_list("name", flat=True))
     new_nodes = [
-        Node(name=p.machine.name, domain=racks[p.rack], labels={"inventory": inventory, "machine-type": type_label(p)})
+        Node(
+            name=p.machine.name,
+            domain=racks[p.rack],
+            labels={"inventory": inventory, "machine-type": type_label(p)},
+            shared_counters=demo.gpu_counter_sets(p.machine) if p.machine.name in partitioned else None,
+        )
         for p in placed
         if p.machine.name not in existing
     ]
@@ -125,24 +133,77 @@ def place_nodes(inventory, placed, levels, report):
         for index in range(p.machine.devices):
             if (node_id, str(index)) in have:
                 continue
-            devices.append(new_device(node_id, p.machine, index))
+            devices.append(new_device(node_id, p, index, partitioned, networked))
+        if p.machine.name in networked:
+            nics = [
+                Device(
+                    node_id=node_id,
+                    driver=demo.NIC_DRIVER,
+                    pool=p.machine.name,
+                    name=name,
+                    attributes={**attributes, "networkIsland": p.rack},
+                )
+                for name, attributes in demo.nics_of(p.machine)
+                if (node_id, name) not in have
+            ]
+            devices.extend(nics)
+            report.created["NICs"] += len(nics)
     Device.objects.bulk_create(devices, batch_size=2000)
     report.created["devices"] += len(devices)
+    add_partitions(placed, partitioned, node_ids, have, report)
+
+
+def add_partitions(placed, partitioned, node_ids, have, report):
+    """The MIG-style partitions of every GPU of the partitioned nodes, each pointing at its whole GPU."""
+    wanted = [p for p in placed if p.machine.name in partitioned]
+    parents = {
+        (node_id, name): pk
+        for pk, node_id, name in Device.objects.filter(
+            node_id__in=[node_ids[p.machine.name] for p in wanted], parent__isnull=True, driver=demo.DRIVER
+        ).values_list("pk", "node_id", "name")
+    }
+    partitions = []
+    for p in wanted:
+        node_id = node_ids[p.machine.name]
+        for index in range(p.machine.devices):
+            for name, attributes, consumes in demo.partitions_of(p.machine, index):
+                if (node_id, name) in have:
+                    continue
+                partitions.append(
+                    Device(
+                        node_id=node_id,
+                        driver=demo.DRIVER,
+                        pool=p.machine.name,
+                        name=name,
+                        attributes=attributes,
+                        parent_id=parents[(node_id, str(index))],
+                        consumes_counters=consumes,
+                    )
+                )
+    Device.objects.bulk_create(partitions, batch_size=2000)
+    report.created["devices"] += len(partitions)
+    report.created["partitions"] += len(partitions)
 
 
 def type_label(placed):
     return f"{placed.machine.devices}x{placed.machine.attributes['model']}"
 
 
-def new_device(node_id, machine, index):
+def new_device(node_id, placed, index, partitioned=(), networked=()):
+    machine = placed.machine
     capacity = {"memory": f"{machine.attributes['memory']}Gi"} if "memory" in machine.attributes else {}
+    attributes = {**machine.attributes, "index": index}
+    if machine.name in networked:
+        # The same names as the NICs' attributes, so one matchAttribute spans GPUs and NICs.
+        attributes |= {"pcie_root": demo.pcie_root(index), "networkIsland": placed.rack}
     return Device(
         node_id=node_id,
         driver=demo.DRIVER,
         pool=machine.name,
         name=str(index),
-        attributes={**machine.attributes, "index": index},
+        attributes=attributes,
         capacity=capacity,
+        consumes_counters=demo.whole_gpu_consumes(machine, index) if machine.name in partitioned else None,
     )
 
 
@@ -249,10 +310,16 @@ RESERVED_RACK_DEVICES = 16
 
 
 def add_demo_conditions(inventory, classes, capacity, teams, report):
-    devices = list(Device.objects.order_by("node__name", "name").values_list("pk", flat=True))
+    # Chosen among whole GPUs, so adding partitions and NICs did not move them; a GPU's partitions fail with it.
+    devices = list(
+        Device.objects.filter(driver=demo.DRIVER, parent__isnull=True)
+        .order_by("node__name", "name")
+        .values_list("pk", flat=True)
+    )
     unhealthy = devices[UNHEALTHY_EVERY // 2 :: UNHEALTHY_EVERY]
     tainted = [pk for pk in devices[TAINTED_EVERY // 2 :: TAINTED_EVERY] if pk not in set(unhealthy)]
     Device.objects.filter(pk__in=unhealthy).update(health="Unhealthy")
+    Device.objects.filter(parent__in=unhealthy).update(health="Unhealthy")
     Device.objects.filter(pk__in=tainted).update(
         taints=[{"key": "gpu.example.com/ecc-errors", "value": "high", "effect": "NoSchedule"}]
     )
@@ -293,7 +360,11 @@ def add_demo_reservation(inventory, classes, capacity, teams, report):
 
 
 def rack_class(inventory, rack):
-    attributes = Device.objects.filter(node__domain=rack).values_list("attributes", flat=True).first()
+    attributes = (
+        Device.objects.filter(node__domain=rack, driver=demo.DRIVER, parent__isnull=True)
+        .values_list("attributes", flat=True)
+        .first()
+    )
     return demo.class_of(inventory, attributes) if attributes else None
 
 
@@ -312,6 +383,32 @@ DEMO_REQUESTS = (
 # when its team's higher-priority work needs room the cycle shrinks it rather than stopping it.
 # (name, team rank by quota, resource class, pods, devices per pod, min_count)
 ELASTIC_REQUESTS = (("elastic-embeddings", 1, "batch-inference", 16, 1, 4),)
+
+
+# Work on the partitioned nodes: gangs of one-partition pods of one profile, chosen by device class.
+# (name, team rank by quota, device class, pods)
+PARTITION_REQUESTS = (("notebook-slices", 3, "mig-1g", 3), ("eval-slices", 4, "mig-2g", 2))
+
+
+def claim_requests(inventory):
+    """Work on the networked nodes, as DRA claims with two requests: (name, team rank by quota, pods,
+    claim). Each pod of the first takes 4 GPUs and the NIC under their PCIe root; the one pod of the
+    second takes 8 GPUs and a NIC of the same network island."""
+    gpus = demo.MENU[inventory]["networked-training"][0]
+
+    def claim(count, attribute):
+        return {
+            "requests": [
+                {"name": "gpus", "exactly": {"deviceClassName": gpus, "count": count}},
+                {"name": "nic", "exactly": {"deviceClassName": "rdma-nic", "count": 1}},
+            ],
+            "constraints": [{"requests": ["gpus", "nic"], "matchAttribute": f"{demo.DRIVER}/{attribute}"}],
+        }
+
+    return (
+        ("allreduce-rdma", 1, 2, claim(demo.GPUS_PER_PCIE_ROOT, "pcie_root")),
+        ("island-finetune", 2, 1, claim(2 * demo.GPUS_PER_PCIE_ROOT, "networkIsland")),
+    )
 
 
 def add_demo_requests(inventory, teams, report):
@@ -342,6 +439,34 @@ def add_demo_requests(inventory, teams, report):
             ),
             expected_duration_seconds=12 * 3600,
             disruption_mode="Pod",
+        )
+        services.submit_workload(submission, User.objects.get(username=f"member-{team.name}"))
+        report.created["demo requests"] += 1
+    for name, rank, device_class, pods in PARTITION_REQUESTS:
+        team = ranked[rank]
+        submission = services.Submission(
+            name=name,
+            queue=Queue.objects.get(name=team.name),
+            resource_class=ResourceClass.objects.get(name="gpu-slice"),
+            pod_sets=(
+                services.PodSetRequest(
+                    name="main", replicas=pods, devices_per_pod=1, min_count=pods, device_classes=(device_class,)
+                ),
+            ),
+            expected_duration_seconds=4 * 3600,
+        )
+        services.submit_workload(submission, User.objects.get(username=f"member-{team.name}"))
+        report.created["demo requests"] += 1
+    for name, rank, pods, claim in claim_requests(inventory):
+        team = ranked[rank]
+        submission = services.Submission(
+            name=name,
+            queue=Queue.objects.get(name=team.name),
+            resource_class=ResourceClass.objects.get(name="networked-training"),
+            pod_sets=(
+                services.PodSetRequest(name="main", replicas=pods, devices_per_pod=1, min_count=pods, claim=claim),
+            ),
+            expected_duration_seconds=8 * 3600,
         )
         services.submit_workload(submission, User.objects.get(username=f"member-{team.name}"))
         report.created["demo requests"] += 1

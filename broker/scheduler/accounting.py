@@ -110,7 +110,8 @@ def capacity_by_class(
 
     # 2. What each free device does, first match wins: unhealthy, reserved, else it joins its
     #    (node, classes) group. Most free devices are plain: count them all, then take the few others out.
-    owners = reserved_owners(snapshot, matcher, names, kinds)
+    # `kinds` follows `devices`, which leaves out unbilled partitions: reserved_owners walks them all.
+    owners = reserved_owners(snapshot, matcher, names, kinds if devices is snapshot.devices else None)
     free_nodes = list(map(attrgetter("node"), free))
     groups = Counter(zip(free_nodes, free_kinds, strict=True))
     unhealthy = dict.fromkeys(names, 0)

@@ -86,7 +86,21 @@
     if (whatifButton) whatifButton.click();
   }
 
+  /* The device class list offers only what the chosen resource class does (the server refuses the rest). */
+  function offerDeviceClasses() {
+    var select = form.elements.device_class, rc = selectedClass();
+    if (!select || !rc) return;
+    var offered = (rc.dataset.deviceClasses || "").split(" ").filter(Boolean);
+    Array.prototype.forEach.call(select.options, function (option) {
+      var hide = option.value !== "" && offered.indexOf(option.value) < 0;
+      option.hidden = hide; option.disabled = hide;
+    });
+    if (select.selectedOptions.length && select.selectedOptions[0].disabled) select.value = "";
+  }
+
   form.addEventListener("input", updateSummary);
   form.addEventListener("change", updateSummary);
+  form.addEventListener("change", function (event) { if (event.target.name === "resource_class") offerDeviceClasses(); });
+  offerDeviceClasses();
   updateSummary();
 })();

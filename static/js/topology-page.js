@@ -89,10 +89,15 @@
       }
       var tbody = document.querySelector("#devices tbody");
       tbody.innerHTML = "";
-      data.devices.forEach(function (d) {
+      // A partitioned GPU's partitions follow it, marked as its parts.
+      var rows = [];
+      data.devices.forEach(function (d) { rows.push(d); (d.partitions || []).forEach(function (p) { rows.push(p); }); });
+      rows.forEach(function (d) {
+        var what = d.kind === "partition" ? " (partition)" : d.kind === "nic" ? " (NIC)" : "";
+        if (d.partitions) what = " · " + d.partitions_used + "/" + d.partitions.length + " partitions used";
         var held = d.workload ? el("a", { href: d.workload.url, text: d.team + " / " + d.workload.name }) : (d.team ? d.team + " (not yours to see)" : "—");
-        var tr = el("tr", { dataset: { device: d.id, state: d.state } }, [
-          el("td", { class: "mono", text: d.node + "/" + d.name }),
+        var tr = el("tr", { dataset: { device: d.id, state: d.state, kind: d.kind }, class: d.kind === "partition" ? "partition-row" : "" }, [
+          el("td", { class: "mono", text: (d.kind === "partition" ? "↳ " : "") + d.node + "/" + d.name + what }),
           el("td", { class: "small mono", text: d.pool ? d.driver + " / " + d.pool : "—" }),
           el("td", {}, [el("span", { class: "badge", text: d.state + (d.state === "busy" && d.unavailable ? " · takes no new work" : ""),
             dataset: { deviceState: d.state === "busy" && d.unavailable ? "unhealthy" : d.state } })]),

@@ -89,7 +89,24 @@
     var teams = Object.keys(cell.teams || {}).map(function (t) { return t + " " + cell.teams[t]; });
     parts.push("busy " + c.busy + (teams.length ? " (" + teams.join(", ") + ")" : ""));
     ["free", "unhealthy", "reserved", "stranded"].forEach(function (k) { parts.push(k + " " + c[k]); });
+    // The counts include the partitions of partitioned GPUs and the NICs: say how many of each.
+    if (cell.partitions) parts.push("of which partitions " + cell.partitions + " (" + (cell.partitions_busy || 0) + " in use)");
+    if (cell.nics) parts.push("of which NICs " + cell.nics);
     return parts.join("<br>");
+  }
+
+  /* "3/7 partitions used" for a partitioned device, with the teams holding them; "" for any other. */
+  function partitionNote(d) {
+    if (!d.partitions) return "";
+    var teams = Object.keys(d.partition_teams || {}).map(function (t) { return plain(t) + " " + d.partition_teams[t]; });
+    return d.partitions_used + "/" + d.partitions.length + " partitions used" + (teams.length ? " (" + teams.join(", ") + ")" : "");
+  }
+
+  /* What a cell of the rack drill-down says on its face: a partitioned GPU its partitions in use, a NIC
+   * that it is one, so neither passes for a whole GPU. */
+  function cellMark(d) {
+    if (d.partitions) return d.partitions_used + "/" + d.partitions.length;
+    return d.kind === "nic" ? "NIC" : "";
   }
 
   /* ---- rack level ---- */
@@ -273,6 +290,11 @@
     var nodes = data.nodes.map(function (n) { return n.name; });
     var perNode = {};
     data.devices.forEach(function (d) { (perNode[d.node] = perNode[d.node] || []).push(d); });
+    // GPUs first, then the NICs, so a node's NICs sit at its row's end and columns stay GPU indexes.
+    Object.keys(perNode).forEach(function (n) {
+      perNode[n] = perNode[n].filter(function (d) { return d.kind !== "nic"; }).concat(perNode[n].filter(function (d) { return d.kind === "nic"; }));
+    });
+    var marks = [];
     var width = 0;
     nodes.forEach(function (n) { width = Math.max(width, (perNode[n] || []).length); });
     var teams = [];
@@ -291,11 +313,17 @@
         var value = d.state === "busy" && !d.unavailable ? (d.highlight ? 4 : 5 + teams.indexOf(d.team))
           : code[d.state === "busy" ? "unhealthy" : d.state];
         zr.push(value);
-        var who = d.team ? "<br>" + plain(d.team) + (d.workload ? " · " + plain(d.workload.name) : " (another team's workload)") : "";
+        var who = d.partitions ? "" : d.team ? "<br>" + plain(d.team) + (d.workload ? " · " + plain(d.workload.name) : " (another team's workload)") : "";
         var shown = d.state === "busy" && d.unavailable ? "busy, " + (d.health !== "Healthy" ? plain(d.health).toLowerCase() : d.cordoned ? "node cordoned" : "tainted") : d.state;
-        tr.push("<b>" + plain(d.node) + "/" + plain(d.name) + "</b> · " + shown + who + "<br>" + plain(d.health) + (d.cordoned ? " · node cordoned" : "") +
+        var kind = d.kind === "nic" ? " · NIC" : d.partitions ? " · partitioned GPU" : "";
+        var note = partitionNote(d);
+        tr.push("<b>" + plain(d.node) + "/" + plain(d.name) + "</b>" + kind + " · " + shown + who + (note ? "<br>" + note : "") +
+          "<br>" + plain(d.health) + (d.cordoned ? " · node cordoned" : "") +
           (d.taints && d.taints.length ? " · tainted" : "") + "<br>" + plain(d.classes.join(", ")));
         ir.push(d);
+        var mark = cellMark(d);
+        // On a white label, so it reads on every state and team colour alike.
+        if (mark) marks.push({ x: "dev " + i, y: plain(n), text: mark, showarrow: false, bgcolor: "#ffffff", borderpad: 1, font: { size: 10, color: "#101828" } });
       }
       z.push(zr); text.push(tr); ids.push(ir);
     });
@@ -308,7 +336,7 @@
       margin: { l: 90, r: 10, t: 26, b: 30 }, height: Math.max(160, 34 * nodes.length + 70),
       title: { text: "rack " + plain(data.rack.name) + " <span style='color:#667085'>" + plain(data.rack.path) + "</span>", font: { size: 13 }, x: 0 },
       yaxis: { autorange: "reversed", type: "category" }, xaxis: { type: "category" },
-      paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
+      paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)", annotations: marks,
     };
     Plotly.react(el, [trace], layout, CONFIG);
     el._brokerIds = ids;
@@ -333,6 +361,7 @@
 
   window.BrokerTopology = {
     RackMap: RackMap, drawRack: drawRack, teamLegend: teamLegend, loadRack: loadRack, getJSON: getJSON, plotlyReady: plotlyReady,
+    partitionNote: partitionNote, cellMark: cellMark,
     STATE_COLORS: STATE_COLORS, TEAM_COLORS: TEAM_COLORS, HIGHLIGHT: HIGHLIGHT,
   };
 })();

@@ -34,8 +34,9 @@ def test_it_builds_the_philly_cluster_from_the_machine_list():
     output = seed()
 
     assert Node.objects.count() == 552
-    assert Device.objects.count() == 2490
-    assert Counter(Device.objects.values_list("attributes__model", flat=True)) == {"gpu-24gb": 1848, "gpu-12gb": 642}
+    gpus = Device.objects.filter(driver=demo.DRIVER, parent__isnull=True)
+    assert gpus.count() == 2490
+    assert Counter(gpus.values_list("attributes__model", flat=True)) == {"gpu-24gb": 1848, "gpu-12gb": 642}
     racks = Domain.objects.filter(level__name="rack")
     assert racks.count() == 70
     for rack in racks:
@@ -56,7 +57,9 @@ def test_it_shares_quota_by_vc_node_counts_and_makes_the_menu():
     assert sum(q["gpu-24gb"] for q in quotas.values()) == 1848
     assert sum(q["gpu-12gb"] for q in quotas.values()) == 642
     assert quotas["6214e9"]["gpu-24gb"] == 336  # 64 of the 352 VC nodes
-    assert quotas["23dbec"] == {"gpu-12gb": 0, "gpu-24gb": 0}
+    assert quotas["23dbec"] == {"gpu-12gb": 0, "gpu-24gb": 0, "mig-1g": 0, "mig-2g": 0, "rdma-nic": 0}
+    assert sum(q["mig-1g"] for q in quotas.values()) == 4 * 8 * 4
+    assert sum(q["rdma-nic"] for q in quotas.values()) == 8 * 2
     assert set(Queue.objects.values_list("cohort__name", flat=True)) == {"shared"}
     assert set(ResourceClass.objects.values_list("name", flat=True)) == {
         "small-inference",
@@ -64,6 +67,8 @@ def test_it_shares_quota_by_vc_node_counts_and_makes_the_menu():
         "interactive-experiment",
         "distributed-training",
         "large-reserved-training",
+        "gpu-slice",
+        "networked-training",
     }
     reserved = ResourceClass.objects.get(name="large-reserved-training")
     assert reserved.approval_required and not reserved.preemptible and reserved.topology_required == "block"
@@ -114,7 +119,7 @@ def test_it_makes_the_demo_fleet_look_like_a_real_one():
 
     seed()
 
-    unhealthy = Device.objects.filter(health="Unhealthy").count()
+    unhealthy = Device.objects.filter(health="Unhealthy", parent__isnull=True).count()
     assert 2490 // 97 <= unhealthy <= 2490 // 97 + 1
     assert Device.objects.exclude(taints=[]).count() >= 9
     assert list(Node.objects.filter(cordoned=True).values_list("name", flat=True)) == ["m99"]
@@ -153,3 +158,61 @@ def test_it_leaves_standing_requests_that_show_the_reasons_from_the_first_cycle(
     assert (elastic.disruption_mode, elastic.state) == ("Pod", "Admitted")
     assert elastic.pod_sets.get().min_count == 4
     assert 4 <= elastic.allocations.order_by().values("pod_index").distinct().count() <= 16
+
+
+@pytest.mark.django_db
+def test_it_publishes_partitioned_gpus_and_nics_on_a_few_nodes():
+    seed()
+
+    partitioned = Node.objects.exclude(shared_counters=None)
+    assert partitioned.count() == demo.PARTITIONED_NODES
+    assert len({node.domain_id for node in partitioned}) == 1, "one rack of partitioned nodes"
+    node = partitioned.first()
+    whole = node.devices.get(name="0")
+    assert whole.consumes_counters == {"gpu-0": {"memory": "24Gi", "slices": 4}}
+    slices = whole.partitions.order_by("name")
+    assert [device.name for device in slices] == ["0-1g-0", "0-1g-1", "0-1g-2", "0-1g-3", "0-2g-0", "0-2g-1"]
+    assert slices[0].consumes_counters == {"gpu-0": {"memory": "6Gi", "slices": 1}}
+    assert "model" not in slices[0].attributes, "a partition must not fall in the whole GPU's class"
+    for device in Device.objects.filter(parent__isnull=False).select_related("parent"):
+        assert device.health == device.parent.health, "a partition fails with its GPU"
+    nics = Device.objects.filter(driver=demo.NIC_DRIVER)
+    assert nics.count() == demo.NETWORKED_NODES * 2
+    nic = nics.get(node__name=nics.first().node.name, name="nic-1")
+    gpu = nic.node.devices.get(name="4")
+    assert nic.attributes["pcie_root"] == gpu.attributes["pcie_root"] == "pci-1"
+    assert nic.attributes["networkIsland"] == gpu.attributes["networkIsland"] == nic.node.domain.name
+    assert DeviceClass.objects.get(name="rdma-nic").selector.startswith('device.driver == "nic.example.com"')
+
+
+@pytest.mark.django_db
+def test_it_places_the_partition_and_claim_workloads_without_a_gpu_beside_its_partitions():
+    from broker.cycle.runner import run_once
+    from broker.workloads.models import Allocation, Workload
+
+    seed()
+    run_once()
+
+    held = Allocation.objects.filter(released_at__isnull=True)
+    for name, profile in (("notebook-slices", "1g"), ("eval-slices", "2g")):
+        workload = Workload.objects.get(name=name)
+        assert workload.state == "Admitted", name
+        profiles = set(held.filter(workload=workload).values_list("device__attributes__profile", flat=True))
+        assert profiles == {profile}
+    for name, gpus_per_pod, attribute in (("allreduce-rdma", 4, "pcie_root"), ("island-finetune", 8, "networkIsland")):
+        workload = Workload.objects.get(name=name)
+        assert workload.state == "Admitted", name
+        pods = {}
+        for pod, driver, attributes in held.filter(workload=workload).values_list(
+            "pod_index", "device__driver", "device__attributes"
+        ):
+            pods.setdefault(pod, []).append((driver, attributes))
+        assert len(pods) == workload.pod_sets.get().replicas
+        for devices in pods.values():
+            drivers = Counter(driver for driver, _ in devices)
+            assert drivers == {demo.DRIVER: gpus_per_pod, demo.NIC_DRIVER: 1}
+            assert len({attributes[attribute] for _, attributes in devices}) == 1, f"{name}: one {attribute}"
+    taken = set(held.values_list("device_id", flat=True))
+    parents_of_taken = set(Device.objects.filter(pk__in=taken).exclude(parent=None).values_list("parent_id", flat=True))
+    assert parents_of_taken, "the partitions are in use"
+    assert not parents_of_taken & taken, "never a whole GPU together with its partitions"

@@ -366,3 +366,42 @@ def test_it_refuses_a_name_over_100_characters_instead_of_cutting_it(client, sce
     assert response.status_code == 200
     assert "at most 100 characters (it has 101)" in response.content.decode()
     assert not Workload.objects.filter(name__startswith="nnnn").exists()
+
+
+def test_it_submits_a_request_for_one_partition_profile_of_a_class(client, scene, alice, cluster):
+    from broker.policy.models import DeviceClass
+    from tests.builders import make_resource_class
+
+    profiles = [
+        DeviceClass.objects.create(
+            name=f"mig-{size}",
+            selector=f'device.attributes["gpu.example.com"].profile == "{size}"',
+            price_per_hour="1.00",
+        )
+        for size in ("1g", "2g")
+    ]
+    slices = make_resource_class("gpu-slice", cluster.inference.priority_class, profiles, max_devices_per_pod=1)
+    client.force_login(alice)
+    page = client.get(reverse("dashboard:submit"))
+    choices = [label for _, label in page.context["form"].fields["device_class"].choices]
+    assert "mig-2g" in choices and "h100" in choices
+    # The page tells its script which device classes each resource class offers.
+    assert f'value="{slices.pk}" data-name="gpu-slice"' in page.content.decode()
+    assert 'data-device-classes="mig-1g mig-2g "' in page.content.decode()
+
+    response = client.post(
+        reverse("dashboard:submit"),
+        {"name": "eval", "queue": cluster.queue_a.pk, "resource_class": slices.pk, "device_class": "mig-2g",
+         "replicas": 2, "devices_per_pod": 1},
+    )  # fmt: skip
+
+    assert response.status_code == 302
+    assert Workload.objects.get(name="eval").pod_sets.get().device_classes == ["mig-2g"]
+    refused = client.post(
+        reverse("dashboard:submit"),
+        {"name": "wrong", "queue": cluster.queue_a.pk, "resource_class": slices.pk, "device_class": "h100",
+         "replicas": 1, "devices_per_pod": 1},
+    )  # fmt: skip
+    assert refused.status_code == 200
+    assert "does not offer h100" in str(refused.context["form"].errors["device_class"])
+    assert not Workload.objects.filter(name="wrong").exists()

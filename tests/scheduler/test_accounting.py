@@ -365,3 +365,33 @@ running:
     assert (rows["whole"].total, rows["whole"].idle) == (1, 1)
     assert (rows["slice"].total, rows["slice"].busy) == (2, 2)
     assert (rows["half"].total, rows["half"].idle) == (1, 1)
+
+
+def test_it_counts_a_reservation_beside_partitions_that_are_not_billed():
+    from broker.scheduler.scenario import load_scenario
+
+    snapshot = load_scenario(
+        """
+device_classes:
+  whole: {match: {profile: whole}}
+  slice: {match: {profile: 1g}}
+nodes:
+  - name: n1
+    devices: 2
+    counters: {memory: 8}
+    partitions:
+      - {profile: 1g, count: 8, consumes: {memory: 1}}
+  - name: n2
+    devices: 2
+queues: [{name: q}]
+reservations:
+  - {name: hold, queue: q, device_class: whole, count: 1}
+running:
+  - {name: r, queue: q, device_class: slice, pods: [{node: n1, devices: ["1:1g#0"]}]}
+"""
+    )
+    rows = {row.device_class: row for row in capacity_by_class(snapshot, CycleResult())}
+    # The partitions of both GPUs of n1 that nobody uses are left out of the bill; the hold still
+    # takes one whole device.
+    assert rows["whole"].reserved_unused == 1
+    assert rows["slice"].busy == 1

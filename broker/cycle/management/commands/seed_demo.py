@@ -12,8 +12,13 @@ devices are named by memory: model "gpu-12gb" / "gpu-24gb" with a `memory` attri
 
 Teams and queues are the Philly virtual clusters (philly_vc_nodes_heliosartifact.csv, plus the VCs
 that appear only in philly.csv, with no quota), all in one cohort that lends and borrows freely; each
-class's devices are shared out as quota in proportion to the VC's node count. Then the five resource
+class's devices are shared out as quota in proportion to the VC's node count. Then the resource
 classes, their priority classes and the demo logins (password = user name).
+
+A few nodes show DRA's richer device model: four 8-GPU nodes publish each GPU whole and as MIG-style
+partitions (device classes mig-1g, mig-2g; the whole GPU and its partitions consume one counter set),
+and one rack's nodes carry RDMA NICs (class rdma-nic) under the PCIe roots of their GPUs. The menu
+offers them as gpu-slice and networked-training, and standing requests use both (broker/demo/).
 
 Idempotent: a second run creates nothing. `--if-empty` does nothing at all when any node exists.
 """
