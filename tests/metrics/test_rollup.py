@@ -99,3 +99,13 @@ def test_it_matches_the_direct_seconds_after_cycles_and_a_restart_from_empty(clu
     assert queries.pending_seconds_by_reason(later) == expected
     rolling.catch_up(later)
     assert queries.pending_seconds_by_reason(later) == expected
+
+
+def test_it_starts_the_rollup_on_a_cycles_commit(cluster, django_capture_on_commit_callbacks):
+    pending(cluster.queue_b, "too-big", replicas=3, devices_per_pod=4, resource_class=cluster.training)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        run_once()
+
+    # Nothing whole is past yet: the rollup starts at the hour of the first change and waits there.
+    assert rolled_until() == (timezone.now() - rolling.LATE_WRITES).replace(minute=0, second=0, microsecond=0)
