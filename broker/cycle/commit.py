@@ -35,6 +35,7 @@ from broker.cycle.bulk import JsonText, column_in, insert_rows, pk_in, upsert_ro
 from broker.cycle.loader import as_text, load_snapshot
 from broker.cycle.refusals import StaleSnapshot
 from broker.inventory.models import ClusterState, Device, Health, InventoryRevision
+from broker.metrics import rolling as metrics_rolling
 from broker.scheduler.accounting import capacity_by_class
 from broker.scheduler.snapshot import CycleResult, PendingDecision
 from broker.workloads.models import Allocation, Explanation, ExplanationChange, SchedulingCycle, Workload
@@ -171,6 +172,8 @@ def write_result(decider, snapshot, loaded, cycle):
     transaction.on_commit(lambda: record_capacity(snapshot, result, loaded), robust=True)
     # After the sample: the hour it closes may be rolled up now. Robust for the same reason.
     transaction.on_commit(lambda: rolling.catch_up(loaded.now), robust=True)
+    # The scrape's seconds by reason read their whole past hours from a rollup too.
+    transaction.on_commit(lambda: metrics_rolling.catch_up(loaded.now), robust=True)
     return result, delta
 
 
