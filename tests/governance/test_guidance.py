@@ -156,3 +156,27 @@ def test_it_advises_only_a_class_whose_devices_could_hold_the_request(
 
     assert [(g["kind"], g["resource_class"]) for g in body["guidance"]] == advised
     assert not any("batch-inference" in g["message"] or "Batch inference" in g["message"] for g in body["guidance"])
+
+
+def test_it_reads_the_inventory_once_while_it_stands_and_again_once_it_changes(cluster, alice, api_client, budget):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def inventory_reads(name, **size):
+        with CaptureQueriesContext(connection) as queries:
+            body = submit(api_client, alice, name, "distributed-training", **size)
+        return body, sum('FROM "inventory_device"' in query["sql"] for query in queries.captured_queries)
+
+    assert inventory_reads("first")[1] == 1
+    body, reads = inventory_reads("second")
+    assert reads == 0
+    assert [g["resource_class"] for g in body["guidance"]] == ["budget-training"]
+
+    # Eight A100 in one rack only once a node joins r3: the budget class holds 2 x 4 from then on.
+    assert inventory_reads("two-by-four", replicas=2, devices_per_pod=4)[0]["guidance"] == []
+    node = Node.objects.create(name="a3", domain=Domain.objects.get(name="r3"))
+    for index in range(4):
+        Device.objects.create(node=node, name=str(index), attributes={"model": "A100", "memory": 40})
+    body, reads = inventory_reads("two-by-four-again", replicas=2, devices_per_pod=4)
+    assert reads == 1
+    assert [g["resource_class"] for g in body["guidance"]] == ["budget-training"]
