@@ -5,7 +5,7 @@ from django.urls import reverse
 
 from broker.audit.models import AuditEvent
 from broker.governance.guidance import AUDIT_ACTION
-from broker.inventory.models import Device, Domain, Node
+from broker.inventory.models import Device, Domain, InventoryRevision, Node
 from broker.policy.models import DeviceClass
 from broker.workloads.states import State
 from tests.builders import make_resource_class, make_workload
@@ -180,3 +180,15 @@ def test_it_reads_the_inventory_once_while_it_stands_and_again_once_it_changes(c
     body, reads = inventory_reads("two-by-four-again", replicas=2, devices_per_pod=4)
     assert reads == 1
     assert [g["resource_class"] for g in body["guidance"]] == ["budget-training"]
+
+
+def test_it_reads_the_inventory_for_every_submission_when_no_revision_identifies_it(cluster, alice, api_client, budget):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    InventoryRevision.objects.all().delete()
+    for name in ("first", "second"):
+        with CaptureQueriesContext(connection) as queries:
+            body = submit(api_client, alice, name, "distributed-training")
+        assert sum('FROM "inventory_device"' in query["sql"] for query in queries.captured_queries) == 1
+        assert [g["resource_class"] for g in body["guidance"]] == ["budget-training"]
