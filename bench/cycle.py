@@ -50,13 +50,13 @@ LARGEST_SIZE_RUNS = 3
 STATE = {"size": None}
 
 
-def synthetic(nodes: int, pending: int, seed: int = 1):
+def synthetic(nodes: int, pending: int, seed: int = 1, kind: str = "fresh"):
+    """The decide section's synthetic cluster of this `kind` ("fresh", or issue 26's "partitioned" and
+    "claims": partitioned GPUs, NICs and several-request claims)."""
     from bench.bench_decide import required_philly_sizes
-    from bench.decide import DEVICES_PER_NODE, philly_path
-    from broker.scheduler.synthetic import synthetic_snapshot
+    from bench.decide import build, philly_path
 
-    sizes = required_philly_sizes(philly_path())
-    return synthetic_snapshot(nodes=nodes, devices_per_node=DEVICES_PER_NODE, pending=pending, seed=seed, sizes=sizes)
+    return build(kind, nodes, pending, seed, required_philly_sizes(philly_path()))
 
 
 def one_cycle(sample_speed: bool = False) -> dict:
@@ -172,24 +172,24 @@ def pending_count() -> int:
     return Workload.objects.filter(state=State.PENDING).count()
 
 
-def prepare(nodes: int, pending: int) -> dict:
-    """Empty the database and write the synthetic cluster of this size."""
+def prepare(nodes: int, pending: int, kind: str = "fresh") -> dict:
+    """Empty the database and write the synthetic cluster of this size and kind."""
     db.reset()
     started = time.perf_counter()
-    snapshot = synthetic(nodes, pending)
+    snapshot = synthetic(nodes, pending, kind=kind)
     build = time.perf_counter() - started
     counts = db.populate(snapshot)
-    STATE["size"] = (nodes, pending)
+    STATE["size"] = (nodes, pending, kind)
     STATE["full"] = False
     return {"snapshot_build_seconds": round(build, 2), "rows": counts}
 
 
-def refill(pending: int, seed: int = 2) -> int:
+def refill(pending: int, seed: int = 2, kind: str = "fresh") -> int:
     """Top pending work up to `pending` gangs with fresh draws of the same mix."""
     missing = pending - pending_count()
     if missing <= 0:
         return 0
-    extra = synthetic(1, missing, seed=seed).pending
+    extra = synthetic(1, missing, seed=seed, kind=kind).pending
     return db.add_pending(extra)
 
 
@@ -238,12 +238,15 @@ def warmed_up_restarted_worker_cycle() -> dict:
     return {**one_cycle(sample_speed=True), "warm_up_ms": round(warm_up_ms, 1)}
 
 
-def run_size(nodes: int, pending: int) -> dict:
+def run_size(nodes: int, pending: int, kind: str = "fresh") -> dict:
     out = {"nodes": nodes, "devices": nodes * 8, "pending": pending}
-    out["populate"] = prepare(nodes, pending)
+    out["populate"] = prepare(nodes, pending, kind)
+    if kind != "fresh":
+        out["kind"] = kind
+        out["devices"] = out["populate"]["rows"]["devices"]
     warm_up()
     out["first"] = one_cycle(sample_speed=True)
-    out["refill_added"] = refill(pending)
+    out["refill_added"] = refill(pending, kind=kind)
     out["refill"] = one_cycle(sample_speed=True)
     out["steady"] = one_cycle(sample_speed=True)
     health_flap()
@@ -268,7 +271,7 @@ def ensure(nodes: int, pending: int) -> None:
     """The database at this size, the cluster about full and `pending` gangs waiting, nearly all of
     them explained (for the pages and browser sections): refill and cycle until a cycle admits
     under 1% of the queue (at most 3 rounds), then refill once more without a cycle."""
-    if STATE["size"] != (nodes, pending):
+    if STATE["size"] != (nodes, pending, "fresh"):
         prepare(nodes, pending)
         one_cycle()
         STATE["full"] = False
@@ -345,4 +348,16 @@ def section(quick: bool) -> dict:
         target["pass"] = None
     from bench.decide import gang_sizes
 
-    return {"gang_sizes": gang_sizes(), "cases": cases, "ratios": ratios, "target": target}
+    report = {"gang_sizes": gang_sizes(), "cases": cases, "ratios": ratios, "target": target}
+    report["claims"] = claims_case(*sizes[-1])
+    return report
+
+
+def claims_case(nodes: int, pending: int) -> dict:
+    """Issue 26's case through the whole cycle: the decide section's "claims" cluster (a quarter of the
+    GPUs cut into 7 partitions, one NIC per 2 GPUs, whole, partition and several-request claims pending)
+    written as rows (counter sets, partitions with their parent, NICs, PodSet.claim), its sequence run
+    once, against the same 2 s target."""
+    case = run_size(nodes, pending, kind="claims")
+    case["target_seconds"] = TARGET_SECONDS
+    return case

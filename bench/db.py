@@ -275,9 +275,12 @@ def populate(snapshot, now=None) -> dict:
             )
         # Nodes and devices.
         node_ids = {node.name: index + 1 for index, node in enumerate(snapshot.nodes)}
+        shared_counters: dict[str, dict] = {}
+        for counter_set in snapshot.counter_sets:
+            shared_counters.setdefault(counter_set.node, {})[counter_set.name] = dict(counter_set.counters)
         counts["nodes"] = copy_rows(
             Node,
-            ["id", "name", "domain_id", "cordoned", "labels", "created", "updated"],
+            ["id", "name", "domain_id", "cordoned", "labels", "shared_counters", "created", "updated"],
             (
                 (
                     node_ids[n.name],
@@ -285,16 +288,30 @@ def populate(snapshot, now=None) -> dict:
                     domain_ids[tuple(n.domains[name] for name in snapshot.levels)],
                     not n.schedulable,
                     {"inventory": "bench"},
+                    shared_counters.get(n.name),
                     now,
                     now,
                 )
                 for n in snapshot.nodes
             ),
         )
+        counts["counter_sets"] = len(snapshot.counter_sets)
         device_ids = {device.id: index + 1 for index, device in enumerate(snapshot.devices)}
         counts["devices"] = copy_rows(
             Device,
-            ["id", "node_id", "driver", "pool", "name", "attributes", "capacity", "health", "taints"],
+            [
+                "id",
+                "node_id",
+                "driver",
+                "pool",
+                "name",
+                "attributes",
+                "capacity",
+                "health",
+                "taints",
+                "parent_id",
+                "consumes_counters",
+            ],
             (
                 (
                     device_ids[d.id],
@@ -306,6 +323,8 @@ def populate(snapshot, now=None) -> dict:
                     d.capacity,
                     "Healthy" if d.healthy else "Unhealthy",
                     [{"key": t.key, "value": t.value, "effect": t.effect} for t in d.taints],
+                    device_ids.get(partition_parent(d.id)),
+                    d.consumes_counters or None,
                 )
                 for d in snapshot.devices
             ),
@@ -339,7 +358,7 @@ def populate(snapshot, now=None) -> dict:
                 )
             )
             per_pod = max(len(pod.device_ids) for pod in w.pods)
-            pod_rows.append((next_id, "main", len(w.pods), None, per_pod, []))
+            pod_rows.append((next_id, "main", len(w.pods), None, per_pod, [], {}))
             for pod in w.pods:
                 for device in pod.device_ids:
                     allocation_rows.append(
@@ -350,9 +369,7 @@ def populate(snapshot, now=None) -> dict:
         pending_rows, next_id = pending_workload_rows(snapshot.pending, next_id, teams, queues, resource_classes, at)
         counts["pending"] = copy_rows(Workload, WORKLOAD_COLUMNS, [row for row, _ in pending_rows])
         pod_rows.extend(pod for _, pods in pending_rows for pod in pods)
-        counts["pod_sets"] = copy_rows(
-            PodSet, ["workload_id", "name", "replicas", "min_count", "devices_per_pod", "device_classes"], pod_rows
-        )
+        counts["pod_sets"] = copy_rows(PodSet, POD_SET_COLUMNS, pod_rows)
         counts["allocations"] = copy_rows(
             Allocation,
             ["workload_id", "device_id", "device_class_id", "pod_set", "pod_index", "allocated_at"],
@@ -363,6 +380,45 @@ def populate(snapshot, now=None) -> dict:
     analyze()
     counts["seconds"] = round(time.perf_counter() - started, 2)
     return counts
+
+
+POD_SET_COLUMNS = ["workload_id", "name", "replicas", "min_count", "devices_per_pod", "device_classes", "claim"]
+
+
+def partition_parent(device_id: str) -> str | None:
+    """The whole device a synthetic partition ("<node>/<index>:<profile>#<k>") is cut from, or None."""
+    whole, cut, _ = device_id.partition(":")
+    return whole if cut else None
+
+
+def claim_as_dra(pod_set) -> dict:
+    """A synthetic pod set's several-request claim as resource.k8s.io/v1 writes it (what the API stores
+    in PodSet.claim and the loader reads with claims.claim_from_dra); {} without one."""
+    from broker.scheduler.snapshot import DRIVER
+
+    if not pod_set.requests:
+        return {}
+
+    def way(sub_request, named):
+        written = {"deviceClassName": sub_request.device_class, "count": sub_request.count}
+        if sub_request.selectors:
+            written["selectors"] = [{"cel": {"expression": cel}} for cel in sub_request.selectors]
+        return {"name": sub_request.name, **written} if named else written
+
+    requests = [
+        {"name": request.name, "exactly": way(request.exactly, named=False)}
+        if request.exactly is not None
+        else {"name": request.name, "firstAvailable": [way(sub, named=True) for sub in request.first_available]}
+        for request in pod_set.requests
+    ]
+    constraints = [
+        {
+            **({"requests": list(constraint.requests)} if constraint.requests else {}),
+            "matchAttribute": f"{DRIVER}/{constraint.match_attribute}",
+        }
+        for constraint in pod_set.constraints
+    ]
+    return {"requests": requests, **({"constraints": constraints} if constraints else {})}
 
 
 def pending_workload_rows(pending, next_id, teams, queues, resource_classes, at):
@@ -394,7 +450,15 @@ def pending_workload_rows(pending, next_id, teams, queues, resource_classes, at)
                     None,
                 ),
                 [
-                    (next_id, ps.name, ps.count, ps.min_count, ps.devices_per_pod, list(ps.device_classes))
+                    (
+                        next_id,
+                        ps.name,
+                        ps.count,
+                        ps.min_count,
+                        ps.devices_per_pod,
+                        list(ps.device_classes),
+                        claim_as_dra(ps),
+                    )
                     for ps in p.pod_sets
                 ],
             )
@@ -425,11 +489,7 @@ def add_pending(pending) -> int:
     rows, _ = pending_workload_rows(pending, start, None, queues, resource_classes, at)
     with transaction.atomic():
         count = copy_rows(Workload, WORKLOAD_COLUMNS, [row for row, _ in rows])
-        copy_rows(
-            PodSet,
-            ["workload_id", "name", "replicas", "min_count", "devices_per_pod", "device_classes"],
-            [pod for _, pods in rows for pod in pods],
-        )
+        copy_rows(PodSet, POD_SET_COLUMNS, [pod for _, pods in rows for pod in pods])
         fix_sequences(Workload, PodSet)
     analyze()
     return count

@@ -178,6 +178,10 @@ def summary_line(name: str, result: dict) -> str:
             if run[name].get("reference_seconds_before")
         ]
         text = f"cycle until committed (target 2 s): {cells}"
+        claims = result.get("claims")
+        if claims and "error" not in claims:
+            verdict = {True: "PASS", False: "FAIL"}[claims["within_target"]]
+            text += f"; claims {cycle_cells(claims)} [{verdict}]"
         if speeds:
             text += f"; machine reference_seconds before those cycles {min(speeds)}-{max(speeds)}"
     elif name == "pages":

@@ -145,6 +145,23 @@ def test_it_times_each_cycle_on_postgresql_until_its_transaction_committed(tmp_p
     assert "(median of 3 runs)" in completed.stdout
     assert "cycle until committed" in completed.stdout
 
+    # Issue 26's cluster through the whole cycle: partitions, NICs and several-request claims written as
+    # rows and read back by the loader admit what the core admits on the same snapshot.
+    from bench.bench_decide import required_philly_sizes
+    from bench.decide import build, philly_path
+    from broker.scheduler.cycle import decide
+
+    claims = cycle["claims"]
+    assert claims["kind"] == "claims" and claims["target_seconds"] == 2.0
+    rows = claims["populate"]["rows"]
+    assert rows["counter_sets"] > 0 and rows["devices"] > claims["nodes"] * 8
+    snapshot = build("claims", claims["nodes"], claims["pending"], 1, required_philly_sizes(philly_path()))
+    assert claims["first"]["outcome"] == "Committed"
+    assert claims["first"]["admitted"] == len(decide(snapshot).admissions) > 0
+    assert all(claims[name]["outcome"] == "Committed" for name in ("refill", "steady", "health_flap"))
+    assert isinstance(claims["within_target"], bool)
+    assert "; claims " in completed.stdout
+
 
 def test_it_times_the_pages_and_the_reports_over_the_history(tmp_path):
     from django.conf import settings
