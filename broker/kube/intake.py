@@ -35,7 +35,7 @@ from django.utils import timezone
 from broker.audit.models import record
 from broker.cycle.executor import complete_evictions, complete_pod_evictions, move
 from broker.events import request_cycle_after_commit
-from broker.kube.mirror import level_for_label
+from broker.kube.mirror import hold_outside, level_for_label
 from broker.kube.models import MirroredClaim, MirroredPod, MirroredPodGroup, MirroredWorkload
 from broker.policy.models import DeviceClass, Queue, ResourceClass
 from broker.workloads.models import Allocation, DisruptionMode, Workload
@@ -224,32 +224,84 @@ def claim_requests(obj):
     return requests
 
 
+def allocated_devices(obj):
+    """[[driver, pool, device]] of a claim's status.allocation (empty while it is not allocated)."""
+    results = (((obj.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
+    return sorted([result["driver"], result["pool"], result["device"]] for result in results)
+
+
+def brokers_claims(cluster, namespaces):
+    """(namespace, name) of the claims of the PodGroups the broker took: the only claims it allocates."""
+    groups = MirroredPodGroup.objects.filter(cluster=cluster, namespace__in=namespaces, workload__isnull=False)
+    return {
+        (namespace, claim)
+        for namespace, claims in groups.values_list("namespace", "claims")
+        for claim in claims.values()
+    }
+
+
+def outside_marks(rows):
+    """{"namespace/name": devices} of mirrored claims marked as allocated outside the broker."""
+    return {f"{row.namespace}/{row.name}": row.allocated_devices for row in rows if row.outside}
+
+
 def claims_changed(cluster, objs):
+    keys = [(obj["metadata"]["namespace"], obj["metadata"]["name"]) for obj in objs]
+    held = {key: devices for key, obj in zip(keys, objs, strict=True) if (devices := allocated_devices(obj))}
+    ours = brokers_claims(cluster, {namespace for namespace, _ in held}) if held else set()
+    outside = {key for key in held if key not in ours}
+    # Only a claim allocated outside now or before moves a taint: the claims the broker allocates never do.
+    batch = set(keys)
+    before = outside_marks(
+        row
+        for row in MirroredClaim.objects.filter(
+            cluster=cluster, outside=True, namespace__in={ns for ns, _ in keys}, name__in={name for _, name in keys}
+        )
+        if (row.namespace, row.name) in batch
+    )
     # One statement for a batch of claims (the sync hands over each object once per batch).
     MirroredClaim.objects.bulk_create(
         [
             MirroredClaim(
                 cluster=cluster,
-                namespace=obj["metadata"]["namespace"],
-                name=obj["metadata"]["name"],
+                namespace=key[0],
+                name=key[1],
                 uid=obj["metadata"].get("uid", ""),
                 resource_version=obj["metadata"].get("resourceVersion", ""),
                 requests=claim_requests(obj),
                 allocated=bool((obj.get("status") or {}).get("allocation")),
+                allocated_devices=held.get(key, []),
+                outside=key in outside,
             )
-            for obj in objs
+            for key, obj in zip(keys, objs, strict=True)
         ],
         update_conflicts=True,
         unique_fields=["cluster", "namespace", "name"],
-        update_fields=["uid", "resource_version", "requests", "allocated"],
+        update_fields=["uid", "resource_version", "requests", "allocated", "allocated_devices", "outside"],
     )
+    if before or outside:
+        hold_outside(cluster, before, {f"{namespace}/{name}": held[(namespace, name)] for namespace, name in outside})
     return reconcile_waiting(cluster, {obj["metadata"]["namespace"] for obj in objs})
 
 
 def claim_deleted(cluster, obj):
     meta = obj["metadata"]
-    MirroredClaim.objects.filter(cluster=cluster, namespace=meta["namespace"], name=meta["name"]).delete()
+    claims = MirroredClaim.objects.filter(cluster=cluster, namespace=meta["namespace"], name=meta["name"])
+    before = outside_marks(claims)
+    claims.delete()
+    if before:
+        hold_outside(cluster, before, {})
     return 0
+
+
+def take_back(cluster, namespace, claim_names):
+    """Claims of a PodGroup the broker just took were never another scheduler's (seen allocated before
+    their group, as after a sync that lost its database): their devices are no longer held outside."""
+    claims = MirroredClaim.objects.filter(cluster=cluster, namespace=namespace, name__in=claim_names, outside=True)
+    before = outside_marks(claims)
+    if before:
+        claims.update(outside=False)
+        hold_outside(cluster, before, {})
 
 
 def pod_claims(obj):
@@ -406,6 +458,7 @@ def reconcile_locked(pk):
             group.claims = claims
             group.refused = group.refused_message = ""
             group.save(update_fields=["workload", "pods", "claims", "refused", "refused_message"])
+            take_back(group.cluster, group.namespace, set(claims.values()))
     except InvalidSubmission as invalid:
         return refuse(group, "InvalidRequest", "; ".join(flatten(invalid.errors)))
     return 1

@@ -236,3 +236,17 @@ def gang(cluster, name, pods=8, devices_per_pod=1, namespace="ml", device_class_
     for i in range(pods):
         cluster.create(claim(f"{name}-{i}-gpus", namespace, device_class_name, count=devices_per_pod))
         cluster.create(pod(f"{name}-{i}", name, namespace, claim_name=f"{name}-{i}-gpus"))
+
+
+def allocated(claim_devices):
+    """A ResourceClaim's status with `claim_devices` [(pool, device)] allocated, as a DRA scheduler writes it."""
+    return client.V1ResourceClaimStatus(
+        allocation=client.V1AllocationResult(
+            devices=client.V1DeviceAllocationResult(
+                results=[
+                    client.V1DeviceRequestAllocationResult(request="gpus", driver=DRIVER, pool=pool, device=device)
+                    for pool, device in claim_devices
+                ]
+            )
+        )
+    )
