@@ -33,7 +33,7 @@ from kubernetes.utils.quantity import parse_quantity
 from broker.audit.models import record
 from broker.events import request_cycle_after_commit
 from broker.inventory.models import ClusterState, Device, Domain, Health, Node, TopologyLevel
-from broker.kube.models import Cluster, MirroredDeviceClass, MirroredNode, MirroredSlice, TaintRule
+from broker.kube.models import Cluster, MirroredClaim, MirroredDeviceClass, MirroredNode, MirroredSlice, TaintRule
 from broker.policy.models import DeviceClass
 from broker.scheduler.snapshot import HELD_OUTSIDE_TAINT
 from broker.workloads.models import Allocation
@@ -396,6 +396,13 @@ def slices_changed(cluster, objs):
                 shared_counters=spec.get("sharedCounters") or [],
             )
         )
+    if new:
+        # A device published again after another scheduler allocated it (its slice went and came back).
+        holders = outside_holders(cluster)
+        for device in new:
+            device.taints += [
+                outside_taint(claim) for claim in holders.get((device.driver, device.pool, device.name), ())
+            ]
     Device.objects.bulk_create(new, batch_size=2000)
     Device.objects.bulk_update(
         updated, ["attributes", "capacity", "consumes_counters", "taints", "health"], batch_size=1000
@@ -563,6 +570,16 @@ def forget_missing(cluster, resource, present):
 
 def outside_taint(claim):
     return {"key": HELD_OUTSIDE_TAINT, "value": claim, "effect": "NoSchedule"}
+
+
+def outside_holders(cluster):
+    """{(driver, pool, device): [claim]} of every claim of the cluster allocated outside the broker."""
+    holders = {}
+    claims = MirroredClaim.objects.filter(cluster=cluster, outside=True).order_by("namespace", "name")
+    for namespace, name, devices in claims.values_list("namespace", "name", "allocated_devices"):
+        for key in devices:
+            holders.setdefault(tuple(key), []).append(f"{namespace}/{name}")
+    return holders
 
 
 def hold_outside(cluster, before, after):

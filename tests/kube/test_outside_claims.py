@@ -120,3 +120,9 @@ def test_it_keeps_an_outside_allocation_when_the_slice_is_published_again(sync, 
     lab.apply(objects.resource_slice("k2", devices=8, model="H100"))
     sync.list_all()
     assert outside_holders() == {"k2/gpu-5": ["web/serving"]}
+    lab.apply(objects.resource_slice("k2", devices=5))  # gpu-5 unpublished: its row goes
+    sync.list_all()
+    assert outside_holders() == {}
+    lab.apply(objects.resource_slice("k2", devices=8))  # and published again: still allocated
+    sync.list_all()
+    assert outside_holders() == {"k2/gpu-5": ["web/serving"]}
