@@ -126,3 +126,13 @@ def test_it_keeps_an_outside_allocation_when_the_slice_is_published_again(sync, 
     lab.apply(objects.resource_slice("k2", devices=8))  # and published again: still allocated
     sync.list_all()
     assert outside_holders() == {"k2/gpu-5": ["web/serving"]}
+
+
+def test_it_takes_back_the_claims_of_a_group_it_takes_after_seeing_them_allocated(sync, lab):
+    # A sync that lost its database lists claims the broker allocated before it has taken their group.
+    objects.gang(lab, "train", pods=2, topology=None)
+    for i in range(2):
+        lab.set_status("ResourceClaim", f"train-{i}-gpus", to_dict(objects.allocated([("k2", f"gpu-{i}")])), "ml")
+    sync.list_all(WORK)
+    assert MirroredClaim.objects.filter(outside=False, allocated=True).count() == 2
+    assert outside_holders() == {}
