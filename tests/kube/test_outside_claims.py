@@ -4,14 +4,16 @@ never places on them, finance bills them to nobody and the dashboard counts them
 
 from django.utils import timezone
 
-from broker.cycle.loader import JsonCache, load_snapshot, pod_set_from_row
+from broker.cycle.loader import load_snapshot
 from broker.cycle.runner import run_once
 from broker.inventory.models import Device, Node
 from broker.kube.applier import Applier
 from broker.kube.models import MirroredClaim
 from broker.kube.sync import WORK
 from broker.scheduler.accounting import capacity_by_class
-from broker.scheduler.snapshot import HELD_OUTSIDE_TAINT, CycleResult
+from broker.scheduler.capacity import TAINTED, Access, Slot
+from broker.scheduler.snapshot import HELD_OUTSIDE_TAINT, CycleResult, Taint, Toleration
+from broker.workloads.models import Explanation
 from broker.workloads.states import HOLDING_STATES, State
 from dashboard.inventory_state import inventory_state
 from dashboard.queries import OUTSIDE_THE_BROKER, heatmap_node, heatmap_racks
@@ -43,6 +45,9 @@ def test_it_never_places_on_devices_allocated_outside_until_they_are_released(sy
     group = admit(sync, lab)
     assert outside_holders() == {"k0/gpu-0": ["web/serving"], "k2/gpu-3": ["web/notebook"]}
     assert group.workload.state == State.PENDING
+    explanation = Explanation.objects.get(workload=group.workload)
+    assert explanation.reason == "TopologyFragmented", "held, not unhealthy: healing them would not help"
+    assert "14 h100 free" in explanation.message
 
     lab.set_status("ResourceClaim", "notebook", {"allocation": None}, "web")  # deallocated
     sync.watch_once(CLAIMS, sync.cursor(CLAIMS))
@@ -99,9 +104,13 @@ def test_it_bills_nobody_and_shows_busy_what_is_held_outside(sync, lab):
     ]
 
 
-def test_it_lets_no_toleration_lift_an_outside_allocation():
-    row = ("main", 1, None, 1, '["h100"]', None, f'[{{"key": "{HELD_OUTSIDE_TAINT}"}}, {{"key": "hot"}}]', None)
-    assert [t.key for t in pod_set_from_row(row, JsonCache()).tolerations] == ["hot"]
+def test_it_lets_neither_a_toleration_nor_a_healing_use_a_device_held_outside():
+    held_outside = (Taint(key=HELD_OUTSIDE_TAINT, value="web/serving", effect="NoSchedule"),)
+    slot = Slot(0, "k0/gpu-0", 0, (0,), {}, TAINTED, held_outside)
+    tolerant = Access("ml-team", tolerations=(Toleration(key=HELD_OUTSIDE_TAINT),))
+    assert tolerant.rank(slot) is None and Access("ml-team", healed=True).rank(slot) is None
+    slot.taints = (Taint(key="example.com/hot", effect="NoSchedule"),)
+    assert Access("ml-team", tolerations=(Toleration(key="example.com/hot"),)).rank(slot) is not None
 
 
 def test_it_releases_a_claim_deleted_while_the_sync_was_away(sync, lab):
