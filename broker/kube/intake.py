@@ -231,8 +231,9 @@ def allocated_devices(obj):
 
 
 def brokers_claims(cluster, namespaces):
-    """(namespace, name) of the claims of the PodGroups the broker took: the only claims it allocates."""
-    groups = MirroredPodGroup.objects.filter(cluster=cluster, namespace__in=namespaces, workload__isnull=False)
+    """(namespace, name) of the claims of the PodGroups the broker took (only those have `claims`, kept
+    after their workload is gone): the only claims it allocates."""
+    groups = MirroredPodGroup.objects.filter(cluster=cluster, namespace__in=namespaces).exclude(claims={})
     return {
         (namespace, claim)
         for namespace, claims in groups.values_list("namespace", "claims")
