@@ -1,7 +1,7 @@
 """Device states for the dashboard, aggregated in the database.
 
 Every device is in exactly one state, first match wins:
-  busy       an active allocation holds it;
+  busy       an active allocation holds it, or another scheduler allocated it (outside the broker);
   unhealthy  not Healthy, tainted, or on a cordoned node: it takes no new work;
   reserved   free, but an active reservation of another team's holds it (device-id order, as the
              scheduler takes them);
@@ -70,6 +70,16 @@ def unavailable_q(prefix=""):
         | ~Q(**{f"{prefix}taints": []})
         | Q(**{f"{prefix}node__cordoned": True})
     )
+
+
+def held_outside_q():
+    """Devices another scheduler allocated (their taint, broker.kube.mirror): busy, not the broker's.
+    Matched in the taints' text, which both PostgreSQL and SQLite can search."""
+    return Q(taints_text__contains=f'"{snap.HELD_OUTSIDE_TAINT}"')
+
+
+def with_taints_text(devices):
+    return devices.alias(taints_text=Cast("taints", TextField()))
 
 
 def active_allocation_exists():
@@ -300,15 +310,17 @@ def inventory_state(node_ids=None):
     # A join on the active allocation (at most one per device) rather than EXISTS per device, and the
     # descriptions grouped and read as text (jsonb's text is canonical): hashed, never decoded per row.
     rows = (
-        devices.alias(active=FilteredRelation("allocations", condition=Q(allocations__released_at__isnull=True)))
+        with_taints_text(devices)
+        .alias(active=FilteredRelation("allocations", condition=Q(allocations__released_at__isnull=True)))
         .annotate(**DESCRIPTION_TEXT)
         .values("node_id", *DESCRIPTION_TEXT)
         .annotate(
             total=Count("id"),
             busy_n=Count("active__id"),
-            unavailable_n=Count("id", filter=Q(active__id__isnull=True) & unavailable_q()),
+            outside_n=Count("id", filter=Q(active__id__isnull=True) & held_outside_q()),
+            unavailable_n=Count("id", filter=Q(active__id__isnull=True) & unavailable_q() & ~held_outside_q()),
         )
-        .values_list("node_id", *DESCRIPTION_TEXT, "total", "busy_n", "unavailable_n")
+        .values_list("node_id", *DESCRIPTION_TEXT, "total", "busy_n", "outside_n", "unavailable_n")
     )
     reserved_by_group = defaultdict(int)
     if reserved:
@@ -326,7 +338,8 @@ def inventory_state(node_ids=None):
     free_per_node_class = defaultdict(int)
     described = {}  # (driver, attributes text, capacity text) -> (description key, classes)
     # Plain tuples (fetch_rows): one row per node and description, 12,500 at 100k devices.
-    for node_id, driver, attributes_text, capacity_text, total, busy, unavailable in fetch_rows(rows):
+    for node_id, driver, attributes_text, capacity_text, total, busy, outside, unavailable in fetch_rows(rows):
+        busy += outside
         text = (driver, attributes_text, capacity_text)
         found = described.get(text)
         if found is None:

@@ -20,7 +20,7 @@ from broker.kube.models import Cluster as KubeCluster
 from broker.kube.models import MirroredNode, MirroredPodGroup, MirroredSlice
 from broker.policy.models import Queue, ResourceClass, Team
 from broker.policy.roles import sees_all_workloads, team_ids
-from broker.scheduler.snapshot import REASON_CODES
+from broker.scheduler.snapshot import HELD_OUTSIDE_TAINT, REASON_CODES
 from broker.workloads.models import (
     Allocation,
     Explanation,
@@ -31,7 +31,7 @@ from broker.workloads.models import (
     WorkloadTransition,
 )
 from broker.workloads.states import HOLDING_STATES, WAITING_STATES, State
-from dashboard.inventory_state import STATES, cached, current_state, inventory_state
+from dashboard.inventory_state import STATES, cached, current_state, held_outside_q, inventory_state, with_taints_text
 
 QUEUE_PAGE_SIZE = 100
 # One colour per team, from its id: the same on every load, in the rack map, the drill-down and the
@@ -574,6 +574,11 @@ def _heatmap_racks(key):
         .annotate(n=Count("id"))
     ):
         teams_by_domain[row["device__node__domain_id"]][row["workload__team__name"]] = row["n"]
+    held_outside = with_taints_text(Device.objects.order_by()).filter(held_outside_q())
+    for domain_id, n in (
+        held_outside.values("node__domain_id").annotate(n=Count("id")).values_list("node__domain_id", "n")
+    ):
+        teams_by_domain[domain_id][OUTSIDE_THE_BROKER] = n
     node_counts = dict(
         Node.objects.order_by().values("domain_id").annotate(n=Count("id")).values_list("domain_id", "n")
     )
@@ -639,10 +644,24 @@ def device_kinds_by_domain():
     return dict(out)
 
 
+# Who holds a device another scheduler allocated, where the dashboard names a device's team.
+OUTSIDE_THE_BROKER = "outside the broker"
+
+
+def held_outside(device):
+    return any(taint.get("key") == HELD_OUTSIDE_TAINT for taint in device["taints"] or ())
+
+
+def unavailable(device):
+    """Takes no new work: failed, tainted (by more than another scheduler's allocation) or cordoned."""
+    blocking = [taint for taint in device["taints"] or () if taint.get("key") != HELD_OUTSIDE_TAINT]
+    return bool(device["health"] != Health.HEALTHY or blocking or device["node__cordoned"])
+
+
 def device_state(device, busy_team, reserved_ids, stranded):
     if busy_team is not None:
         return "busy"
-    if device["health"] != Health.HEALTHY or device["taints"] or device["node__cordoned"]:
+    if unavailable(device):
         return "unhealthy"
     if device["id"] in reserved_ids:
         return "reserved"
@@ -682,6 +701,7 @@ def _devices_with_state(user, devices, highlight=None):
     out = []
     for device in devices:
         holder = holders.get(device["id"])
+        team = holder["workload__team__name"] if holder else OUTSIDE_THE_BROKER if held_outside(device) else None
         classes = state.classifier.classes_of(device["driver"], device["attributes"], device["capacity"])
         stranded = state.device_is_stranded(device["node_id"], classes)
         item = {
@@ -689,20 +709,18 @@ def _devices_with_state(user, devices, highlight=None):
             "name": device["name"],
             "node": device["node__name"],
             "node_id": device["node_id"],
-            "state": device_state(
-                device, holder["workload__team__name"] if holder else None, state.reserved_ids, stranded
-            ),
+            "state": device_state(device, team, state.reserved_ids, stranded),
             "health": device["health"],
             "taints": device["taints"],
             "cordoned": device["node__cordoned"],
             # Busy but failed, tainted or cordoned: its work runs on (or is being moved off) a device that
             # takes nothing new; drawn as such at once, not only once the work has left it.
-            "unavailable": bool(device["health"] != Health.HEALTHY or device["taints"] or device["node__cordoned"]),
+            "unavailable": unavailable(device),
             "classes": sorted(classes),
             "driver": device["driver"],
             "pool": device["pool"],
             "attributes": device["attributes"],
-            "team": holder["workload__team__name"] if holder else None,
+            "team": team,
             "workload": None,
             "highlight": bool(holder and highlight and holder["workload_id"] == highlight),
             "kind": device_kind(device),

@@ -591,6 +591,21 @@ def counters_of(node_counters, devices):
         consumption[parent] = {set_name: {LEGACY_COUNTER: len(partitions)}}
         for pk in partitions:
             consumption[pk] = {set_name: {LEGACY_COUNTER: 1}}
+    # What devices another scheduler allocated consume is taken already: the broker sees only the rest.
+    for pk, consumes in consumption.items():
+        if any(taint.get("key") == s.HELD_OUTSIDE_TAINT for taint in devices.device_taints.get(pk) or ()):
+            node = devices.devices_by_pk[pk][1]
+            for set_name, counters in consumes.items():
+                for counter, amount in counters.items():
+                    if (node, set_name, counter) in values:
+                        values[(node, set_name, counter)] = max(0, values[(node, set_name, counter)] - amount)
+    counter_sets = [
+        replace(
+            counter_set,
+            counters={name: values[(counter_set.node, counter_set.name, name)] for name in counter_set.counters},
+        )
+        for counter_set in counter_sets
+    ]
     records = list(devices.devices)
     consumed = {}
     for pk, consumes in consumption.items():

@@ -1,4 +1,5 @@
-"""Work in: PodGroups (scheduling.k8s.io/v1alpha2), their pods and ResourceClaims become the broker's workloads.
+"""Work in: Workloads and PodGroups (scheduling.k8s.io/v1alpha2), their pods and ResourceClaims become the
+broker's workloads.
 
 A PodGroup is one broker workload with one pod set: its pods (those whose `spec.schedulingGroup` names it
 and whose `schedulerName` is the broker's) are the replicas, its gang policy's `minCount` the gang, its
@@ -7,6 +8,15 @@ workload's. The queue is the PodGroup's queue label (settings.KUBE_QUEUE_LABEL),
 name; the resource class is its resource-class label. Each pod claims its devices through one
 ResourceClaim with one request: `exactly` (a device class and a count) or `firstAvailable` (classes in
 fallback order, one count). The workload is submitted once every pod of the gang and every claim exists.
+
+A PodGroup made from a Workload's PodGroupTemplate names it (`spec.podGroupTemplateRef.workload`). As in
+Kubernetes 1.36 (KEP-5832, "copy/inline"), the PodGroup carries its own copy of the template's policy and
+that copy is what counts: the template supplies only what the PodGroup leaves unset (a scheduling policy
+naming neither gang nor basic, topology constraints, priority, disruption mode, resource claims). Like
+kube-scheduler, the broker takes such a PodGroup only once its Workload and template exist: until then it
+waits, with a condition saying for what. A template the broker cannot take (a topology key no level
+stands for, group-level resource claims) is kept with why; a Workload has no status, so the PodGroups made
+from that template carry it as their condition (InvalidWorkload).
 
 A PodGroup the broker cannot take keeps a reason code and message (`refused`), which the applier writes
 as the PodGroup's condition: an unknown queue or class, a claim the broker cannot read.
@@ -25,8 +35,8 @@ from django.utils import timezone
 from broker.audit.models import record
 from broker.cycle.executor import complete_evictions, complete_pod_evictions, move
 from broker.events import request_cycle_after_commit
-from broker.kube.mirror import level_for_label
-from broker.kube.models import MirroredClaim, MirroredPod, MirroredPodGroup
+from broker.kube.mirror import hold_outside, level_for_label
+from broker.kube.models import MirroredClaim, MirroredPod, MirroredPodGroup, MirroredWorkload
 from broker.policy.models import DeviceClass, Queue, ResourceClass
 from broker.workloads.models import Allocation, DisruptionMode, Workload
 from broker.workloads.services import InvalidSubmission, PodSetRequest, Submission, submit_workload
@@ -50,18 +60,107 @@ def sync_user():
 # --- what the cluster says -----------------------------------------------------------------------------
 
 
-def pod_group_spec(obj):
-    spec = obj.get("spec") or {}
-    gang = ((spec.get("schedulingPolicy") or {}).get("gang") or {}).get("minCount")
-    topology = ((spec.get("schedulingConstraints") or {}).get("topology") or [{}])[0].get("key", "")
+def policy_of(spec):
+    """The scheduling policy fields a PodGroup and a PodGroupTemplate share, as the broker reads them.
+    `policy` is "gang", "basic" or "" (names neither: a PodGroup left it for its template to supply)."""
+    policy = spec.get("schedulingPolicy") or {}
+    gang = policy.get("gang")
     return {
-        "min_count": gang,
-        "topology_key": topology,
+        "policy": "gang" if gang is not None else "basic" if policy.get("basic") is not None else "",
+        "min_count": (gang or {}).get("minCount"),
+        "topology_key": ((spec.get("schedulingConstraints") or {}).get("topology") or [{}])[0].get("key", ""),
         "priority": spec.get("priority"),
         "disruption_mode": spec.get("disruptionMode") or "",
-        "labels": (obj["metadata"].get("labels") or {}),
         "resource_claims": spec.get("resourceClaims") or [],
     }
+
+
+def pod_group_spec(obj):
+    spec = obj.get("spec") or {}
+    reference = (spec.get("podGroupTemplateRef") or {}).get("workload") or {}
+    return {
+        **policy_of(spec),
+        "labels": (obj["metadata"].get("labels") or {}),
+        "template_ref": {"workload": reference["workloadName"], "template": reference["podGroupTemplateName"]}
+        if reference.get("workloadName")
+        else None,
+    }
+
+
+def template_of(template):
+    """A PodGroupTemplate as the broker keeps it: its policy, and why the broker cannot take it, if so."""
+    policy = policy_of(template)
+    refused = ""
+    if policy["topology_key"] and level_for_label(policy["topology_key"]) is None:
+        refused = f"topology key {policy['topology_key']!r} is no topology level the broker knows"
+    elif policy["resource_claims"]:
+        refused = "PodGroup-level resource claims are not brokered yet; claim devices per pod"
+    return {**policy, "refused": refused}
+
+
+# Where the PodGroup leaves a field unset, its template's value counts ("" and [] are unset too).
+UNSET = (None, "", [])
+TEMPLATE_FIELDS = ("policy", "min_count", "topology_key", "priority", "disruption_mode", "resource_claims")
+
+
+def with_template(spec, template):
+    """The PodGroup's own policy, completed by its template's where it left a field unset. The gang's
+    minCount comes with the policy it belongs to: a PodGroup naming a policy keeps its own (basic: none)."""
+    merged = dict(spec)
+    for name in TEMPLATE_FIELDS:
+        if name == "min_count":
+            continue
+        if merged.get(name) in UNSET:
+            merged[name] = template.get(name)
+    if not spec.get("policy"):
+        merged["min_count"] = template.get("min_count")
+    return merged
+
+
+def workloads_changed(cluster, objs):
+    """Create or update the mirrored Workloads; the PodGroups waiting for them are looked at again."""
+    MirroredWorkload.objects.bulk_create(
+        [
+            MirroredWorkload(
+                cluster=cluster,
+                namespace=obj["metadata"]["namespace"],
+                name=obj["metadata"]["name"],
+                uid=obj["metadata"].get("uid", ""),
+                templates={
+                    template["name"]: template_of(template)
+                    for template in (obj.get("spec") or {}).get("podGroupTemplates") or []
+                },
+            )
+            for obj in objs
+        ],
+        update_conflicts=True,
+        unique_fields=["cluster", "namespace", "name"],
+        update_fields=["uid", "templates"],
+    )
+    return reconcile_made_from(cluster, {(obj["metadata"]["namespace"], obj["metadata"]["name"]) for obj in objs})
+
+
+def workload_deleted(cluster, obj):
+    """A Workload gone: PodGroups made from it and not yet taken wait for it again; those the broker took
+    run on (their policy was copied when they were made, and kube-scheduler lets them run too)."""
+    meta = obj["metadata"]
+    deleted, _ = MirroredWorkload.objects.filter(
+        cluster=cluster, namespace=meta["namespace"], name=meta["name"]
+    ).delete()
+    return reconcile_made_from(cluster, {(meta["namespace"], meta["name"])}) if deleted else 0
+
+
+def reconcile_made_from(cluster, workloads):
+    """Look again at the PodGroups not yet taken that name one of `workloads` ((namespace, name) pairs)."""
+    groups = MirroredPodGroup.objects.filter(
+        cluster=cluster, namespace__in={namespace for namespace, _ in workloads}, workload__isnull=True
+    )
+    return sum(
+        reconcile(pk)
+        for pk, namespace, spec in groups.values_list("pk", "namespace", "spec")
+        if (spec.get("template_ref") or {}).get("workload")
+        and (namespace, spec["template_ref"]["workload"]) in workloads
+    )
 
 
 def pod_groups_changed(cluster, objs):
@@ -125,32 +224,85 @@ def claim_requests(obj):
     return requests
 
 
+def allocated_devices(obj):
+    """[[driver, pool, device]] of a claim's status.allocation (empty while it is not allocated)."""
+    results = (((obj.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
+    return sorted([result["driver"], result["pool"], result["device"]] for result in results)
+
+
+def brokers_claims(cluster, namespaces):
+    """(namespace, name) of the claims of the PodGroups the broker took (only those have `claims`, kept
+    after their workload is gone): the only claims it allocates."""
+    groups = MirroredPodGroup.objects.filter(cluster=cluster, namespace__in=namespaces).exclude(claims={})
+    return {
+        (namespace, claim)
+        for namespace, claims in groups.values_list("namespace", "claims")
+        for claim in claims.values()
+    }
+
+
+def outside_marks(rows):
+    """{"namespace/name": devices} of mirrored claims marked as allocated outside the broker."""
+    return {f"{row.namespace}/{row.name}": row.allocated_devices for row in rows if row.outside}
+
+
 def claims_changed(cluster, objs):
+    keys = [(obj["metadata"]["namespace"], obj["metadata"]["name"]) for obj in objs]
+    held = {key: devices for key, obj in zip(keys, objs, strict=True) if (devices := allocated_devices(obj))}
+    ours = brokers_claims(cluster, {namespace for namespace, _ in held}) if held else set()
+    outside = {key for key in held if key not in ours}
+    # Only a claim allocated outside now or before moves a taint: the claims the broker allocates never do.
+    batch = set(keys)
+    before = outside_marks(
+        row
+        for row in MirroredClaim.objects.filter(
+            cluster=cluster, outside=True, namespace__in={ns for ns, _ in keys}, name__in={name for _, name in keys}
+        )
+        if (row.namespace, row.name) in batch
+    )
     # One statement for a batch of claims (the sync hands over each object once per batch).
     MirroredClaim.objects.bulk_create(
         [
             MirroredClaim(
                 cluster=cluster,
-                namespace=obj["metadata"]["namespace"],
-                name=obj["metadata"]["name"],
+                namespace=key[0],
+                name=key[1],
                 uid=obj["metadata"].get("uid", ""),
                 resource_version=obj["metadata"].get("resourceVersion", ""),
                 requests=claim_requests(obj),
                 allocated=bool((obj.get("status") or {}).get("allocation")),
+                allocated_devices=held.get(key, []),
+                outside=key in outside,
             )
-            for obj in objs
+            for key, obj in zip(keys, objs, strict=True)
         ],
         update_conflicts=True,
         unique_fields=["cluster", "namespace", "name"],
-        update_fields=["uid", "resource_version", "requests", "allocated"],
+        update_fields=["uid", "resource_version", "requests", "allocated", "allocated_devices", "outside"],
     )
+    if before or outside:
+        hold_outside(cluster, before, {f"{namespace}/{name}": held[(namespace, name)] for namespace, name in outside})
     return reconcile_waiting(cluster, {obj["metadata"]["namespace"] for obj in objs})
 
 
 def claim_deleted(cluster, obj):
     meta = obj["metadata"]
-    MirroredClaim.objects.filter(cluster=cluster, namespace=meta["namespace"], name=meta["name"]).delete()
+    claims = MirroredClaim.objects.filter(cluster=cluster, namespace=meta["namespace"], name=meta["name"])
+    before = outside_marks(claims)
+    claims.delete()
+    if before:
+        hold_outside(cluster, before, {})
     return 0
+
+
+def take_back(cluster, namespace, claim_names):
+    """Claims of a PodGroup the broker just took were never another scheduler's (seen allocated before
+    their group, as after a sync that lost its database): their devices are no longer held outside."""
+    claims = MirroredClaim.objects.filter(cluster=cluster, namespace=namespace, name__in=claim_names, outside=True)
+    before = outside_marks(claims)
+    if before:
+        claims.update(outside=False)
+        hold_outside(cluster, before, {})
 
 
 def pod_claims(obj):
@@ -307,6 +459,7 @@ def reconcile_locked(pk):
             group.claims = claims
             group.refused = group.refused_message = ""
             group.save(update_fields=["workload", "pods", "claims", "refused", "refused_message"])
+            take_back(group.cluster, group.namespace, set(claims.values()))
     except InvalidSubmission as invalid:
         return refuse(group, "InvalidRequest", "; ".join(flatten(invalid.errors)))
     return 1
@@ -331,6 +484,22 @@ def refuse(group, reason, message):
 def submission_for(group, pods):
     """(Submission, {pod: claim}) once the gang is complete; (None, why it waits) before; raises Refused."""
     spec = group.spec
+    reference = spec.get("template_ref")
+    if reference:
+        mirrored = MirroredWorkload.objects.filter(
+            cluster=group.cluster, namespace=group.namespace, name=reference["workload"]
+        ).first()
+        if mirrored is None:
+            raise Refused("WaitingForWorkload", f"Workload {reference['workload']} does not exist yet")
+        template = mirrored.templates.get(reference["template"])
+        if template is None:
+            raise Refused(
+                "InvalidWorkload", f"Workload {mirrored.name} has no PodGroupTemplate {reference['template']!r}"
+            )
+        if template["refused"]:
+            where = f"Workload {mirrored.name}, PodGroupTemplate {reference['template']}"
+            raise Refused("InvalidWorkload", f"{where}: {template['refused']}")
+        spec = with_template(spec, template)
     labels = spec.get("labels") or {}
     queue_name = labels.get(settings.KUBE_QUEUE_LABEL) or group.namespace
     queue = Queue.objects.select_related("team").filter(name=queue_name).first()
@@ -444,13 +613,20 @@ def end(workload, target, why, manual=False):
 def forget_missing(cluster, resource, present):
     """After a list: what the mirror holds of `resource` that the cluster no longer lists was deleted."""
     present = set(present)  # (namespace, name)
-    model = {"podgroups": MirroredPodGroup, "resourceclaims": MirroredClaim, "pods": MirroredPod}[resource]
+    model = {
+        "workloads": MirroredWorkload,
+        "podgroups": MirroredPodGroup,
+        "resourceclaims": MirroredClaim,
+        "pods": MirroredPod,
+    }[resource]
     gone = [row for row in model.objects.filter(cluster=cluster) if (row.namespace, row.name) not in present]
     objs = [{"metadata": {"namespace": row.namespace, "name": row.name}} for row in gone]
     if resource == "pods":
         pods_deleted(cluster, objs)
     else:
-        handler = {"podgroups": pod_group_deleted, "resourceclaims": claim_deleted}[resource]
+        handler = {"workloads": workload_deleted, "podgroups": pod_group_deleted, "resourceclaims": claim_deleted}[
+            resource
+        ]
         for obj in objs:
             handler(cluster, obj)
     return len(gone)

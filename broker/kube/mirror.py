@@ -12,6 +12,10 @@ list's items) in batches, so the initial list of 10,000 nodes is a few bulk stat
   (quantities parsed: 80Gi is 85899345920) and its taints.
 - DeviceTaintRules: their taint added to every device their selector (driver, pool, device) matches.
 - DeviceClasses: their CEL selectors, joined with &&, become the broker's device class of that name.
+- ResourceClaims another scheduler allocated (kube-scheduler, another DRA scheduler): each device of
+  their `status.allocation` carries a HELD_OUTSIDE_TAINT naming the claim, until the claim lets it go. No
+  toleration lifts it, what it consumes of its counter set is taken from the set (broker.cycle.loader),
+  finance bills it to nobody and the dashboard counts it busy, held outside the broker.
 
 What the cluster says wins: a device or node that vanished is deleted, unless a workload holds (or held) it:
 then it is tainted NoExecute and marked Unhealthy, so the cycle evicts what holds it; its row stays for
@@ -29,8 +33,9 @@ from kubernetes.utils.quantity import parse_quantity
 from broker.audit.models import record
 from broker.events import request_cycle_after_commit
 from broker.inventory.models import ClusterState, Device, Domain, Health, Node, TopologyLevel
-from broker.kube.models import Cluster, MirroredDeviceClass, MirroredNode, MirroredSlice, TaintRule
+from broker.kube.models import Cluster, MirroredClaim, MirroredDeviceClass, MirroredNode, MirroredSlice, TaintRule
 from broker.policy.models import DeviceClass
+from broker.scheduler.snapshot import HELD_OUTSIDE_TAINT
 from broker.workloads.models import Allocation
 
 GONE_TAINT = "broker.capacity.io/gone"
@@ -355,14 +360,18 @@ def slices_changed(cluster, objs):
         for name, device in wanted.items():
             taints = taints_of(device)
             own_taints[name] = taints
+            row = existing.get((node.pk, driver, pool, name))
+            held_outside = [taint for taint in (row.taints if row else []) if taint.get("key") == HELD_OUTSIDE_TAINT]
             fields = {
                 "attributes": attributes_of(driver, device),
                 "capacity": capacity_of(device),
                 "consumes_counters": consumption_of(device, key),
-                "taints": taints + [rule_taint(rule) for rule in rules if rule_matches(rule, driver, pool, name)],
+                # A republished slice leaves the claims of other schedulers where they were.
+                "taints": taints
+                + [rule_taint(rule) for rule in rules if rule_matches(rule, driver, pool, name)]
+                + held_outside,
                 "health": health,
             }
-            row = existing.get((node.pk, driver, pool, name))
             if row is None:
                 new.append(Device(node=node, driver=driver, pool=pool, name=name, **fields))
             elif any(getattr(row, key) != value for key, value in fields.items()):
@@ -387,6 +396,13 @@ def slices_changed(cluster, objs):
                 shared_counters=spec.get("sharedCounters") or [],
             )
         )
+    if new:
+        # A device published again after another scheduler allocated it (its slice went and came back).
+        holders = outside_holders(cluster)
+        for device in new:
+            device.taints += [
+                outside_taint(claim) for claim in holders.get((device.driver, device.pool, device.name), ())
+            ]
     Device.objects.bulk_create(new, batch_size=2000)
     Device.objects.bulk_update(
         updated, ["attributes", "capacity", "consumes_counters", "taints", "health"], batch_size=1000
@@ -547,3 +563,55 @@ def forget_missing(cluster, resource, present):
         names = set(TaintRule.objects.filter(cluster=cluster).values_list("name", flat=True)) - set(present)
         return sum(taint_rule_deleted(cluster, {"metadata": {"name": name}}) for name in names)
     return 0
+
+
+# --- devices other schedulers allocated ----------------------------------------------------------------
+
+
+def outside_taint(claim):
+    return {"key": HELD_OUTSIDE_TAINT, "value": claim, "effect": "NoSchedule"}
+
+
+def outside_holders(cluster):
+    """{(driver, pool, device): [claim]} of every claim of the cluster allocated outside the broker."""
+    holders = {}
+    claims = MirroredClaim.objects.filter(cluster=cluster, outside=True).order_by("namespace", "name")
+    for namespace, name, devices in claims.values_list("namespace", "name", "allocated_devices"):
+        for key in devices:
+            holders.setdefault(tuple(key), []).append(f"{namespace}/{name}")
+    return holders
+
+
+def hold_outside(cluster, before, after):
+    """Move the taints of claims allocated outside the broker: `before` {claim: [[driver, pool, device]]}
+    as last marked, `after` as they are now (a claim missing there holds nothing any more). A device may
+    carry several, one per claim (shared devices). Returns how many devices changed."""
+    claims = set(before) | set(after)
+    keys = {tuple(key) for devices in (*before.values(), *after.values()) for key in devices}
+    if not keys:
+        return 0
+    holders = {}
+    for claim, devices in after.items():
+        for key in devices:
+            holders.setdefault(tuple(key), []).append(claim)
+    candidates = Device.objects.filter(
+        driver__in={key[0] for key in keys}, pool__in={key[1] for key in keys}, name__in={key[2] for key in keys}
+    )
+    updated = []
+    for device in candidates:
+        key = (device.driver, device.pool, device.name)
+        if key not in keys:
+            continue
+        taints = [
+            taint
+            for taint in device.taints
+            if not (taint.get("key") == HELD_OUTSIDE_TAINT and taint.get("value") in claims)
+        ]
+        taints += [outside_taint(claim) for claim in sorted(holders.get(key, ()))]
+        if taints != device.taints:
+            device.taints = taints
+            updated.append(device)
+    Device.objects.bulk_update(updated, ["taints"])
+    if updated:
+        changed(f"{len(updated)} devices allocated outside the broker changed in cluster {cluster.name}")
+    return len(updated)

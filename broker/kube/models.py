@@ -142,6 +142,28 @@ class MirroredPodGroup(models.Model):
         return f"{self.namespace}/{self.name}"
 
 
+class MirroredWorkload(models.Model):
+    """A scheduling.k8s.io/v1alpha2 Workload: the policy templates its PodGroups are made from.
+
+    `templates` holds each PodGroupTemplate by name as the broker reads it (intake.template_of); a template
+    the broker cannot take keeps why under "refused", which its PodGroups then carry as their condition
+    (a Workload has no status of its own to write it to)."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="workloads")
+    namespace = models.CharField(max_length=63)
+    name = models.CharField(max_length=253)
+    uid = models.CharField(max_length=63, blank=True)
+    templates = models.JSONField(default=dict, blank=True, help_text="{template name: its policy}")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "namespace", "name"], name="kube_workload_unique"),
+        ]
+
+    def __str__(self):
+        return f"{self.namespace}/{self.name}"
+
+
 class Action(models.TextChoices):
     BIND = "Bind", "allocate the claims and bind the pods of an admitted workload"
     EVICT = "Evict", "evict the pods of a preempted workload"
@@ -200,6 +222,12 @@ class MirroredClaim(models.Model):
     uid = models.CharField(max_length=63, blank=True)
     requests = models.JSONField(default=list, blank=True)
     allocated = models.BooleanField(default=False)
+    allocated_devices = models.JSONField(
+        default=list, blank=True, help_text="[[driver, pool, device]] of its status.allocation, as last seen."
+    )
+    outside = models.BooleanField(
+        default=False, help_text="Allocated by another scheduler: its devices are held outside the broker."
+    )
     resource_version = models.CharField(
         max_length=63, blank=True, help_text="As last seen: the applier's first write is conditional on it."
     )

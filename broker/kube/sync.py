@@ -85,6 +85,12 @@ INVENTORY = (
 )
 WORK = (
     Resource(
+        "workloads",
+        lambda a: a.scheduling.list_workload_for_all_namespaces,
+        intake.workloads_changed,
+        intake.workload_deleted,
+    ),
+    Resource(
         "podgroups",
         lambda a: a.scheduling.list_pod_group_for_all_namespaces,
         intake.pod_groups_changed,

@@ -55,7 +55,7 @@ from operator import attrgetter, not_
 
 from broker.scheduler.capacity import NODE_LEVEL, _device_key, natural_key
 from broker.scheduler.selectors import ClassMatcher
-from broker.scheduler.snapshot import NO_SCHEDULE_EFFECTS, CycleResult, Snapshot
+from broker.scheduler.snapshot import NO_SCHEDULE_EFFECTS, CycleResult, Snapshot, held_outside
 
 INVALID = "InvalidRequest"
 # Pending for a reason no shape of free capacity would change: such work creates no demand.
@@ -92,6 +92,9 @@ def capacity_by_class(
         unbilled = unbilled_partitions(snapshot, held)
         if unbilled:
             devices = [device for device in devices if device.id not in unbilled]
+    if any(map(_held_outside, devices)):
+        # Allocated by another scheduler: not the broker's to bill, neither to a team nor as idle.
+        devices = [device for device in devices if not _held_outside(device)]
     kinds = list(map(matcher.classes_of, devices))
     per_kind = Counter(kinds)
     is_free = list(map(not_, map(held.__contains__, map(attrgetter("id"), devices))))
@@ -507,6 +510,10 @@ def _held_classes(snapshot: Snapshot, result: CycleResult, devices, is_free) -> 
         for pod in admission.pods:
             holder_class.update(dict.fromkeys(pod.device_ids, admission.device_class))
     return Counter(holder_class[device.id] for device, free in zip(devices, is_free, strict=True) if not free)
+
+
+def _held_outside(device) -> bool:
+    return bool(device.taints) and held_outside(device.taints)
 
 
 def _blocking(taints) -> bool:

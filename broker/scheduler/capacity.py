@@ -19,7 +19,7 @@ from operator import attrgetter, is_not
 from types import MappingProxyType
 
 from broker.scheduler.selectors import ClassMatcher
-from broker.scheduler.snapshot import NO_SCHEDULE_EFFECTS, Snapshot, Toleration
+from broker.scheduler.snapshot import NO_SCHEDULE_EFFECTS, Snapshot, Toleration, held_outside
 
 ROOT = ()  # the whole cluster, as a domain key
 NODE_LEVEL = "node"  # the implicit finest topology level
@@ -1022,6 +1022,8 @@ class Access:
 
     def rank(self, slot: Slot) -> int | None:
         """Preference rank of a non-plain free device, or None when this request may not use it."""
+        if slot.taints and held_outside(slot.taints):
+            return None  # another scheduler's: no request, nor a counterfactual healing, may use it
         if slot.category == BLOCKED and not self.healed:
             return None
         tolerated_rank = RANK_PLAIN

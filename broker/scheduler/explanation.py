@@ -33,6 +33,7 @@ from broker.scheduler.snapshot import (
     PodSet,
     Snapshot,
     Suggestion,
+    held_outside,
     label,
     made,
 )
@@ -423,6 +424,8 @@ class Assessor:
         for slot in self.state.extras:
             if slot.holder is not None or class_index not in slot.classes or access.rank(slot) is not None:
                 continue
+            if slot.taints and held_outside(slot.taints):
+                continue  # another scheduler's: busy, neither unhealthy nor reserved
             if slot.category in (BLOCKED, TAINTED):
                 unhealthy += 1
             elif slot.owner is not None:

@@ -15,6 +15,16 @@ from functools import cached_property
 DRIVER = "gpu.example.com"
 
 NO_SCHEDULE_EFFECTS = ("NoSchedule", "NoExecute")
+# The taint a device another scheduler allocated carries (its value names the claim, one taint a claim):
+# no toleration lifts it (the loader drops any naming it), and finance bills it to nobody (accounting).
+HELD_OUTSIDE_TAINT = "broker.capacity.io/allocated-outside"
+
+
+def held_outside(taints) -> bool:
+    """Whether taints (Taint records) say another scheduler allocated the device: busy, not the broker's
+    to place, heal in a counterfactual, or bill."""
+    return any(taint.key == HELD_OUTSIDE_TAINT for taint in taints)
+
 
 WITHIN_QUEUE_POLICIES = ("Never", "LowerPriority", "LowerOrNewerEqualPriority")
 RECLAIM_POLICIES = ("Never", "LowerPriority", "Any")

@@ -46,3 +46,25 @@ def lab(sync, apiserver):
     ResourceClassDeviceClass.objects.create(resource_class=training, device_class=DeviceClass.objects.get(name="h100"))
     yield apiserver
     forget_everything_loaded()
+
+
+@pytest.fixture
+def mig(sync, apiserver):
+    """One node with one GPU: whole (class h100) or two halves (class h100-half), queue `ml`."""
+    forget_everything_loaded()
+    apiserver.create(objects.node("mig"))
+    apiserver.create(objects.counter_slice("mig"))
+    apiserver.create(objects.partitioned_slice("mig"))
+    apiserver.create(objects.device_class())
+    apiserver.create(objects.device_class("h100-half", objects.H100_HALF))
+    sync.list_all(INVENTORY)
+    team = Team.objects.create(name="ml-team")
+    Queue.objects.create(name="ml", team=team)
+    batch = PriorityClass.objects.create(name="batch", value=100)
+    for name, device_class in (("training", "h100"), ("inference", "h100-half")):
+        resource_class = ResourceClass.objects.create(name=name, display_name=name, priority_class=batch)
+        ResourceClassDeviceClass.objects.create(
+            resource_class=resource_class, device_class=DeviceClass.objects.get(name=device_class)
+        )
+    yield apiserver
+    forget_everything_loaded()

@@ -132,7 +132,9 @@ def pod_group(
     priority=None,
     queue=None,
     disruption_mode="PodGroup",
+    template=None,
 ):
+    """A PodGroup; `template` (workload name, template name) makes it one made from a Workload's template."""
     labels = {"broker.capacity.io/resource-class": resource_class} if resource_class else {}
     if queue:
         labels["broker.capacity.io/queue"] = queue
@@ -141,14 +143,55 @@ def pod_group(
         kind="PodGroup",
         metadata=meta(name, namespace, labels=labels),
         spec=client.V1alpha2PodGroupSpec(
-            scheduling_policy=client.V1alpha2PodGroupSchedulingPolicy(
-                gang=client.V1alpha2GangSchedulingPolicy(min_count=min_count)
-            ),
-            scheduling_constraints=client.V1alpha2PodGroupSchedulingConstraints(
-                topology=[client.V1alpha2TopologyConstraint(key=topology)] if topology else None
-            ),
-            priority=priority,
-            disruption_mode=disruption_mode,
+            pod_group_template_ref=client.V1alpha2PodGroupTemplateReference(
+                workload=client.V1alpha2WorkloadPodGroupTemplateReference(
+                    workload_name=template[0], pod_group_template_name=template[1]
+                )
+            )
+            if template
+            else None,
+            **policy(min_count, topology, priority, disruption_mode),
+        ),
+    )
+
+
+def policy(min_count, topology, priority, disruption_mode):
+    """The policy fields a PodGroup and a PodGroupTemplate share (min_count None: the basic policy)."""
+    return {
+        "scheduling_policy": client.V1alpha2PodGroupSchedulingPolicy(
+            gang=client.V1alpha2GangSchedulingPolicy(min_count=min_count) if min_count else None,
+            basic={} if not min_count else None,
+        ),
+        "scheduling_constraints": client.V1alpha2PodGroupSchedulingConstraints(
+            topology=[client.V1alpha2TopologyConstraint(key=topology)]
+        )
+        if topology
+        else None,
+        "priority": priority,
+        "disruption_mode": disruption_mode,
+    }
+
+
+def workload(name, namespace="ml", templates=None):
+    """A Workload whose templates are {name: {min_count, topology, priority, disruption_mode}}."""
+    templates = templates or {"workers": {}}
+    return client.V1alpha2Workload(
+        api_version="scheduling.k8s.io/v1alpha2",
+        kind="Workload",
+        metadata=meta(name, namespace),
+        spec=client.V1alpha2WorkloadSpec(
+            pod_group_templates=[
+                client.V1alpha2PodGroupTemplate(
+                    name=template_name,
+                    **policy(
+                        fields.get("min_count", 8),
+                        fields.get("topology", RACK),
+                        fields.get("priority"),
+                        fields.get("disruption_mode", "PodGroup"),
+                    ),
+                )
+                for template_name, fields in templates.items()
+            ]
         ),
     )
 
@@ -193,3 +236,17 @@ def gang(cluster, name, pods=8, devices_per_pod=1, namespace="ml", device_class_
     for i in range(pods):
         cluster.create(claim(f"{name}-{i}-gpus", namespace, device_class_name, count=devices_per_pod))
         cluster.create(pod(f"{name}-{i}", name, namespace, claim_name=f"{name}-{i}-gpus"))
+
+
+def allocated(claim_devices):
+    """A ResourceClaim's status with `claim_devices` [(pool, device)] allocated, as a DRA scheduler writes it."""
+    return client.V1ResourceClaimStatus(
+        allocation=client.V1AllocationResult(
+            devices=client.V1DeviceAllocationResult(
+                results=[
+                    client.V1DeviceRequestAllocationResult(request="gpus", driver=DRIVER, pool=pool, device=device)
+                    for pool, device in claim_devices
+                ]
+            )
+        )
+    )

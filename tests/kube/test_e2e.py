@@ -1,8 +1,9 @@
 """End to end: `manage.py kube_sync` and a real Celery worker (cycles and the applier) on PostgreSQL and
 Redis, against the mock API server. 50 nodes with ResourceSlices come in; a PodGroup of 8 pods is
 admitted, its claims allocated and its pods bound on one rack; a PodGroup that cannot fit carries the
-broker's explanation; a cordon in the cluster reaches the broker; a NoExecute device taint evicts the
-running group; a worker killed while it binds, then restarted, binds each pod exactly once."""
+broker's explanation; a cordon in the cluster reaches the broker, and so does a device another scheduler
+allocated; a NoExecute device taint evicts the running group; a worker killed while it binds, then
+restarted, binds each pod exactly once."""
 
 import signal
 import subprocess
@@ -15,12 +16,13 @@ from broker.inventory.models import Device, Node
 from broker.kube.models import MirroredPodGroup
 from broker.kube.tasks import apply_outbox
 from broker.policy.models import DeviceClass, PriorityClass, Queue, ResourceClass, ResourceClassDeviceClass, Team
+from broker.scheduler.snapshot import HELD_OUTSIDE_TAINT
 from broker.workloads.models import Explanation, Workload, WorkloadTransition
 from broker.workloads.states import State
 from tests.e2e.conftest import ROOT, stack_env, stop
 from tests.kube import objects
 from tests.kube.helpers import bound_nodes
-from tests.kube_apiserver import MockCluster
+from tests.kube_apiserver import MockCluster, to_dict
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True, serialized_rollback=True)]
 RACKS, NODES_PER_RACK = 5, 10
@@ -84,6 +86,11 @@ def kube_stack(settings, tmp_path):
             (ROOT / "test-artifacts" / "e2e-kube-stack.log").write_text((tmp_path / "stack.log").read_text())
 
 
+def held_outside(node, device):
+    taints = Device.objects.get(node__name=node, name=device).taints
+    return [taint["value"] for taint in taints if taint["key"] == HELD_OUTSIDE_TAINT]
+
+
 def policy():
     team = Team.objects.create(name="ml-team")
     Queue.objects.create(name="ml", team=team)
@@ -131,6 +138,13 @@ def test_it_brokers_a_cluster_end_to_end(kube_stack):
     # A cordon in the cluster reaches the broker.
     apiserver.apply(objects.node("node-4-9", rack="rack-4", unschedulable=True))
     wait(lambda: Node.objects.get(name="node-4-9").cordoned, "the cordon")
+
+    # A claim another scheduler allocated holds its device in the broker until it is deallocated.
+    apiserver.create(objects.claim("serving", "web"))
+    apiserver.set_status("ResourceClaim", "serving", to_dict(objects.allocated([("node-4-8", "gpu-0")])), "web")
+    wait(lambda: held_outside("node-4-8", "gpu-0") == ["web/serving"], "the device held outside")
+    apiserver.set_status("ResourceClaim", "serving", {"allocation": None}, "web")
+    wait(lambda: held_outside("node-4-8", "gpu-0") == [], "the device released")
 
     # A worker killed while it binds a gang (the API server hangs on one of its bindings), then restarted:
     # each pod is bound exactly once.
