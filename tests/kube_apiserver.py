@@ -13,7 +13,7 @@ client relies on and KMock lacks:
 - the `status` subresource (replace and patch), merge and JSON patches, equality label and field selectors;
 - the pods' `binding` subresource (409 when already bound) and `eviction` subresource;
 - the validation the models cannot express that the broker relies on (a ResourceSlice publishes devices
-  or shared counters, not both).
+  or shared counters, not both; a PriorityClass's value and preemptionPolicy cannot be updated).
 
 Every object stored is deserialized into the official client's own model (and its keys checked against
 what the model serializes back), so what is served cannot drift from the real shapes. The server runs
@@ -63,6 +63,7 @@ KINDS = {
         Kind("resource.k8s.io", "v1beta2", "devicetaintrules", "DeviceTaintRule", "V1beta2DeviceTaintRule", False),
         Kind("scheduling.k8s.io", "v1alpha2", "podgroups", "PodGroup", "V1alpha2PodGroup", True),
         Kind("scheduling.k8s.io", "v1alpha2", "workloads", "Workload", "V1alpha2Workload", True, status=False),
+        Kind("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", "V1PriorityClass", False, status=False),
     )
 }
 BY_KIND = {kind.kind: kind for kind in KINDS.values()}
@@ -111,12 +112,28 @@ def checked(kind, data):
     return data
 
 
-def validated(kind, data):
-    """What the API server's validation refuses that the models cannot: `data`, or raises ShapeError."""
+def defaulted(kind, data):
+    """The defaults the API server fills in that the broker reads."""
+    if kind.kind == "PriorityClass" and not data.get("preemptionPolicy"):
+        data["preemptionPolicy"] = "PreemptLowerPriority"
+    return data
+
+
+def validated(kind, data, current=None):
+    """What the API server's validation refuses that the models cannot: `data` (replacing `current`, if
+    given), or raises ShapeError."""
     if kind.kind == "ResourceSlice":
         spec = data.get("spec") or {}
         if spec.get("devices") and spec.get("sharedCounters"):
             raise ShapeError("ResourceSlice: only one of devices and sharedCounters may be set")
+    if kind.kind == "PriorityClass":
+        if data.get("value") is None:
+            raise ShapeError("PriorityClass: value: Required value")
+        if current is not None:
+            # ValidatePriorityClassUpdate: a new value is a new PriorityClass (delete, then create).
+            for field in ("value", "preemptionPolicy"):
+                if data.get(field) != current.get(field):
+                    raise ShapeError(f"PriorityClass: {field}: Forbidden: may not be changed in an update.")
     return data
 
 
@@ -213,7 +230,7 @@ class ApiServer(kmock.KubernetesScaffold):
         meta = data.setdefault("metadata", {})
         if kind.namespaced:
             meta["namespace"] = namespace or meta.get("namespace") or "default"
-        validated(kind, checked(kind, data))
+        validated(kind, checked(kind, defaulted(kind, data)))
         key = (kind.plural, meta.get("namespace"), meta["name"])
         if key in self.objects:
             raise status_error(409, "AlreadyExists", f'{kind.plural} "{meta["name"]}" already exists')
@@ -251,7 +268,7 @@ class ApiServer(kmock.KubernetesScaffold):
                 updated["metadata"]["generation"] = current["metadata"].get("generation", 1) + 1
         updated = {key: value for key, value in updated.items() if value is not None}
         updated.update(apiVersion=kind.api_version, kind=kind.kind)
-        validated(kind, checked(kind, updated))
+        validated(kind, checked(kind, defaulted(kind, updated)), current)
         return self.store(kind, updated, "MODIFIED")
 
     def patch(self, kind, namespace, name, body, content_type, subresource=None):

@@ -18,8 +18,22 @@ waits, with a condition saying for what. A template the broker cannot take (a to
 stands for, group-level resource claims) is kept with why; a Workload has no status, so the PodGroups made
 from that template carry it as their condition (InvalidWorkload).
 
+Priority, as the Priority admission plugin resolves it for a pod (a PodGroup may carry only the class's
+name: nothing fills in its number): the PodGroup's own `priority` if set, else the value of its
+`priorityClassName`; else its template's, by the same rule; else the value of the `globalDefault`
+PriorityClass (the smallest, if several claim it); else (where Kubernetes says 0) its resource class's
+priority, as for any submission that names none. PriorityClasses (scheduling.k8s.io/v1) are
+mirrored for this. A class the group names that does not exist refuses it (UnknownPriorityClass) until
+the class is created. The priority is resolved once, when the broker takes the group: as in Kubernetes,
+where priority is fixed at admission, a PriorityClass deleted and created again with another value
+(its value cannot be updated) does not re-rank the groups already taken. A PriorityClass with
+`preemptionPolicy: Never` means its groups never preempt others (they may still be preempted); the
+cycle has no such promise per workload yet, so the broker refuses those groups
+(UnsupportedPreemptionPolicy) rather than preempt on their behalf, and never reads Never as "not
+preemptible", which is a different promise.
+
 A PodGroup the broker cannot take keeps a reason code and message (`refused`), which the applier writes
-as the PodGroup's condition: an unknown queue or class, a claim the broker cannot read.
+as the PodGroup's condition: an unknown queue, class or PriorityClass, a claim the broker cannot read.
 
 What the cluster says wins: a bound pod deleted by hand ends its workload (Failed, devices released,
 audited as a manual intervention); pods that all succeeded end it Succeeded; a pod that failed, Failed.
@@ -36,7 +50,14 @@ from broker.audit.models import record
 from broker.cycle.executor import complete_evictions, complete_pod_evictions, move
 from broker.events import request_cycle_after_commit
 from broker.kube.mirror import hold_outside, level_for_label
-from broker.kube.models import MirroredClaim, MirroredPod, MirroredPodGroup, MirroredWorkload
+from broker.kube.models import (
+    MirroredClaim,
+    MirroredPod,
+    MirroredPodGroup,
+    MirroredPriorityClass,
+    MirroredWorkload,
+    PreemptionPolicy,
+)
 from broker.policy.models import DeviceClass, Queue, ResourceClass
 from broker.workloads.models import Allocation, DisruptionMode, Workload
 from broker.workloads.services import InvalidSubmission, PodSetRequest, Submission, submit_workload
@@ -70,6 +91,7 @@ def policy_of(spec):
         "min_count": (gang or {}).get("minCount"),
         "topology_key": ((spec.get("schedulingConstraints") or {}).get("topology") or [{}])[0].get("key", ""),
         "priority": spec.get("priority"),
+        "priority_class": spec.get("priorityClassName") or "",
         "disruption_mode": spec.get("disruptionMode") or "",
         "resource_claims": spec.get("resourceClaims") or [],
     }
@@ -98,9 +120,10 @@ def template_of(template):
     return {**policy, "refused": refused}
 
 
-# Where the PodGroup leaves a field unset, its template's value counts ("" and [] are unset too).
+# Where the PodGroup leaves a field unset, its template's value counts ("" and [] are unset too). Priority
+# is not merged field by field: a PodGroup's own class name beats its template's number (resolved_priority).
 UNSET = (None, "", [])
-TEMPLATE_FIELDS = ("policy", "min_count", "topology_key", "priority", "disruption_mode", "resource_claims")
+TEMPLATE_FIELDS = ("policy", "min_count", "topology_key", "disruption_mode", "resource_claims")
 
 
 def with_template(spec, template):
@@ -414,6 +437,97 @@ def reconcile_named(cluster, namespace, name):
     return reconcile(group.pk) if group is not None else 0
 
 
+# --- PriorityClasses -----------------------------------------------------------------------------------
+
+# Why a group may wait on its PriorityClass: looked at again whenever PriorityClasses change.
+PRIORITY_REFUSALS = ("UnknownPriorityClass", "UnsupportedPreemptionPolicy")
+
+
+def priority_classes_changed(cluster, objs):
+    """Create or update the mirrored PriorityClasses. Groups the broker took keep the priority it resolved
+    when it took them (see the module's docstring); those still waiting and resolving through one of these
+    classes are looked at again."""
+    names = {obj["metadata"]["name"] for obj in objs}
+    was_default = MirroredPriorityClass.objects.filter(cluster=cluster, name__in=names, global_default=True).exists()
+    MirroredPriorityClass.objects.bulk_create(
+        [
+            MirroredPriorityClass(
+                cluster=cluster,
+                name=obj["metadata"]["name"],
+                uid=obj["metadata"].get("uid", ""),
+                value=obj.get("value") or 0,
+                global_default=bool(obj.get("globalDefault")),
+                preemption_policy=obj.get("preemptionPolicy") or PreemptionPolicy.PREEMPT_LOWER_PRIORITY,
+            )
+            for obj in objs
+        ],
+        update_conflicts=True,
+        unique_fields=["cluster", "name"],
+        update_fields=["uid", "value", "global_default", "preemption_policy"],
+    )
+    default_changed = was_default or any(obj.get("globalDefault") for obj in objs)
+    return reconcile_priority_waiting(cluster, names, default_changed)
+
+
+def priority_class_deleted(cluster, obj):
+    name = obj["metadata"]["name"]
+    classes = MirroredPriorityClass.objects.filter(cluster=cluster, name=name)
+    was_default = classes.filter(global_default=True).exists()
+    deleted, _ = classes.delete()
+    return reconcile_priority_waiting(cluster, {name}, was_default) if deleted else 0
+
+
+def reconcile_priority_waiting(cluster, names, default_changed):
+    """Look again at the PodGroups not yet taken that wait on their PriorityClass, or whose priority would
+    resolve through one of `names` (or through the default PriorityClass, when `default_changed`)."""
+    groups = MirroredPodGroup.objects.filter(cluster=cluster, workload__isnull=True)
+    return sum(
+        reconcile(pk)
+        for pk, spec, refused in groups.values_list("pk", "spec", "refused")
+        if refused in PRIORITY_REFUSALS or resolves_through(spec, names, default_changed)
+    )
+
+
+def resolves_through(spec, names, default_changed):
+    if spec.get("priority_class"):
+        return spec["priority_class"] in names
+    if spec.get("priority") is not None:
+        return False
+    # Through its template's class (read only when the group is looked at), or the default.
+    return bool(spec.get("template_ref")) or default_changed
+
+
+def resolved_priority(cluster, own, template, where):
+    """(priority, PriorityClass name or "", preemption policy) of a PodGroup whose own spec is `own` and
+        whose template (None: made from none) is `template`, named `where`: the first of its own priority, its
+        own class's value, its template's priority, its template's class's value, the default class's value,
+    else None (the resource class's priority, see the end).
+        A number set wins over the class named beside it (Priority admission sets it from that class; the class
+        may have gone since). Raises Refused for a class named and needed that does not exist."""
+    for source, named_by in ((own, "the PodGroup's priorityClassName"), (template, f"priorityClassName of {where}")):
+        if source is None:
+            continue
+        name = source.get("priority_class") or ""
+        if source.get("priority") is None and not name:
+            continue
+        known = MirroredPriorityClass.objects.filter(cluster=cluster, name=name).first() if name else None
+        if source.get("priority") is not None:
+            policy = known.preemption_policy if known else PreemptionPolicy.PREEMPT_LOWER_PRIORITY
+            return source["priority"], name if known else "", policy
+        if known is None:
+            raise Refused("UnknownPriorityClass", f"no PriorityClass named {name!r} ({named_by})")
+        return known.value, known.name, known.preemption_policy
+    # Kubernetes: "if more than one PriorityClass has globalDefault set, the smallest value is used".
+    default = (
+        MirroredPriorityClass.objects.filter(cluster=cluster, global_default=True).order_by("value", "name").first()
+    )
+    if default is not None:
+        return default.value, default.name, default.preemption_policy
+    # Kubernetes would say 0 here; the broker's answer is the group's resource class's priority, as for
+    # any submission that names none (so a cluster without PriorityClasses ranks groups as before).
+    return None, "", PreemptionPolicy.PREEMPT_LOWER_PRIORITY
+
+
 # --- from the cluster's words to a workload ------------------------------------------------------------
 
 
@@ -485,6 +599,7 @@ def submission_for(group, pods):
     """(Submission, {pod: claim}) once the gang is complete; (None, why it waits) before; raises Refused."""
     spec = group.spec
     reference = spec.get("template_ref")
+    template = where = None
     if reference:
         mirrored = MirroredWorkload.objects.filter(
             cluster=group.cluster, namespace=group.namespace, name=reference["workload"]
@@ -496,8 +611,8 @@ def submission_for(group, pods):
             raise Refused(
                 "InvalidWorkload", f"Workload {mirrored.name} has no PodGroupTemplate {reference['template']!r}"
             )
+        where = f"Workload {mirrored.name}, PodGroupTemplate {reference['template']}"
         if template["refused"]:
-            where = f"Workload {mirrored.name}, PodGroupTemplate {reference['template']}"
             raise Refused("InvalidWorkload", f"{where}: {template['refused']}")
         spec = with_template(spec, template)
     labels = spec.get("labels") or {}
@@ -514,6 +629,15 @@ def submission_for(group, pods):
             "UnknownResourceClass",
             f"label {settings.KUBE_RESOURCE_CLASS_LABEL} must name a resource class"
             + (f"; there is none named {class_name!r}" if class_name else ""),
+        )
+    priority, priority_class, preemption_policy = resolved_priority(group.cluster, group.spec, template, where)
+    if preemption_policy == PreemptionPolicy.NEVER:
+        # Never means "does not preempt others", not "may not be preempted" (Workload.preemptible, which
+        # stays the resource class's): the cycle cannot promise the former per workload, so the group waits.
+        raise Refused(
+            "UnsupportedPreemptionPolicy",
+            f"PriorityClass {priority_class} has preemptionPolicy Never; the broker cannot yet keep a group from "
+            "preempting lower-priority work, so it takes only groups whose class is PreemptLowerPriority",
         )
     topology = ""
     if spec.get("topology_key"):
@@ -553,7 +677,6 @@ def submission_for(group, pods):
     unknown = [name for name in classes if not DeviceClass.objects.filter(name=name).exists()]
     if unknown:
         raise Refused("InvalidRequest", f"unknown device class {', '.join(unknown)}")
-    priority = spec.get("priority")
     return (
         Submission(
             name=f"{group.namespace}-{group.name}"[:94] + f"-{group.uid[:5]}",
@@ -613,6 +736,12 @@ def end(workload, target, why, manual=False):
 def forget_missing(cluster, resource, present):
     """After a list: what the mirror holds of `resource` that the cluster no longer lists was deleted."""
     present = set(present)  # (namespace, name)
+    if resource == "priorityclasses":
+        names = set(MirroredPriorityClass.objects.filter(cluster=cluster).values_list("name", flat=True))
+        gone = names - {name for _, name in present}
+        for name in sorted(gone):
+            priority_class_deleted(cluster, {"metadata": {"name": name}})
+        return len(gone)
     model = {
         "workloads": MirroredWorkload,
         "podgroups": MirroredPodGroup,

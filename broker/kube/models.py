@@ -237,3 +237,29 @@ class MirroredClaim(models.Model):
 
     def __str__(self):
         return f"{self.namespace}/{self.name}"
+
+
+class PreemptionPolicy(models.TextChoices):
+    PREEMPT_LOWER_PRIORITY = "PreemptLowerPriority", "may preempt lower-priority work"
+    NEVER = "Never", "never preempts; may still be preempted"
+
+
+class MirroredPriorityClass(models.Model):
+    """A scheduling.k8s.io/v1 PriorityClass: what a PodGroup's `priorityClassName` (or its template's)
+    stands for, and the cluster's default priority (`globalDefault`). Read when the broker takes a group,
+    as Kubernetes' Priority admission resolves it when a pod is created (broker.kube.intake)."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="priority_classes")
+    name = models.CharField(max_length=253)
+    uid = models.CharField(max_length=63, blank=True)
+    value = models.IntegerField()
+    global_default = models.BooleanField(default=False)
+    preemption_policy = models.CharField(
+        max_length=24, choices=PreemptionPolicy.choices, default=PreemptionPolicy.PREEMPT_LOWER_PRIORITY
+    )
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["cluster", "name"], name="kube_priority_class_unique")]
+
+    def __str__(self):
+        return f"{self.cluster}/{self.name} ({self.value})"

@@ -65,6 +65,7 @@ class Apis:
         self.resource = client.ResourceV1Api(api)
         self.taints = client.ResourceV1beta2Api(api)
         self.scheduling = client.SchedulingV1alpha2Api(api)
+        self.priorities = client.SchedulingV1Api(api)
 
 
 INVENTORY = (
@@ -84,6 +85,13 @@ INVENTORY = (
     Resource("resourceslices", lambda a: a.resource.list_resource_slice, mirror.slices_changed, mirror.slice_deleted),
 )
 WORK = (
+    # First: a PodGroup's priority resolves through them when the broker takes it.
+    Resource(
+        "priorityclasses",
+        lambda a: a.priorities.list_priority_class,
+        intake.priority_classes_changed,
+        intake.priority_class_deleted,
+    ),
     Resource(
         "workloads",
         lambda a: a.scheduling.list_workload_for_all_namespaces,

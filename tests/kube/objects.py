@@ -133,6 +133,7 @@ def pod_group(
     queue=None,
     disruption_mode="PodGroup",
     template=None,
+    priority_class=None,
 ):
     """A PodGroup; `template` (workload name, template name) makes it one made from a Workload's template."""
     labels = {"broker.capacity.io/resource-class": resource_class} if resource_class else {}
@@ -150,12 +151,12 @@ def pod_group(
             )
             if template
             else None,
-            **policy(min_count, topology, priority, disruption_mode),
+            **policy(min_count, topology, priority, disruption_mode, priority_class),
         ),
     )
 
 
-def policy(min_count, topology, priority, disruption_mode):
+def policy(min_count, topology, priority, disruption_mode, priority_class=None):
     """The policy fields a PodGroup and a PodGroupTemplate share (min_count None: the basic policy)."""
     return {
         "scheduling_policy": client.V1alpha2PodGroupSchedulingPolicy(
@@ -168,12 +169,13 @@ def policy(min_count, topology, priority, disruption_mode):
         if topology
         else None,
         "priority": priority,
+        "priority_class_name": priority_class,
         "disruption_mode": disruption_mode,
     }
 
 
 def workload(name, namespace="ml", templates=None):
-    """A Workload whose templates are {name: {min_count, topology, priority, disruption_mode}}."""
+    """A Workload whose templates are {name: {min_count, topology, priority, disruption_mode, priority_class}}."""
     templates = templates or {"workers": {}}
     return client.V1alpha2Workload(
         api_version="scheduling.k8s.io/v1alpha2",
@@ -188,11 +190,23 @@ def workload(name, namespace="ml", templates=None):
                         fields.get("topology", RACK),
                         fields.get("priority"),
                         fields.get("disruption_mode", "PodGroup"),
+                        fields.get("priority_class"),
                     ),
                 )
                 for template_name, fields in templates.items()
             ]
         ),
+    )
+
+
+def priority_class(name, value, global_default=None, preemption_policy=None):
+    return client.V1PriorityClass(
+        api_version="scheduling.k8s.io/v1",
+        kind="PriorityClass",
+        metadata=meta(name),
+        value=value,
+        global_default=global_default,
+        preemption_policy=preemption_policy,
     )
 
 

@@ -188,6 +188,7 @@ def test_it_lists_every_resource_kind_it_watches(sync, lab):
         "resourceslices",
         "deviceclasses",
         "devicetaintrules",
+        "priorityclasses",
         "workloads",
         "podgroups",
         "resourceclaims",
