@@ -42,10 +42,9 @@ from django.db.models.functions import Cast, Coalesce
 
 from broker.audit.models import AuditEvent
 from broker.costs.models import CapacitySample
-from broker.costs.rollup import rolled_until
 from broker.flat_rows import fetch_rows
 from broker.inventory.models import Device, TopologyLevel
-from broker.metrics.models import PendingSecondsRollup
+from broker.metrics.models import PendingSecondsProgress, PendingSecondsRollup
 from broker.policy import roles
 from broker.policy.models import ResourceClass, ResourceClassDeviceClass, Team
 from broker.workloads.models import (
@@ -283,7 +282,7 @@ def pending_us_by_hour(now, start, end):
 def rolled_pending_us(now):
     """(the rollup's {(reason, team id, resource class id): microseconds}, the moment it covers up to),
     or ({}, None) when nothing before `now` is rolled up."""
-    until = rolled_until(PendingSecondsRollup.PROGRESS)
+    until = PendingSecondsProgress.reached()
     if until is None or until > now:
         return {}, None
     rows = (
