@@ -355,13 +355,14 @@ def fallbacks_used():
         .annotate(head=KeyTextTransform("0", "device_classes"))
         .order_by("workload_id", "id")
     )
-    for workload_id, head in pod_sets.values_list("workload_id", "head"):
+    # Both read flat: Django's row iteration of 50,000 rows each cost more than the queries.
+    for workload_id, head in fetch_rows(pod_sets.values_list("workload_id", "head")):
         own_heads.setdefault(workload_id, head)  # the first pod set only
     counts = Counter()
     admitted = Workload.objects.filter(chosen_device_class__isnull=False).values_list(
         "id", "resource_class_id", "chosen_device_class__name", "team__name", "resource_class__name"
     )
-    for workload_id, resource_class_id, chosen, team, resource_class in admitted:
+    for workload_id, resource_class_id, chosen, team, resource_class in fetch_rows(admitted):
         first = own_heads.get(workload_id)
         if first is None:
             first = menu_heads.get(resource_class_id)
