@@ -28,14 +28,12 @@ from django.utils import timezone
 
 from broker import events
 from broker.audit.models import record
-from broker.costs import rolling
 from broker.costs.sampling import capacity_rows, record_capacity_sample
 from broker.cycle.admissions import HISTORY_COLUMNS, AdmissionWriter
 from broker.cycle.bulk import JsonText, column_in, insert_rows, pk_in, upsert_rows
 from broker.cycle.loader import as_text, load_snapshot
 from broker.cycle.refusals import StaleSnapshot
 from broker.inventory.models import ClusterState, Device, Health, InventoryRevision
-from broker.metrics import rolling as metrics_rolling
 from broker.scheduler.accounting import capacity_by_class
 from broker.scheduler.snapshot import CycleResult, PendingDecision
 from broker.workloads.models import Allocation, Explanation, ExplanationChange, SchedulingCycle, Workload
@@ -170,10 +168,6 @@ def write_result(decider, snapshot, loaded, cycle):
     transaction.on_commit(lambda: broadcast(delta.message()))
     # After commit, and only if it commits; a failed sample must not undo a cycle.
     transaction.on_commit(lambda: record_capacity(snapshot, result, loaded), robust=True)
-    # After the sample: the hour it closes may be rolled up now. Robust for the same reason.
-    transaction.on_commit(lambda: rolling.catch_up(loaded.now), robust=True)
-    # The scrape's seconds by reason read their whole past hours from a rollup too.
-    transaction.on_commit(lambda: metrics_rolling.catch_up(loaded.now), robust=True)
     return result, delta
 
 

@@ -7,9 +7,7 @@ class PendingSecondsRollup(models.Model):
 
     Ids, not foreign keys, as the cost rollups: the scrape names them as they are now, the way the
     direct computation names a workload's team and class. Integer microseconds, so the hours add up
-    to the direct figure exactly. Progress is kept in broker.costs' RollupProgress under PROGRESS."""
-
-    PROGRESS = "pending_seconds"
+    to the direct figure exactly. How far it reaches is PendingSecondsProgress."""
 
     hour = models.DateTimeField()
     reason = models.CharField(max_length=32)
@@ -19,3 +17,17 @@ class PendingSecondsRollup(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["hour"])]
+
+
+class PendingSecondsProgress(models.Model):
+    """Every hour before `until` is in PendingSecondsRollup (an hour without a row had no waiting).
+    One row, ROW; none before the first catch-up."""
+
+    ROW = 1
+
+    until = models.DateTimeField()
+
+    @classmethod
+    def reached(cls):
+        """`until`, or None before the first catch-up."""
+        return cls.objects.filter(pk=cls.ROW).values_list("until", flat=True).first()

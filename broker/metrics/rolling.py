@@ -4,7 +4,9 @@ the direct computation counts in it and the scrape walks only the time since.
 
 The rules are the cost rollups' (broker/costs/rolling.py): an hour is rolled up LATE_WRITES after it
 ended, as the cycle and the executor stamp their rows with the time they began and commit a moment
-later; the cycle's commit calls catch_up, a bounded number of hours at a time.
+later; a periodic task calls catch_up (broker/metrics/tasks.py: Celery beat, or the embedded default's
+loop), a bounded number of hours at a time. The scrape reads the whole hours not rolled up yet from the
+history itself, so a rollup that lags costs time, never correctness.
 
 What the rollup keeps that the direct computation would not: the seconds of a workload deleted since
 (its history cascades away), and of history removed by HISTORY_RETENTION_DAYS. A Prometheus counter
@@ -16,16 +18,17 @@ from __future__ import annotations
 from django.db import transaction
 from django.db.models import Min
 
-from broker.costs.models import RollupProgress
 from broker.costs.rolling import LATE_WRITES
 from broker.costs.rollup import HOUR, hour_floor
 from broker.metrics import queries
-from broker.metrics.models import PendingSecondsRollup
+from broker.metrics.models import PendingSecondsProgress, PendingSecondsRollup
 from broker.workloads.models import ExplanationChange
 
 # One batch walks every workload with history after its first hour, so a day costs about what one hour
-# costs: at 100k devices (40,000 changes) about a second, and a month catches up in 30 cycles.
+# costs: at 100k devices (40,000 changes) about a second, and a month catches up in 30 batches.
 HOURS_PER_BATCH = 24
+# Batches of one periodic run (broker/metrics/tasks.py): a week of history.
+BATCHES_PER_RUN = 7
 
 
 def catch_up(now, batches=1):
@@ -42,12 +45,12 @@ def catch_up(now, batches=1):
 
 
 def _one_batch(target, now):
-    name = PendingSecondsRollup.PROGRESS
+    row = PendingSecondsProgress.ROW
     with transaction.atomic():
-        if not RollupProgress.objects.filter(name=name).exists():
-            RollupProgress.objects.get_or_create(name=name, defaults={"until": _start(target)})
+        if not PendingSecondsProgress.objects.filter(pk=row).exists():
+            PendingSecondsProgress.objects.get_or_create(pk=row, defaults={"until": _start(target)})
         # Locked: two processes catching up at once would write an hour twice.
-        progress = RollupProgress.objects.select_for_update().get(name=name)
+        progress = PendingSecondsProgress.objects.select_for_update().get(pk=row)
         if progress.until >= target:
             return 0
         end = min(target, progress.until + HOURS_PER_BATCH * HOUR)
@@ -76,4 +79,4 @@ def forget():
     """Drop the rollup: the next catch_up starts again from the first change (a restart from empty)."""
     with transaction.atomic():
         PendingSecondsRollup.objects.all().delete()
-        RollupProgress.objects.filter(name=PendingSecondsRollup.PROGRESS).delete()
+        PendingSecondsProgress.objects.all().delete()

@@ -122,9 +122,10 @@ def test_it_splits_a_raw_amount_beyond_64_bits_exactly(cluster):
     assert (high << rollup.RAW_SPLIT) + low == raw
 
 
-def test_it_keeps_the_rollup_when_the_cycle_commits(cluster, django_capture_on_commit_callbacks):
+def test_it_rolls_up_in_the_periodic_task_not_in_the_cycles_commit(cluster, django_capture_on_commit_callbacks):
     from django.utils import timezone
 
+    from broker.costs import tasks
     from broker.cycle.runner import run_once
 
     job = submit(
@@ -133,9 +134,31 @@ def test_it_keeps_the_rollup_when_the_cycle_commits(cluster, django_capture_on_c
     job.transition(State.PENDING, at=timezone.now() - 5 * H)
     with django_capture_on_commit_callbacks(execute=True):
         assert run_once() is not None
+    assert not RollupProgress.objects.exists(), "the cycle's path rolls nothing up"
+
+    assert tasks.roll_up()["pending"] >= 5
     progress = RollupProgress.objects.get(name=rollup.PENDING).until
     assert progress == rollup.hour_floor(timezone.now() - rolling.LATE_WRITES)
     assert PendingRollup.objects.filter(team_id=cluster.team_a.pk).count() >= 4
+
+
+def test_it_runs_the_catch_up_from_celery_beat(settings):
+    from broker.celery import app
+
+    entry = settings.CELERY_BEAT_SCHEDULE["cost-rollups"]
+    assert entry["task"] == "broker.costs.tasks.roll_up" in app.tasks
+    assert entry["schedule"] == settings.ROLLUP_INTERVAL_SECONDS
+
+
+def test_it_reports_the_same_while_the_rollup_lags_behind(cluster):
+    """Whole hours past but not rolled up yet are read from the history: a lagging rollup changes nothing."""
+    busy_history(cluster)
+    expected = reports(cluster)
+    assert rolling.catch_up(NOW) == {"costs": rolling.HOURS_PER_BATCH, "pending": rolling.HOURS_PER_BATCH}
+    lagging_until = RollupProgress.objects.get(name=rollup.COSTS).until
+    assert lagging_until < rollup.hour_floor(NOW) - 20 * H
+    assert rollup.covered(rollup.PENDING, WINDOWS[0][0], WINDOWS[0][1], NOW) == (NOV + H, lagging_until)
+    assert reports(cluster) == expected
 
 
 def test_it_catches_up_a_long_history_a_bounded_number_of_hours_per_call(cluster):
@@ -143,3 +166,37 @@ def test_it_catches_up_a_long_history_a_bounded_number_of_hours_per_call(cluster
     assert rolling.catch_up(NOW) == {"costs": rolling.HOURS_PER_BATCH, "pending": rolling.HOURS_PER_BATCH}
     assert RollupProgress.objects.get(name=rollup.COSTS).until == NOV - 2 * H + rolling.HOURS_PER_BATCH * H
     assert rolling.catch_up(NOW)["costs"] == rolling.HOURS_PER_BATCH
+
+
+def test_it_catches_up_in_the_embedded_loop_at_start_and_then_every_interval(cluster, settings, monkeypatch):
+    """Without Celery the embedded default's loop does what beat does: both rollups, as often."""
+    from django.utils import timezone
+
+    from broker.cycle import embedded
+    from broker.metrics import tasks as metrics_tasks
+    from broker.metrics.models import PendingSecondsProgress
+
+    settings.ROLLUP_INTERVAL_SECONDS = 60
+    job = submit(cluster.queue_a, name="earlier", devices_per_pod=2, at=timezone.now() - 5 * H)
+    job.transition(State.PENDING, at=timezone.now() - 5 * H)
+    ExplanationChange.objects.create(workload=job, reason="Priority", message="held", at=timezone.now() - 5 * H)
+    monkeypatch.setattr(embedded, "run_once", lambda: None)  # this test is about the rollup step
+    runner = embedded.Runner(interval=1)
+    runner.step(embedded.get_executor())
+
+    reached = rollup.hour_floor(timezone.now() - rolling.LATE_WRITES)
+    assert RollupProgress.objects.get(name=rollup.PENDING).until == reached
+    assert PendingSecondsProgress.reached() == reached
+    now = timezone.now()
+    assert runner.roll_up_when_due(now + M / 2) is None
+    assert runner.roll_up_when_due(now + 2 * M) == {
+        "costs": {"costs": 0, "pending": 0},
+        "pending_seconds": 0,
+    }
+
+    def broken():
+        raise RuntimeError("cost rollup broken")
+
+    monkeypatch.setattr(embedded.cost_tasks, "roll_up", broken)
+    monkeypatch.setattr(metrics_tasks, "roll_up", lambda: 7)
+    assert runner.roll_up_when_due(now + 3 * rollup.HOUR) == {"pending_seconds": 7}

@@ -4,11 +4,10 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from broker.costs.models import RollupProgress
 from broker.cycle.executor import SimulatedExecutor
 from broker.cycle.runner import run_once
 from broker.metrics import queries, rolling
-from broker.metrics.models import PendingSecondsRollup
+from broker.metrics.models import PendingSecondsProgress, PendingSecondsRollup
 from broker.workloads.states import State
 from tests.cycle.helpers import pending
 from tests.metrics.conftest import admit_and_run, explain, submitted
@@ -20,7 +19,7 @@ def direct(now):
 
 
 def rolled_until():
-    return RollupProgress.objects.get(name=PendingSecondsRollup.PROGRESS).until
+    return PendingSecondsProgress.reached()
 
 
 def test_it_rolls_up_the_history_to_exactly_the_direct_seconds(history):
@@ -101,11 +100,54 @@ def test_it_matches_the_direct_seconds_after_cycles_and_a_restart_from_empty(clu
     assert queries.pending_seconds_by_reason(later) == expected
 
 
-def test_it_starts_the_rollup_on_a_cycles_commit(cluster, django_capture_on_commit_callbacks):
-    pending(cluster.queue_b, "too-big", replicas=3, devices_per_pod=4, resource_class=cluster.training)
+def test_it_starts_the_rollup_in_the_periodic_task_not_in_the_cycles_commit(
+    cluster, django_capture_on_commit_callbacks
+):
+    from broker.metrics import tasks
 
+    pending(cluster.queue_b, "too-big", replicas=3, devices_per_pod=4, resource_class=cluster.training)
     with django_capture_on_commit_callbacks(execute=True):
         run_once()
+    assert rolled_until() is None, "the cycle's path rolls nothing up"
 
+    assert tasks.roll_up() == 0
     # Nothing whole is past yet: the rollup starts at the hour of the first change and waits there.
     assert rolled_until() == (timezone.now() - rolling.LATE_WRITES).replace(minute=0, second=0, microsecond=0)
+
+
+def test_it_runs_the_catch_up_from_celery_beat(settings):
+    from broker.celery import app
+
+    entry = settings.CELERY_BEAT_SCHEDULE["pending-seconds-rollup"]
+    assert entry["task"] == "broker.metrics.tasks.roll_up" in app.tasks
+    assert entry["schedule"] == settings.ROLLUP_INTERVAL_SECONDS
+
+
+def test_it_scrapes_the_same_while_the_rollup_lags_behind(history):
+    """Whole hours past but not rolled up yet are walked from the history: a lagging rollup changes nothing."""
+    now = timezone.now()
+    expected = direct(now)
+    assert rolling.catch_up(now, batches=2) == 2 * rolling.HOURS_PER_BATCH
+    assert rolled_until() < now - timedelta(days=7)
+    assert queries.pending_seconds_by_reason(now) == expected
+
+
+def test_it_carries_the_progress_over_from_the_costs_table(db):
+    """Migration 0002: the progress kept under the costs' progress table moves to its own, unchanged."""
+    import importlib
+
+    from django.apps import apps
+
+    from broker.costs.models import RollupProgress
+
+    migration = importlib.import_module("broker.metrics.migrations.0002_pending_seconds_progress")
+    until = timezone.now().replace(minute=0, second=0, microsecond=0)
+    RollupProgress.objects.create(name="pending_seconds", until=until)
+    RollupProgress.objects.create(name="costs", until=until - timedelta(hours=3))
+
+    migration.carry_over(apps, None)
+
+    assert PendingSecondsProgress.reached() == until
+    assert list(RollupProgress.objects.values_list("name", flat=True)) == ["costs"]
+    migration.carry_back(apps, None)
+    assert RollupProgress.objects.get(name="pending_seconds").until == until
