@@ -211,8 +211,8 @@ def cluster_state():
 
 
 def drive(pages, target):
-    """Let the executor start and finish work, each step asking for a cycle, until the worker's cycles
-    have admitted `target` workloads in all."""
+    """Let the executor start and finish work until the worker's cycles have admitted `target` workloads
+    in all."""
     deadline = time.monotonic() + DRIVE_SECONDS
     steps = 0
     while admissions() < target:
@@ -343,11 +343,11 @@ def test_it_keeps_every_open_page_equal_to_a_fresh_load_through_bursts_and_drops
         print(f"burst {index} at {time.monotonic() - began:.1f} s, {admissions()} admissions", flush=True)
         burst(cluster, rng, submitter, operator, pages, f"burst{index}")
         after = time.time() * 1000
-        t0 = time.monotonic()
+        settling = time.monotonic()
         cycle = settle(pages)
-        t1 = time.monotonic()
+        comparing = time.monotonic()
         assert_pages_true(pages, cycle, after)
-        print(f"settled {t1 - t0:.1f} s, compared {time.monotonic() - t1:.1f} s", flush=True)
+        print(f"settled in {comparing - settling:.1f} s, compared in {time.monotonic() - comparing:.1f} s", flush=True)
         assert_counts_agree(pages[0], pages[1])
 
     # Every socket dropped; the pages miss a whole burst, then reconnect and catch up.
