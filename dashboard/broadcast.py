@@ -171,6 +171,8 @@ def cycle_delta(user, event):
         "type": "delta",
         "cycle": event.get("cycle"),
         "workloads": workload_rows(user, moved),
+        # More moved than a delta carries rows for: a page showing single workloads reads its own.
+        "rows_cut": len(moved) > MAX_ROWS,
         "admitted": sorted(
             queries.visible_workloads(user).filter(pk__in=admitted[:MAX_ROWS]).values_list("id", flat=True)
         ),
@@ -194,6 +196,7 @@ def inventory_delta(user, event):
         "type": "delta",
         "cycle": None,
         "workloads": [],
+        "rows_cut": False,
         "admitted": [],
         "hidden": {"admitted": 0, "preempted": 0, "changed": 0},
         "counters": queries.counters(user, shared["summary"]),

@@ -22,7 +22,18 @@ from dashboard.consumers import LiveConsumer
 
 pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
 
-DELTA_KEYS = {"type", "cycle", "workloads", "admitted", "hidden", "counters", "pending_by_reason", "capacity", "racks"}
+DELTA_KEYS = {
+    "type",
+    "cycle",
+    "workloads",
+    "rows_cut",
+    "admitted",
+    "hidden",
+    "counters",
+    "pending_by_reason",
+    "capacity",
+    "racks",
+}
 
 
 def communicator_for(user):
@@ -248,3 +259,14 @@ def test_it_sends_a_socket_that_fell_behind_one_delta_for_the_events_that_queued
     assert merged["cycle"] == later.pk
     assert {row["name"] for row in merged["workloads"]} == {"secret-b"}
     assert {cell["id"] for cell in merged["racks"]} == {scene.r2.pk}
+
+
+def test_it_says_when_a_delta_left_rows_out(scene, cluster, olivia, monkeypatch):
+    """A page that shows single workloads reads its own rows when a delta could not carry them all."""
+    event = admit_big_a(scene, cluster)
+    assert broadcast.cycle_delta(olivia, event)["rows_cut"] is False
+    monkeypatch.setattr(broadcast, "MAX_ROWS", 1)
+    delta = broadcast.cycle_delta(olivia, event)
+    assert delta["rows_cut"] is True
+    assert len(delta["workloads"]) == 1
+    assert broadcast.inventory_delta(olivia, {"racks": [scene.r1.pk]})["rows_cut"] is False
