@@ -22,6 +22,7 @@ from collections import Counter
 import pytest
 from django.utils import timezone
 
+from broker.audit.models import AuditEvent
 from broker.cycle.executor import get_executor, move
 from broker.cycle.triggers import request_cycle
 from broker.inventory import services as inventory_services
@@ -379,10 +380,13 @@ def test_it_keeps_every_open_page_equal_to_a_fresh_load_through_bursts_and_drops
     admitted = admissions()
     completions = WorkloadTransition.objects.filter(to_state=State.SUCCEEDED).count()
     running = Workload.objects.filter(state__in=(State.ADMITTED, State.RUNNING)).count()
+    failed = AuditEvent.objects.filter(action="device.mark_unhealthy").count()
+    cordoned = AuditEvent.objects.filter(action="node.cordon").count()
     print(
         f"{time.monotonic() - began:.1f} s: cycles {last_cycle() - started}, admissions {admitted}, "
-        f"completions {completions}, running {running}"
+        f"completions {completions}, running {running}, busy devices failed {failed}, nodes cordoned {cordoned}"
     )
+    assert (failed, cordoned) == (3 * (BURSTS + 2), BURSTS + 2)
     assert admitted >= MIN_ADMISSIONS
     # Admitted work either finished or still runs, bar the few preempted or cancelled on the way.
     assert completions >= admitted - running - admitted // 20
