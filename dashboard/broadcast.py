@@ -126,8 +126,36 @@ def counts_hidden(user, ids):
     return len(ids) - visible
 
 
+def merge_events(events):
+    """One event for several that queued for a socket, in order: the last cycle's, with the workloads of
+    every cycle among them and the racks of every inventory change (`racks`), or one inventory change
+    of all their racks when no cycle is among them."""
+    cycles = [event for event in events if event.get("type") == "cycle.committed"]
+    racks = sorted(
+        {rack for event in events if event.get("type") == "inventory.changed" for rack in _ids(event.get("racks"))}
+    )
+    if not cycles:
+        return {"type": "inventory.changed", "racks": racks}
+    if len(cycles) == 1 and not racks:
+        return cycles[0]
+    merged = {"type": "cycle.committed", "cycle": cycles[-1].get("cycle")}
+    for key in ("admitted", "preempted", "explanations"):
+        merged[key] = list(dict.fromkeys(pk for event in cycles for pk in _ids(event.get(key))))
+    merged["racks"] = racks
+    return merged
+
+
+def delta_for(user, events):
+    """One user's delta for the events that queued for their socket (a list, oldest first)."""
+    event = merge_events(events)
+    if event["type"] == "cycle.committed":
+        return cycle_delta(user, event)
+    return inventory_delta(user, event)
+
+
 def cycle_delta(user, event):
-    """One user's view of a committed cycle."""
+    """One user's view of a committed cycle (`racks`: more racks whose cells it carries, those of
+    inventory changes merged into it)."""
     user = fresh_user(user)
     admitted, preempted, changed = (
         _ids(event.get("admitted")),
@@ -135,11 +163,16 @@ def cycle_delta(user, event):
         _ids(event.get("explanations")),
     )
     moved = list(dict.fromkeys([*admitted, *preempted, *changed]))
-    shared = shared_state(("cycle", event.get("cycle")), racks=lambda: touched_racks([*admitted, *preempted]))
+    more_racks = set(_ids(event.get("racks")))
+    # Keyed by what the racks depend on: sockets that merged different events need different cells.
+    key = ("cycle", event.get("cycle"), frozenset(admitted) | frozenset(preempted), frozenset(more_racks))
+    shared = shared_state(key, racks=lambda: touched_racks([*admitted, *preempted]) | more_racks)
     return {
         "type": "delta",
         "cycle": event.get("cycle"),
         "workloads": workload_rows(user, moved),
+        # More moved than a delta carries rows for: a page showing single workloads reads its own.
+        "rows_cut": len(moved) > MAX_ROWS,
         "admitted": sorted(
             queries.visible_workloads(user).filter(pk__in=admitted[:MAX_ROWS]).values_list("id", flat=True)
         ),
@@ -163,6 +196,7 @@ def inventory_delta(user, event):
         "type": "delta",
         "cycle": None,
         "workloads": [],
+        "rows_cut": False,
         "admitted": [],
         "hidden": {"admitted": 0, "preempted": 0, "changed": 0},
         "counters": queries.counters(user, shared["summary"]),

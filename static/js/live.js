@@ -163,6 +163,8 @@
     if (readers.length) read();
     else (message.workloads || []).forEach(patchWorkload);
     document.dispatchEvent(new CustomEvent("broker:delta", { detail: message }));
+    // A delta carries at most 500 rows; when more moved, this page's own may be among those left out.
+    if (message.rows_cut && !readers.length) catchUp();
   }
 
   function workloadIdsOnPage() {

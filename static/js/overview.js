@@ -20,10 +20,11 @@
   }
 
   draw(JSON.parse(document.getElementById("cycle-series").textContent));
-  document.addEventListener("broker:delta", function (event) {
-    if (!event.detail.cycle) return;
-    fetch("/dashboard/api/overview/", { credentials: "same-origin" })
-      .then(function (r) { return r.json(); })
+  // Read with the page's live regions, as one read: on every message and on the catch-up after a
+  // reconnect (a delta listener missed the cycles committed while the socket was down).
+  window.BrokerLive.onChange(function () {
+    return fetch("/dashboard/api/overview/", { credentials: "same-origin", headers: { Accept: "application/json" } })
+      .then(function (r) { if (!r.ok) throw new Error(r.status); return r.json(); })
       .then(function (data) { draw(data.series); });
   });
 })();

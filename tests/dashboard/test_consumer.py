@@ -1,6 +1,8 @@
 """The live socket, over the real Redis channel layer, with Channels' WebsocketCommunicator."""
 
+import asyncio
 import json
+import threading
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
@@ -13,13 +15,25 @@ from django.test import Client
 from broker.asgi import application
 from broker.cycle.commit import CommitDelta
 from broker.inventory.models import Device, Node
-from broker.workloads.models import Allocation, Explanation
+from broker.workloads.models import Allocation, Explanation, SchedulingCycle
 from broker.workloads.states import State
+from dashboard import broadcast
 from dashboard.consumers import LiveConsumer
 
 pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
 
-DELTA_KEYS = {"type", "cycle", "workloads", "admitted", "hidden", "counters", "pending_by_reason", "capacity", "racks"}
+DELTA_KEYS = {
+    "type",
+    "cycle",
+    "workloads",
+    "rows_cut",
+    "admitted",
+    "hidden",
+    "counters",
+    "pending_by_reason",
+    "capacity",
+    "racks",
+}
 
 
 def communicator_for(user):
@@ -182,3 +196,77 @@ def test_it_broadcasts_when_an_operator_cordons_on_the_page(scene, cluster, oliv
     delta = async_to_sync(go)()
     assert delta["racks"][0]["id"] == scene.r1.pk
     assert delta["racks"][0]["counts"]["unhealthy"] == 4
+
+
+def test_it_merges_queued_events_into_the_last_cycles_with_every_workload_and_rack():
+    events = [
+        {"type": "cycle.committed", "cycle": 7, "admitted": [1, 2], "preempted": [], "explanations": [3]},
+        {"type": "inventory.changed", "racks": [40]},
+        {"type": "cycle.committed", "cycle": 8, "admitted": [4], "preempted": [2], "explanations": [3, 5]},
+        {"type": "inventory.changed", "racks": [41, 40]},
+    ]
+    assert broadcast.merge_events(events) == {
+        "type": "cycle.committed",
+        "cycle": 8,
+        "admitted": [1, 2, 4],
+        "preempted": [2],
+        "explanations": [3, 5],
+        "racks": [40, 41],
+    }
+    assert broadcast.merge_events([events[1], events[3]]) == {"type": "inventory.changed", "racks": [40, 41]}
+    assert broadcast.merge_events(events[:1]) is events[0]
+
+
+def test_it_sends_a_socket_that_fell_behind_one_delta_for_the_events_that_queued(scene, cluster, olivia, monkeypatch):
+    """While one delta is read, two more events arrive: the next delta covers both, at the last cycle,
+    with the workloads of each, instead of two deltas one after the other."""
+    reading = threading.Event()
+    release = threading.Event()
+    calls = []
+    real_delta_for = broadcast.delta_for
+
+    def slow_delta_for(user, events):
+        calls.append([event.get("cycle") for event in events])
+        if len(calls) == 1:
+            reading.set()
+            release.wait(10)
+        return real_delta_for(user, events)
+
+    monkeypatch.setattr(broadcast, "delta_for", slow_delta_for)
+    first = admit_big_a(scene, cluster)
+    later = SchedulingCycle.objects.create(outcome=SchedulingCycle.Outcome.COMMITTED)
+    second = CommitDelta(cycle=later.pk, admitted=[], preempted=[], explanations=[scene.b_wait.pk]).message()
+
+    async def go():
+        communicator = communicator_for(olivia)
+        assert (await communicator.connect())[0]
+        await receive_after_hello(communicator)
+        layer = get_channel_layer()
+        await layer.group_send("cycle", first)
+        await sync_to_async(reading.wait, thread_sensitive=False)(10)
+        await layer.group_send("inventory", {"type": "inventory.changed", "racks": [scene.r2.pk]})
+        await layer.group_send("cycle", second)
+        await asyncio.sleep(0.5)  # both reach the consumer while the first delta is still being read
+        release.set()
+        deltas = [await communicator.receive_json_from(timeout=10) for _ in range(2)]
+        assert await communicator.receive_nothing(timeout=0.5)
+        await communicator.disconnect()
+        return deltas
+
+    first_delta, merged = async_to_sync(go)()
+    assert calls == [[scene.cycle.pk], [None, later.pk]]
+    assert first_delta["cycle"] == scene.cycle.pk
+    assert merged["cycle"] == later.pk
+    assert {row["name"] for row in merged["workloads"]} == {"secret-b"}
+    assert {cell["id"] for cell in merged["racks"]} == {scene.r2.pk}
+
+
+def test_it_says_when_a_delta_left_rows_out(scene, cluster, olivia, monkeypatch):
+    """A page that shows single workloads reads its own rows when a delta could not carry them all."""
+    event = admit_big_a(scene, cluster)
+    assert broadcast.cycle_delta(olivia, event)["rows_cut"] is False
+    monkeypatch.setattr(broadcast, "MAX_ROWS", 1)
+    delta = broadcast.cycle_delta(olivia, event)
+    assert delta["rows_cut"] is True
+    assert len(delta["workloads"]) == 1
+    assert broadcast.inventory_delta(olivia, {"racks": [scene.r1.pk]})["rows_cut"] is False

@@ -32,30 +32,30 @@ def hold(workload, nodes, device_class):
             index += 1
 
 
-def test_it_admits_a_blocked_gang_live_when_an_operator_frees_capacity(stack, browser, cluster, alice, olivia, bob):
+@pytest.fixture
+def blockers(cluster, bob):
+    """team-b runs a non-preemptible 4-device workload on the first node of each rack (n1 and n3): a
+    rack-local gang of 2 × 4 devices fits in no rack, one of 1 × 4 would start."""
+    n1, _, n3, _ = cluster.nodes
+    held = []
+    for name, node in (("blocker-1", n1), ("blocker-2", n3)):
+        blocker = make_workload(
+            cluster.queue_b,
+            name,
+            devices_per_pod=4,
+            priority=1000,
+            preemptible=False,
+            submitted_by=bob,
+            chosen_device_class=cluster.h100,
+        )
+        hold(blocker, [node], cluster.h100)
+        held.append(blocker)
+    return held
+
+
+def test_it_admits_a_blocked_gang_live_when_an_operator_frees_capacity(stack, browser, blockers, alice, olivia):
     base, _logs = stack
-    n1, n2, n3, n4 = cluster.nodes
-    # One rack-local 8-device gang fits in no rack while team-b holds a node in each rack.
-    blocker_1 = make_workload(
-        cluster.queue_b,
-        "blocker-1",
-        devices_per_pod=4,
-        priority=1000,
-        preemptible=False,
-        submitted_by=bob,
-        chosen_device_class=cluster.h100,
-    )
-    blocker_2 = make_workload(
-        cluster.queue_b,
-        "blocker-2",
-        devices_per_pod=4,
-        priority=1000,
-        preemptible=False,
-        submitted_by=bob,
-        chosen_device_class=cluster.h100,
-    )
-    hold(blocker_1, [n1], cluster.h100)
-    hold(blocker_2, [n3], cluster.h100)
+    _, blocker_2 = blockers
 
     member = log_in(browser, base, "alice")
     shot(member, "01-overview-member")
@@ -131,15 +131,8 @@ def test_it_admits_a_blocked_gang_live_when_an_operator_frees_capacity(stack, br
     assert (member.console_errors, operator.console_errors) == ([], [])
 
 
-def test_it_applies_a_suggestion_of_the_what_if_in_one_click(stack, browser, cluster, alice, bob):
+def test_it_applies_a_suggestion_of_the_what_if_in_one_click(stack, browser, blockers, alice):
     base, _logs = stack
-    n1, _, n3, _ = cluster.nodes
-    # team-b holds a node in each rack: a rack-local 2 × 4 gang does not fit, 1 × 4 does.
-    for name, node in (("blocker-1", n1), ("blocker-2", n3)):
-        blocker = make_workload(
-            cluster.queue_b, name, devices_per_pod=4, priority=1000, preemptible=False, chosen_device_class=cluster.h100
-        )
-        hold(blocker, [node], cluster.h100)
 
     member = log_in(browser, base, "alice")
     member.goto(f"{base}/submit/")
@@ -159,15 +152,8 @@ def test_it_applies_a_suggestion_of_the_what_if_in_one_click(stack, browser, clu
     assert "it would start now" in member.inner_text("#whatif")
 
 
-def test_it_resubmits_a_waiting_gang_with_a_suggestion_in_one_click(stack, browser, cluster, alice, bob):
+def test_it_resubmits_a_waiting_gang_with_a_suggestion_in_one_click(stack, browser, blockers, alice):
     base, _logs = stack
-    n1, _, n3, _ = cluster.nodes
-    # team-b holds a node in each rack: a rack-local 2 × 4 gang waits, 1 × 4 would start.
-    for name, node in (("blocker-1", n1), ("blocker-2", n3)):
-        blocker = make_workload(
-            cluster.queue_b, name, devices_per_pod=4, priority=1000, preemptible=False, chosen_device_class=cluster.h100
-        )
-        hold(blocker, [node], cluster.h100)
 
     member = log_in(browser, base, "alice")
     member.goto(f"{base}/submit/")
