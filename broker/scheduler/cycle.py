@@ -464,9 +464,10 @@ class Cycle:
             slots = [slot for pod in plan.pods for slot in pod.slots]
             self.state.hold(self.ledger.commit(slots, request.shared_amounts), request.id)
             node_names = self.state.node_names
+            consumed = tuple(sorted(request.shared_amounts.items()))
             pods = tuple(
                 made(PodPlacement, pod_set=pod.pod_set, index=pod.index, node=node_names[pod.node],
-                     device_ids=tuple(slot.id for slot in pod.slots), requests=())
+                     device_ids=tuple(slot.id for slot in pod.slots), requests=(), consumed=consumed)
                 for pod in sorted(plan.pods, key=_pod_order)
             )  # fmt: skip
             self._charge(request.queue.name, class_name, len(slots))
@@ -530,6 +531,7 @@ class Cycle:
                 node=node_names[pod.node],
                 device_ids=tuple([slot.id for slot in slots]),
                 requests=(),
+                consumed=(),
             )
             pods = (placement,)
             domain = self._node_domain(pod.node)
@@ -545,6 +547,7 @@ class Cycle:
                         node=node_names[pod.node],
                         device_ids=tuple([slot.id for slot in pod.slots]),
                         requests=(),
+                        consumed=(),
                     )
                     for pod in sorted(planned, key=_pod_order)
                 ]
@@ -554,7 +557,7 @@ class Cycle:
             pods = tuple(
                 [
                     made(PodPlacement, pod_set=pod.pod_set, index=pod.index, node=placed.node,
-                         device_ids=placed.device_ids, requests=claims.slot_labels(pod))
+                         device_ids=placed.device_ids, requests=claims.slot_labels(pod), consumed=())
                     for pod, placed in zip(sorted(planned, key=_pod_order), pods, strict=True)
                 ]
             )  # fmt: skip

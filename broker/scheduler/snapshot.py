@@ -555,6 +555,8 @@ class PodPlacement:
     requests: for a pod set with a several-request claim, (request, device ids) pairs in the claim's
     order; a firstAvailable request is named "<request>/<sub-request>" as DRA's allocation result names
     it. Empty for the single-request case (all of `device_ids` then serve it).
+    consumed: for a time-sliced pod (broker.scheduler.sharing), the (capacity, amount) pairs it takes of
+      each of its devices, which other allocations may share (DRA consumedCapacity); empty: whole devices.
     """
 
     pod_set: str
@@ -562,6 +564,7 @@ class PodPlacement:
     node: str
     device_ids: tuple[str, ...]
     requests: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    consumed: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ EXAMPLES = {
         "node": "n1",
         "device_ids": ("n1/0", "n1/1", "n1/nic-0"),
         "requests": (("gpu", ("n1/0", "n1/1")), ("nic", ("n1/nic-0",))),
+        "consumed": (("memory", 20.0),),
     },
     Admission: {
         "workload_id": "job-1",
