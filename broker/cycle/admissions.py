@@ -196,6 +196,20 @@ class AdmissionWriter:
         return sorted(admitted)
 
 
+def request_class_pks(admission, pod, class_pks):
+    """{device id: DeviceClass pk} of a several-request claim's pod: each request's devices under its
+    own class (quota and cost count them there); empty for any other pod (the admission's class)."""
+    if not admission.request_classes or not pod.requests:
+        return {}
+    by_label = dict(admission.request_classes)
+    return {
+        device_id: class_pks[by_label[label]]
+        for label, device_ids in pod.requests
+        if label in by_label
+        for device_id in device_ids
+    }
+
+
 def placed_twice(devices, shares):
     """Whether admissions hold one device twice: whole twice, or whole and shared (several shares of a
     device are fine: the commit checks what they take against its capacity)."""
@@ -213,9 +227,11 @@ def allocation_rows(admissions, loaded, cycle, now):
         class_pk = class_pks[admission.device_class]
         for pod in admission.pods:
             consumed = dict(pod.consumed) if pod.consumed else None
+            classes = request_class_pks(admission, pod, class_pks)
             for device_id in pod.device_ids:
                 pk = device_pks[device_id]
-                rows.append((workload_id, pk, class_pk, pod.pod_set, pod.index, cycle.pk, now, None, consumed))
+                device_class = classes.get(device_id, class_pk)
+                rows.append((workload_id, pk, device_class, pod.pod_set, pod.index, cycle.pk, now, None, consumed))
     return rows
 
 
@@ -259,10 +275,11 @@ def allocation_columns(admissions, loaded):
         class_pk = class_pks[admission.device_class]
         for pod in admission.pods:
             pod_set = pod_sets.setdefault(pod.pod_set, len(pod_sets) + 1)  # PostgreSQL counts from 1
+            request_classes = request_class_pks(admission, pod, class_pks)
             for device_id in pod.device_ids:
                 workloads.append(workload_id)
                 devices.append(device_pks[device_id])
-                classes.append(class_pk)
+                classes.append(request_classes.get(device_id, class_pk) if request_classes else class_pk)
                 pod_set_indexes.append(pod_set)
                 pod_indexes.append(pod.index)
                 consumed.append(pod.consumed)

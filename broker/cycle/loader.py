@@ -10,7 +10,7 @@ import gc
 import json
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from itertools import groupby
@@ -1344,6 +1344,15 @@ def running_workload(workload_id, rows, info, loaded, class_names, executor):
             pod_set, index, node = key
             placed.append(s.RunningPod(pod_set, index, node, tuple(ids), consumed.get(key, ())))
         placed = tuple(placed)
+    device_class, device_classes = rows[0][4], ()
+    if len(rows) > 1 and any(row[4] != device_class for row in rows):
+        # A several-request claim's devices, each under its request's class: the most held is the
+        # workload's, the others are named device by device.
+        counts = Counter(row[4] for row in rows)
+        device_class = max(counts, key=lambda pk: (counts[pk], -pk))
+        device_classes = tuple(
+            (devices_by_pk[row[3]][0], class_names[row[4]]) for row in rows if row[4] != device_class
+        )
     started = seconds(started_at if started_at is not None else admitted_at)
     started = loaded.now.timestamp() if started is None else started
     expected = executor.wall_seconds(duration)
@@ -1351,7 +1360,8 @@ def running_workload(workload_id, rows, info, loaded, class_names, executor):
         id=str(workload_id),
         queue=queue,
         pods=placed,
-        device_class=class_names[rows[0][4]],  # one class per admission
+        device_class=class_names[device_class],
+        device_classes=device_classes,
         priority=priority,
         disruption=disruption,
         # A workload in a final state still holding devices (a bug elsewhere) must not be a victim.

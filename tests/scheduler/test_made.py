@@ -20,6 +20,7 @@ EXAMPLES = {
         "device_class": "h100",
         "pods": (PodPlacement("main", 0, "n1", ("n1/0",)),),
         "domain": {"rack": "r1"},
+        "request_classes": (("gpu", "h100"), ("nic", "efa")),
     },
     PendingDecision: {
         "workload_id": "job-2",
