@@ -397,6 +397,22 @@ class Cycle:
         in_line = len(self.protections) - len(self.protected_first)
         return in_line < max(1, self.config.backfill_depth)
 
+    def quota_need(self, request: Request) -> float:
+        """The least quota `request` can be charged (broker.scheduler.quota.Consumption): its device
+        count, times the smallest share a device counts for when partitions or shared devices exist
+        (for a time-sliced request, the smallest fraction of a shared device's capacity its amounts take)."""
+        consumption = self.consumption
+        if request.shared_amounts is not None:
+            fractions = [
+                max((amount / capacity[name] for name, amount in request.shared_amounts.items() if capacity.get(name)),
+                    default=1.0)
+                for capacity in consumption.capacities.values()
+            ]  # fmt: skip
+            return request.needed * min(1.0, min(fractions, default=1.0))
+        if consumption.whole:
+            return request.needed
+        return request.needed * consumption.smallest
+
     def _charge(self, queue: str, device_class: str, amount: int) -> None:
         self.quota.add_usage(queue, device_class, amount)
         self.book.add(queue, device_class, amount)
