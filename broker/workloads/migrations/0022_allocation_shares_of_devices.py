@@ -8,8 +8,8 @@ allows several (inventory 0006, DRA allowMultipleAllocations), recorded as the c
   rebuilding the table (whose triggers, 0016, a rebuild would drop).
 - On PostgreSQL, a statement trigger on INSERT refuses a share of a device that allows none and a share
   beside a whole allocation (either way round), as unique_violation, constraint
-  "allocation_whole_or_shared". It probes only when the statement writes shares or shares are active
-  (the small allocation_active_shares index), so a cycle of whole devices pays two empty lookups.
+  "allocation_whole_or_shared". It looks further only while some share is active (one probe of the
+  small allocation_active_shares index), so a cluster without time-slicing pays that one lookup.
   Allocations are written once, by the cycle's commit, and then only released: no UPDATE trigger.
   SQLite has one writer at a time, the cycle, whose commit checks the same (broker.cycle.commit).
 - The columns are added as in 0019 and 0021: on SQLite by its own ALTER TABLE ADD COLUMN.
@@ -32,30 +32,31 @@ DECLARE
     device bigint;
     problem text;
 BEGIN
-    IF EXISTS (SELECT 1 FROM new_shares WHERE consumed_capacity IS NOT NULL AND released_at IS NULL) THEN
-        problem := 'allows no multiple allocations';
-        SELECT n.device_id INTO device FROM new_shares n JOIN inventory_device d ON d.id = n.device_id
-         WHERE n.consumed_capacity IS NOT NULL AND n.released_at IS NULL AND NOT d.allow_multiple_allocations
-         LIMIT 1;
-        IF NOT FOUND THEN
-            problem := 'is held whole';
-            SELECT n.device_id INTO device FROM new_shares n JOIN workloads_allocation a
-                ON a.device_id = n.device_id AND a.released_at IS NULL AND a.consumed_capacity IS NULL
-             WHERE n.consumed_capacity IS NOT NULL AND n.released_at IS NULL LIMIT 1;
-        END IF;
-        IF FOUND THEN
-            RAISE EXCEPTION 'a share of a device that %', problem USING ERRCODE = 'unique_violation',
-                CONSTRAINT = 'allocation_whole_or_shared', DETAIL = format('Key (device_id)=(%s) %s.', device, problem);
-        END IF;
+    -- No active share anywhere (new ones included: this runs after the insert): nothing can mix. One
+    -- probe of the small allocation_active_shares index, so a cycle of whole devices pays only that.
+    IF NOT EXISTS (SELECT 1 FROM workloads_allocation WHERE released_at IS NULL AND consumed_capacity IS NOT NULL) THEN
+        RETURN NULL;
     END IF;
-    IF EXISTS (SELECT 1 FROM workloads_allocation WHERE released_at IS NULL AND consumed_capacity IS NOT NULL) THEN
+    problem := 'allows no multiple allocations';
+    SELECT n.device_id INTO device FROM new_shares n JOIN inventory_device d ON d.id = n.device_id
+     WHERE n.consumed_capacity IS NOT NULL AND n.released_at IS NULL AND NOT d.allow_multiple_allocations
+     LIMIT 1;
+    IF NOT FOUND THEN
+        problem := 'is held whole';
         SELECT n.device_id INTO device FROM new_shares n JOIN workloads_allocation a
-            ON a.device_id = n.device_id AND a.released_at IS NULL AND a.consumed_capacity IS NOT NULL
-         WHERE n.consumed_capacity IS NULL AND n.released_at IS NULL LIMIT 1;
-        IF FOUND THEN
-            RAISE EXCEPTION 'a whole allocation of a shared device' USING ERRCODE = 'unique_violation',
-                CONSTRAINT = 'allocation_whole_or_shared', DETAIL = format('Key (device_id)=(%s) is shared.', device);
-        END IF;
+            ON a.device_id = n.device_id AND a.released_at IS NULL AND a.consumed_capacity IS NULL
+         WHERE n.consumed_capacity IS NOT NULL AND n.released_at IS NULL LIMIT 1;
+    END IF;
+    IF FOUND THEN
+        RAISE EXCEPTION 'a share of a device that %', problem USING ERRCODE = 'unique_violation',
+            CONSTRAINT = 'allocation_whole_or_shared', DETAIL = format('Key (device_id)=(%s) %s.', device, problem);
+    END IF;
+    SELECT n.device_id INTO device FROM new_shares n JOIN workloads_allocation a
+        ON a.device_id = n.device_id AND a.released_at IS NULL AND a.consumed_capacity IS NOT NULL
+     WHERE n.consumed_capacity IS NULL AND n.released_at IS NULL LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'a whole allocation of a shared device' USING ERRCODE = 'unique_violation',
+            CONSTRAINT = 'allocation_whole_or_shared', DETAIL = format('Key (device_id)=(%s) is shared.', device);
     END IF;
     RETURN NULL;
 END $$ LANGUAGE plpgsql;
