@@ -219,3 +219,39 @@ def test_it_never_lets_shares_exceed_a_capacity_through_the_commit(cluster, case
             transaction.set_rollback(True)
     finally:
         forget_everything_loaded()
+
+
+def test_it_takes_a_time_sliced_submission_through_the_api_to_a_share(cluster, api_client, alice):
+    from tests.api.base import signed_in
+
+    (gpu,), _, _ = shared_gpus(cluster)
+    client = signed_in(api_client, alice)
+    pod_sets = [{"name": "main", "replicas": 1, "devices_per_pod": 1, "capacity": {"memory": "20Gi"}}]
+
+    response = client.post("/api/workloads/", {"name": "nb", "resource_class": "notebooks", "pod_sets": pod_sets},
+                           format="json")  # fmt: skip
+    assert response.status_code == 201, response.data
+    assert response.data["pod_sets"][0]["capacity"] == {"memory": "20Gi"}
+    run_once()
+
+    (held,) = Allocation.objects.filter(workload_id=response.data["id"], released_at__isnull=True)
+    assert (held.device_id, quantity(held.consumed_capacity["memory"])) == (gpu.pk, 20 * GIB)
+
+
+def test_it_refuses_capacity_amounts_a_class_cannot_share(cluster, api_client, alice):
+    from tests.api.base import signed_in
+
+    shared_gpus(cluster)
+    client = signed_in(api_client, alice)
+    exclusive = [{"name": "main", "replicas": 1, "devices_per_pod": 1, "capacity": {"memory": "20Gi"}}]
+    negative = [{"name": "main", "replicas": 1, "devices_per_pod": 1, "capacity": {"memory": "-1Gi"}}]
+
+    for name, resource_class, pod_sets, problem in (
+        ("whole", "small-inference", exclusive, "shares no devices (sharing: TimeSliced)"),
+        ("negative", "notebooks", negative, "Capacity 'memory' must be a positive quantity"),
+    ):
+        body = {"name": name, "resource_class": resource_class, "pod_sets": pod_sets}
+        response = client.post("/api/workloads/", body, format="json")
+        assert response.status_code == 400, response.data
+        assert problem in str(response.data)
+    assert not PodSet.objects.filter(workload__name__in=["whole", "negative"]).exists()
