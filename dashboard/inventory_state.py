@@ -35,7 +35,7 @@ from operator import itemgetter
 
 from django.core.cache import cache
 from django.db import connection
-from django.db.models import Count, Exists, F, FilteredRelation, OuterRef, Q, TextField
+from django.db.models import BooleanField, Count, Exists, ExpressionWrapper, F, FilteredRelation, OuterRef, Q, TextField
 from django.db.models.functions import Cast
 from django.utils import timezone
 
@@ -93,6 +93,10 @@ DESCRIPTION_TEXT = {
 }
 
 
+# A partition of a GPU (Device.parent): grouped apart, as the heatmap counts physical devices.
+IS_PARTITION = ExpressionWrapper(Q(parent__isnull=False), BooleanField())
+
+
 def description_key(driver, attributes, capacity):
     return json.dumps([driver, attributes or {}, capacity or {}], sort_keys=True)
 
@@ -141,6 +145,7 @@ class Group:
     key: str
     classes: frozenset
     counts: dict = field(default_factory=lambda: dict.fromkeys(STATES, 0))
+    partition: bool = False  # partitions of a GPU (Device.parent): not physical devices of their own
 
 
 @dataclass
@@ -167,9 +172,12 @@ class InventoryState:
                     out[name][state] += group.counts[state]
         return out
 
-    def by_domain(self):
+    def by_domain(self, physical=False):
+        """{domain id: {state: devices}}; with `physical`, partitions left out (the heatmap counts GPUs)."""
         out = defaultdict(lambda: dict.fromkeys(STATES, 0))
         for group in self.groups:
+            if physical and group.partition:
+                continue
             cell = out[self.node_domain.get(group.node_id)]
             for state in STATES:
                 cell[state] += group.counts[state]
@@ -307,38 +315,44 @@ def inventory_state(node_ids=None):
     if node_ids is not None:
         devices = devices.filter(node_id__in=node_ids)
         nodes = nodes.filter(id__in=node_ids)
-    # A join on the active allocation (at most one per device) rather than EXISTS per device, and the
-    # descriptions grouped and read as text (jsonb's text is canonical): hashed, never decoded per row.
+    # A join on the active allocations rather than EXISTS per device, and the descriptions grouped and
+    # read as text (jsonb's text is canonical): hashed, never decoded per row. A shared device has several
+    # active allocations (time-slices): devices are counted distinct.
     rows = (
         with_taints_text(devices)
         .alias(active=FilteredRelation("allocations", condition=Q(allocations__released_at__isnull=True)))
-        .annotate(**DESCRIPTION_TEXT)
-        .values("node_id", *DESCRIPTION_TEXT)
+        .annotate(**DESCRIPTION_TEXT, partition=IS_PARTITION)
+        .values("node_id", *DESCRIPTION_TEXT, "partition")
         .annotate(
-            total=Count("id"),
-            busy_n=Count("active__id"),
-            outside_n=Count("id", filter=Q(active__id__isnull=True) & held_outside_q()),
-            unavailable_n=Count("id", filter=Q(active__id__isnull=True) & unavailable_q() & ~held_outside_q()),
+            total=Count("id", distinct=True),
+            busy_n=Count("id", distinct=True, filter=Q(active__id__isnull=False)),
+            outside_n=Count("id", distinct=True, filter=Q(active__id__isnull=True) & held_outside_q()),
+            unavailable_n=Count(
+                "id", distinct=True, filter=Q(active__id__isnull=True) & unavailable_q() & ~held_outside_q()
+            ),
         )
-        .values_list("node_id", *DESCRIPTION_TEXT, "total", "busy_n", "outside_n", "unavailable_n")
+        .values_list("node_id", *DESCRIPTION_TEXT, "partition", "total", "busy_n", "outside_n", "unavailable_n")
     )
     reserved_by_group = defaultdict(int)
     if reserved:
         for row in (
             Device.objects.order_by()
             .filter(id__in=reserved)
-            .annotate(**DESCRIPTION_TEXT)
-            .values("node_id", *DESCRIPTION_TEXT)
+            .annotate(**DESCRIPTION_TEXT, partition=IS_PARTITION)
+            .values("node_id", *DESCRIPTION_TEXT, "partition")
             .annotate(n=Count("id"))
         ):
-            reserved_by_group[(row["node_id"], *(row[name] for name in DESCRIPTION_TEXT))] = row["n"]
+            key = (row["node_id"], *(row[name] for name in DESCRIPTION_TEXT), row["partition"])
+            reserved_by_group[key] = row["n"]
     plain, gangs = pending_demand_shapes()
     min_request = pending_min_request_of(plain, gangs)
     groups = []
     free_per_node_class = defaultdict(int)
     described = {}  # (driver, attributes text, capacity text) -> (description key, classes)
     # Plain tuples (fetch_rows): one row per node and description, 12,500 at 100k devices.
-    for node_id, driver, attributes_text, capacity_text, total, busy, outside, unavailable in fetch_rows(rows):
+    for node_id, driver, attributes_text, capacity_text, partition, total, busy, outside, unavailable in fetch_rows(
+        rows
+    ):
         busy += outside
         text = (driver, attributes_text, capacity_text)
         found = described.get(text)
@@ -349,10 +363,10 @@ def inventory_state(node_ids=None):
                 classifier.classes_of(driver, attributes, capacity),
             )
         key, classes = found
-        reserved_n = reserved_by_group.get((node_id, *text), 0)
+        reserved_n = reserved_by_group.get((node_id, *text, partition), 0)
         free = total - busy - unavailable - reserved_n
         counts = {"busy": busy, "unhealthy": unavailable, "reserved": reserved_n, "stranded": 0, "free": free}
-        groups.append(Group(node_id, key, classes, counts))
+        groups.append(Group(node_id, key, classes, counts, bool(partition)))
         for name in classes:
             free_per_node_class[(node_id, name)] += free
     node_free = defaultdict(dict)

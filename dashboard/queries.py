@@ -11,11 +11,12 @@ from collections import Counter, defaultdict
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import Count, DurationField, ExpressionWrapper, F, Max, Min, Q, Sum, Value
+from django.db.models import Count, DurationField, Exists, ExpressionWrapper, F, Max, Min, OuterRef, Q, Sum, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from broker.inventory.models import Device, Domain, Health, Node, TopologyLevel
+from broker.inventory.quantities import quantity
 from broker.kube.models import Cluster as KubeCluster
 from broker.kube.models import MirroredNode, MirroredPodGroup, MirroredSlice
 from broker.policy.models import Queue, ResourceClass, Team
@@ -562,23 +563,61 @@ def heatmap_racks(key=None):
     return cached("heatmap", _heatmap_racks, key)
 
 
+def physical_counts(state, domain_ids=None):
+    """{domain id: {state: physical devices}}: a GPU's partitions are parts of it, not devices of their
+    own, and a GPU not allocated itself but in use through its partitions counts busy (taken from its
+    free count, then stranded, reserved, unhealthy: its own state is not told apart in the groups)."""
+    counts = state.by_domain(physical=True)
+    active = Allocation.objects.filter(released_at__isnull=True)
+    through_parts = (
+        Device.objects.filter(parent=None)
+        .filter(Exists(active.filter(device__parent=OuterRef("pk"))))
+        .exclude(Exists(active.filter(device=OuterRef("pk"))))
+    )
+    if domain_ids is not None:
+        through_parts = through_parts.filter(node__domain_id__in=domain_ids)
+    for domain_id, n in (
+        through_parts.order_by().values("node__domain_id").annotate(n=Count("id")).values_list("node__domain_id", "n")
+    ):
+        cell = counts.get(domain_id)
+        if cell is None:
+            continue
+        for source in ("free", "stranded", "reserved", "unhealthy"):
+            moved = min(n, cell[source])
+            cell[source] -= moved
+            cell["busy"] += moved
+            n -= moved
+    return counts
+
+
+def teams_by_domain(domain_ids=None):
+    """{domain id: {team: physical devices it holds all or part of}}: partitions count as their GPU, and
+    a GPU several teams share (partitions, time-slices) counts once for each."""
+    allocations = Allocation.objects.filter(released_at__isnull=True)
+    if domain_ids is not None:
+        allocations = allocations.filter(device__node__domain_id__in=domain_ids)
+    out = defaultdict(dict)
+    for row in (
+        allocations.order_by()
+        .values("device__node__domain_id", "workload__team__name")
+        .annotate(n=Count(Coalesce("device__parent_id", "device_id"), distinct=True))
+    ):
+        out[row["device__node__domain_id"]][row["workload__team__name"]] = row["n"]
+    return out
+
+
 def _heatmap_racks(key):
     state = current_state(key)
-    by_domain = state.by_domain()
+    by_domain = physical_counts(state)
     domains = domain_paths()
-    teams_by_domain = defaultdict(dict)
-    for row in (
-        Allocation.objects.filter(released_at__isnull=True)
-        .order_by()
-        .values("device__node__domain_id", "workload__team__name")
-        .annotate(n=Count("id"))
-    ):
-        teams_by_domain[row["device__node__domain_id"]][row["workload__team__name"]] = row["n"]
+    teams = teams_by_domain()
     held_outside = with_taints_text(Device.objects.order_by()).filter(held_outside_q())
     for domain_id, n in (
-        held_outside.values("node__domain_id").annotate(n=Count("id")).values_list("node__domain_id", "n")
+        held_outside.values("node__domain_id")
+        .annotate(n=Count(Coalesce("parent_id", "id"), distinct=True))
+        .values_list("node__domain_id", "n")
     ):
-        teams_by_domain[domain_id][OUTSIDE_THE_BROKER] = n
+        teams[domain_id][OUTSIDE_THE_BROKER] = n
     node_counts = dict(
         Node.objects.order_by().values("domain_id").annotate(n=Count("id")).values_list("domain_id", "n")
     )
@@ -600,7 +639,7 @@ def _heatmap_racks(key):
                 "nodes": node_counts.get(domain_id, 0),
                 "total": sum(counts.values()),
                 "counts": counts,
-                "teams": teams_by_domain.get(domain_id, {}),
+                "teams": teams.get(domain_id, {}),
                 **kinds.get(domain_id, {}),
             }
         )
@@ -618,8 +657,10 @@ def _heatmap_racks(key):
 
 
 def device_kinds_by_domain():
-    """{domain id: {"partitions", "partitions_busy", "nics"}} for the racks that have partitions or NICs,
-    so a rack cell can say what its device count is made of."""
+    """{domain id: {"partitions", "partitions_busy", "nics", "shared", "shared_busy", "share_use"}} for
+    the racks that have partitions, NICs or devices several allocations share, so a rack cell can say
+    what its GPUs are cut into and how much of them is in use: `share_use` is the fraction of the shared
+    devices' capacity the active time-slices take (each device by its most used capacity)."""
     out = defaultdict(dict)
     for row in (
         Device.objects.exclude(parent=None)
@@ -641,6 +682,32 @@ def device_kinds_by_domain():
     )
     for row in nics:
         out[row["node__domain_id"]]["nics"] = row["n"]
+    shared = {
+        pk: (domain_id, capacity)
+        for pk, domain_id, capacity in Device.objects.filter(allow_multiple_allocations=True).values_list(
+            "id", "node__domain_id", "capacity"
+        )
+    }
+    if shared:
+        taken = defaultdict(lambda: defaultdict(float))
+        for pk, consumed in Allocation.objects.filter(
+            released_at__isnull=True, device_id__in=list(shared), consumed_capacity__isnull=False
+        ).values_list("device_id", "consumed_capacity"):
+            for name, value in (consumed or {}).items():
+                taken[pk][name] += quantity(value) or 0
+        for pk, (domain_id, capacity) in shared.items():
+            cell = out[domain_id]
+            cell["shared"] = cell.get("shared", 0) + 1
+            cell["shared_busy"] = cell.get("shared_busy", 0) + int(pk in taken)
+            fractions = [
+                amount / total
+                for name, amount in taken.get(pk, {}).items()
+                if (total := quantity((capacity or {}).get(name)))
+            ]
+            cell["share_taken"] = cell.get("share_taken", 0) + min(1.0, max(fractions, default=0))
+        for cell in out.values():
+            if "shared" in cell:
+                cell["share_use"] = round(cell.pop("share_taken") / cell["shared"], 3)
     return dict(out)
 
 
@@ -815,15 +882,8 @@ def rack_cells(domain_ids, key=None):
     """Heatmap cells of some racks, for live deltas (from the inventory state this process shares)."""
     if not domain_ids:
         return []
-    by_domain = current_state(key).by_domain()
-    teams = defaultdict(dict)
-    for row in (
-        Allocation.objects.filter(released_at__isnull=True, device__node__domain_id__in=domain_ids)
-        .order_by()
-        .values("device__node__domain_id", "workload__team__name")
-        .annotate(n=Count("id"))
-    ):
-        teams[row["device__node__domain_id"]][row["workload__team__name"]] = row["n"]
+    by_domain = physical_counts(current_state(key), domain_ids)
+    teams = teams_by_domain(domain_ids)
     return [
         {"id": domain_id, "counts": counts, "total": sum(counts.values()), "teams": teams.get(domain_id, {})}
         for domain_id, counts in by_domain.items()

@@ -26,6 +26,7 @@ Elsewhere (SQLite, the embedded default) nothing is written before the decision 
 writes it all, with the ORM.
 """
 
+import json
 import time
 from collections import defaultdict
 from functools import lru_cache
@@ -46,7 +47,7 @@ ADMISSION_BATCH = 2000
 FIRST_ADMISSION_BATCH = 250
 
 ALLOCATION_COLUMNS = ("workload_id", "device_id", "device_class_id", "pod_set", "pod_index", "cycle_id", "allocated_at",
-                      "released_at")  # fmt: skip
+                      "released_at", "consumed_capacity")  # fmt: skip
 HISTORY_COLUMNS = ("workload_id", "cycle_id", "reason", "message", "at")
 # An admitted workload's nomination and eviction record are done with. Set in the admission's own state
 # UPDATE: a second pass over 20,000 just-rewritten rows (and their 17 indexes) cost as much as the first.
@@ -75,6 +76,7 @@ class AdmissionWriter:
         self.streaming = is_postgresql()
         self.seconds = 0.0
         self.devices = []  # the allocated devices' pks, in the order written
+        self.shares = defaultdict(list)  # Device pk -> what each share written of it consumes (time-sliced)
         self._unsent = []
         self._added = set()
         self._sent = []  # (ids by device class, the batch's Background)
@@ -113,7 +115,7 @@ class AdmissionWriter:
             self.abandon()  # every batch ended: the connection is this thread's again
         if self._failure is not None:
             raise self._failure
-        if len(set(self.devices)) != len(self.devices):
+        if placed_twice(self.devices, self.shares):
             raise StaleSnapshot("the result places one device twice")
         admitted = []
         for by_class, batch in self._sent:
@@ -154,6 +156,8 @@ class AdmissionWriter:
         ]
         columns = allocation_columns(admissions, self.loaded)
         self.devices.extend(columns.devices)
+        for pk, amounts in columns.shares:
+            self.shares[pk].append(amounts)
         sql, params = batch_statement(moves, columns, history_columns(admissions), self.cycle.pk, self.now, self.reason)
 
         def write(cursor):
@@ -175,7 +179,10 @@ class AdmissionWriter:
         moves = Moves(batches, State.PENDING, State.ADMITTED, self.now, self.reason)
         allocations = allocation_rows(admissions, self.loaded, self.cycle, self.now)
         self.devices.extend(row[1] for row in allocations)
-        if len(set(self.devices)) != len(self.devices):
+        for row in allocations:
+            if row[-1] is not None:
+                self.shares[row[1]].append(row[-1])
+        if placed_twice(self.devices, self.shares):
             moves.abandon()
             raise StaleSnapshot("the result places one device twice")
         admitted = []
@@ -189,6 +196,27 @@ class AdmissionWriter:
         return sorted(admitted)
 
 
+def request_class_pks(admission, pod, class_pks):
+    """{device id: DeviceClass pk} of a several-request claim's pod: each request's devices under its
+    own class (quota and cost count them there); empty for any other pod (the admission's class)."""
+    if not admission.request_classes or not pod.requests:
+        return {}
+    by_label = dict(admission.request_classes)
+    return {
+        device_id: class_pks[by_label[label]]
+        for label, device_ids in pod.requests
+        if label in by_label
+        for device_id in device_ids
+    }
+
+
+def placed_twice(devices, shares):
+    """Whether admissions hold one device twice: whole twice, or whole and shared (several shares of a
+    device are fine: the commit checks what they take against its capacity)."""
+    whole = [pk for pk in devices if pk not in shares] if shares else devices
+    return len(set(whole)) != len(whole)
+
+
 def allocation_rows(admissions, loaded, cycle, now):
     """The ALLOCATION_COLUMNS rows of the admissions' devices."""
     rows = []
@@ -198,20 +226,39 @@ def allocation_rows(admissions, loaded, cycle, now):
         workload_id = int(admission.workload_id)
         class_pk = class_pks[admission.device_class]
         for pod in admission.pods:
+            consumed = dict(pod.consumed) if pod.consumed else None
+            classes = request_class_pks(admission, pod, class_pks)
             for device_id in pod.device_ids:
-                rows.append((workload_id, device_pks[device_id], class_pk, pod.pod_set, pod.index, cycle.pk, now, None))
+                pk = device_pks[device_id]
+                device_class = classes.get(device_id, class_pk)
+                rows.append((workload_id, pk, device_class, pod.pod_set, pod.index, cycle.pk, now, None, consumed))
     return rows
 
 
 class AllocationColumns:
     """The allocation rows of some admissions, column by column: each column's array text for
     PostgreSQL ('{1,2,3}'), and the device pks in order. Pod sets go as indexes into `pod_sets` (a few
-    distinct names among tens of thousands of pods)."""
+    distinct names among tens of thousands of pods); what time-sliced pods consume likewise, as indexes
+    into `consumed` (0: the device whole), and only when some pod shares (`consumed` is then non-empty)."""
 
-    def __init__(self, workloads, devices, classes, pod_set_indexes, pod_indexes, pod_sets):
+    def __init__(self, workloads, devices, classes, pod_set_indexes, pod_indexes, pod_sets, consumed=None):
         self.devices = devices
         self.arrays = [array_text(column) for column in (workloads, devices, classes, pod_set_indexes, pod_indexes)]
         self.pod_sets = pod_sets
+        self.consumed = []  # the distinct amounts pods take, as JSON texts
+        self.consumed_indexes = None  # array text of each row's 1-based index into them (0: whole)
+        self.shares = []  # (Device pk, amounts) of every share
+        if consumed is not None and any(consumed):
+            texts = {}
+            indexes = []
+            for pk, amounts in zip(devices, consumed, strict=True):
+                if amounts:
+                    indexes.append(texts.setdefault(amounts, len(texts) + 1))
+                    self.shares.append((pk, dict(amounts)))
+                else:
+                    indexes.append(0)
+            self.consumed = [json.dumps(dict(amounts)) for amounts in texts]
+            self.consumed_indexes = array_text(indexes)
 
 
 def array_text(values):
@@ -221,20 +268,22 @@ def array_text(values):
 def allocation_columns(admissions, loaded):
     device_pks = loaded.device_pks
     class_pks = loaded.device_class_pks
-    workloads, devices, classes, pod_set_indexes, pod_indexes = [], [], [], [], []
+    workloads, devices, classes, pod_set_indexes, pod_indexes, consumed = [], [], [], [], [], []
     pod_sets = {}
     for admission in admissions:
         workload_id = int(admission.workload_id)
         class_pk = class_pks[admission.device_class]
         for pod in admission.pods:
             pod_set = pod_sets.setdefault(pod.pod_set, len(pod_sets) + 1)  # PostgreSQL counts from 1
+            request_classes = request_class_pks(admission, pod, class_pks)
             for device_id in pod.device_ids:
                 workloads.append(workload_id)
                 devices.append(device_pks[device_id])
-                classes.append(class_pk)
+                classes.append(request_classes.get(device_id, class_pk) if request_classes else class_pk)
                 pod_set_indexes.append(pod_set)
                 pod_indexes.append(pod.index)
-    return AllocationColumns(workloads, devices, classes, pod_set_indexes, pod_indexes, list(pod_sets))
+                consumed.append(pod.consumed)
+    return AllocationColumns(workloads, devices, classes, pod_set_indexes, pod_indexes, list(pod_sets), consumed)
 
 
 def history_columns(admissions):
@@ -274,12 +323,22 @@ def batch_statement(moves, allocations, history, cycle_pk, now, reason):
     params.extend([State.PENDING, State.ADMITTED, now, reason])
     by_attname = {field.attname: field.column for field in Allocation._meta.concrete_fields}
     allocation_names = ", ".join(quote(by_attname[name]) for name in ALLOCATION_COLUMNS)
-    parts.append(
-        f"allocations AS (INSERT INTO {table(Allocation)} ({allocation_names}) "
-        "SELECT w, d, c, (%s::text[])[s], i, %s, %s, NULL "
-        "FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::int[], %s::int[]) AS a(w, d, c, s, i))"
-    )
-    params.extend([allocations.pod_sets, cycle_pk, now, *allocations.arrays])
+    if allocations.consumed_indexes is None:  # every device whole
+        parts.append(
+            f"allocations AS (INSERT INTO {table(Allocation)} ({allocation_names}) "
+            "SELECT w, d, c, (%s::text[])[s], i, %s, %s, NULL, NULL "
+            "FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::int[], %s::int[]) AS a(w, d, c, s, i))"
+        )
+        params.extend([allocations.pod_sets, cycle_pk, now, *allocations.arrays])
+    else:  # an index past the array (0) reads NULL: a whole device
+        parts.append(
+            f"allocations AS (INSERT INTO {table(Allocation)} ({allocation_names}) "
+            "SELECT w, d, c, (%s::text[])[s], i, %s, %s, NULL, (%s::jsonb[])[k] "
+            "FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::int[], %s::int[], %s::int[]) "
+            "AS a(w, d, c, s, i, k))"
+        )
+        params.extend([allocations.pod_sets, cycle_pk, now, allocations.consumed, *allocations.arrays])
+        params.append(allocations.consumed_indexes)
     workloads, indexes, messages = history
     change = ExplanationChange
     parts.append(

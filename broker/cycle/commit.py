@@ -31,7 +31,7 @@ from broker.audit.models import record
 from broker.costs.sampling import capacity_rows, record_capacity_sample
 from broker.cycle.admissions import HISTORY_COLUMNS, AdmissionWriter
 from broker.cycle.bulk import JsonText, column_in, insert_rows, pk_in, upsert_rows
-from broker.cycle.loader import as_text, load_snapshot
+from broker.cycle.loader import as_text, load_snapshot, numeric_capacity
 from broker.cycle.refusals import StaleSnapshot
 from broker.inventory.models import ClusterState, Device, Health, InventoryRevision
 from broker.scheduler.accounting import capacity_by_class
@@ -131,6 +131,7 @@ def write_result(decider, snapshot, loaded, cycle):
                 if writer.devices and not devices_held:
                     check_devices(writer.devices, loaded)
                 check_counters(writer.devices, loaded, devices_held)
+                check_shares(writer.devices, writer.shares, loaded, devices_held)
                 delta = apply(result, loaded, cycle, admitted)
                 if delta.admitted or delta.preempted:
                     events.decisions_made.send(
@@ -270,6 +271,7 @@ def check_workloads(ids, allowed, verb):
 
 
 def check_devices(wanted, loaded):
+    wanted = set(wanted)  # a shared device may be admitted to several pods
     rows = (
         Device.objects.select_for_update(no_key=True, of=("self",))
         .filter(**pk_in(wanted))
@@ -323,17 +325,60 @@ def check_counters(admitted, loaded, inventory_held):
             )
 
 
+def check_shares(admitted, shares, loaded, inventory_held):
+    """Refuse admissions that share a device (time-sliced) past a capacity of it, share a device that
+    allows no shares or is held whole, or take whole a device that shares use; counting every active
+    allocation of the devices concerned, the ones just written included. `shares`: Device pk -> the
+    amounts each new share of it takes. The unique index keeps a device to one whole holder, and on
+    PostgreSQL triggers refuse the mixes too (workloads migration 0022); the capacities' sums are
+    checked here only. Capacities are as loaded, so an inventory write since the snapshot refuses
+    admissions of shared devices, as of counted ones."""
+    shared_capacity = loaded.shared_capacity
+    concerned = set(shares)
+    if shared_capacity:
+        concerned.update(pk for pk in admitted if pk in shared_capacity)
+    if not concerned:
+        return
+    if not inventory_held:
+        raise StaleSnapshot("the inventory changed since the snapshot under shared devices")
+    rows = Allocation.objects.filter(released_at__isnull=True, **column_in("device", sorted(concerned)))
+    used = defaultdict(lambda: defaultdict(float))
+    whole, shared = defaultdict(int), defaultdict(int)
+    for pk, consumed in rows.values_list("device_id", as_text("consumed_capacity")):
+        if consumed is None:
+            whole[pk] += 1
+            continue
+        shared[pk] += 1
+        for name, amount in numeric_capacity(json.loads(consumed) or {}).items():
+            used[pk][name] += amount
+    for pk in sorted(concerned):
+        device = loaded.devices_by_pk[pk][0]
+        if shared[pk] and pk not in shared_capacity:
+            raise StaleSnapshot(f"device {device} allows no shares")
+        if whole[pk] and shared[pk]:
+            raise StaleSnapshot(f"device {device} is held whole and shared")
+        capacity = shared_capacity.get(pk, {})
+        for name, amount in sorted(used[pk].items()):
+            total = capacity.get(name, 0)
+            if amount > total * (1 + 1e-9):
+                raise StaleSnapshot(
+                    f"capacity {name} of device {device} would be over-consumed ({amount:g} of {total:g})"
+                )
+
+
 # An admitted device already held is refused by the unique index on active allocations, not looked for
 # first: a query over the 25,000 devices of a large admission cost 25 ms of every such commit to find,
 # on PostgreSQL's REPEATABLE READ snapshot, only what the snapshot (and so the decision) already knew.
-HELD_KEY = re.compile(r"\(device_id\)=\((\d+)\)")
+# The key as PostgreSQL details it: "Key (device_id, (CASE ... END))=(12, 0) already exists." (the
+# index's expression spans lines), or the sharing trigger's "Key (device_id)=(12) is held whole."
+HELD_KEY = re.compile(r"Key \(device_id.*?\)=\((\d+)", re.DOTALL)
 
 
 def held_meanwhile(error, loaded):
     """The refusal's reason when `error` is the unique index on active allocations refusing a device
     (PostgreSQL names the key); None for any other refusal."""
     diag = getattr(error.__cause__, "diag", None)
-    if getattr(diag, "constraint_name", None) != "allocation_one_active_per_device":
+    if getattr(diag, "constraint_name", None) not in ("allocation_one_whole_per_device", "allocation_whole_or_shared"):
         return None
     key = HELD_KEY.search(diag.message_detail or "")
     device = loaded.devices_by_pk.get(int(key.group(1))) if key else None

@@ -10,7 +10,7 @@ import gc
 import json
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from itertools import groupby
@@ -59,6 +59,8 @@ class LoadedState:
     patched: dict = field(default_factory=dict)
     closed_windows: frozenset = frozenset()  # pks of workloads whose approval window is shut (with a log)
     counters: object = None  # loader.Counters of the inventory read (None: none read)
+    # Device pk -> numeric capacity of the devices that allow several allocations (the commit's check).
+    shared_capacity: dict = field(default_factory=dict)
     load_ms: float = 0.0
 
     @property
@@ -139,6 +141,7 @@ def _load_snapshot(now, config):
         inventory.device_taints,
     )
     loaded.counters = inventory.counters
+    loaded.shared_capacity = inventory.shared_capacity
     device_classes = load_device_classes(loaded)
     resource_classes, approval_rules = load_resource_classes()
     pending_written, running_written = workloads_to_read(loaded, horizon, approval_rules)
@@ -227,6 +230,9 @@ class Inventory:
     device_taints: dict  # Device pk -> taints as stored
     rows: RowIndex | None = None  # None: no row revisions here (SQLite), a new token means a full read
     counters: Counters = NO_COUNTERS  # the shared counters and who consumes them (see Counters)
+    # Device pk -> numeric capacity of the devices that allow several allocations (DRA
+    # allowMultipleAllocations), for the commit's check of what their shares take.
+    shared_capacity: dict = field(default_factory=dict)
 
 
 class InventoryCache:
@@ -323,6 +329,7 @@ def read_inventory(token, levels, domain_paths):
         devices.device_taints,
         rows,
         counters,
+        devices.shared_capacity,
     )
 
 
@@ -342,6 +349,8 @@ def patched_inventory(previous, token, levels, domain_paths):
         # Partitionable devices: their counters and who consumes them are made from all of a node's rows
         # at once (see counters_of); a full read is the one way that stays right.
         return None
+    if previous.shared_capacity:
+        return None  # shared devices: their capacities are read whole too, for the commit's check
     nodes_written = rows_written_since(Node, index.revision)
     devices_written = rows_written_since(Device, index.revision)
     # Deleted rows leave no revision behind: the counts tell (an inserted row is written, and unknown).
@@ -461,6 +470,7 @@ class DevicesRead(NamedTuple):
     revision: int  # the highest revision read
     # Device pk -> (its consumesCounters, its parent's pk) of the devices with either (the rest consume none)
     families: dict = {}
+    shared_capacity: dict = {}  # Device pk -> numeric capacity of the devices allowing several allocations
 
 
 DEVICE_COLUMNS = (
@@ -475,6 +485,7 @@ DEVICE_COLUMNS = (
     "revision",
     as_text("consumes_counters"),
     "parent_id",
+    "allow_multiple_allocations",
 )
 DEVICE_REVISION = DEVICE_COLUMNS.index("revision")
 
@@ -490,7 +501,8 @@ def load_devices(node_names):
     rows = fetch_rows(Device.objects.order_by("node_id", "name").values_list(*DEVICE_COLUMNS))
     make = s.Device
     families = {}
-    for pk, node_id, name, driver, attributes, capacity, health, taints, _, consumes, parent in rows:
+    shared_capacity = {}
+    for pk, node_id, name, driver, attributes, capacity, health, taints, _, consumes, parent, shared in rows:
         if parent is not None or (consumes is not None and consumes != "{}"):
             families[pk] = (parse(consumes, {}) or {}, parent)
         node = node_names[node_id]
@@ -503,6 +515,15 @@ def load_devices(node_names):
         device_pks[device_id] = pk
         devices_by_pk[pk] = (device_id, node)
         device_taints[pk] = taint_list
+        if shared:
+            shared_capacity[pk] = capacity_values
+            devices.append(
+                make(
+                    device_id, node, driver, attribute_values, capacity_values, health == Health.HEALTHY,
+                    taint_records, allow_multiple_allocations=True,
+                )
+            )  # fmt: skip
+            continue
         devices.append(
             make(device_id, node, driver, attribute_values, capacity_values, health == Health.HEALTHY, taint_records)
         )
@@ -510,8 +531,9 @@ def load_devices(node_names):
     slots = dict(zip(devices_by_pk, range(len(devices)), strict=True))
     revision = max((row[DEVICE_REVISION] or 0 for row in rows), default=0)
     return DevicesRead(
-        tuple(devices), device_pks, devices_by_pk, device_taints, slots, descriptions, revision, families
-    )
+        tuple(devices), device_pks, devices_by_pk, device_taints, slots, descriptions, revision, families,
+        shared_capacity,
+    )  # fmt: skip
 
 
 def patched_devices(previous, pks):
@@ -527,9 +549,11 @@ def patched_devices(previous, pks):
     descriptions = dict(index.descriptions) if len(index.descriptions) < MAX_KEPT_DESCRIPTIONS else {}
     parse = JsonCache()
     replaced = False
-    for pk, node_id, name, driver, attributes, capacity, health, taints, _, consumes, parent in rows:
+    for pk, node_id, name, driver, attributes, capacity, health, taints, _, consumes, parent, shared in rows:
         if parent is not None or (consumes is not None and consumes != "{}"):
             return None  # a device that now consumes counters: read whole (see counters_of)
+        if shared:
+            return None  # a device now shared: read whole (see patched_inventory)
         position, node = index.device_slots.get(pk), node_names.get(node_id)
         if position is None or node is None:
             return None
@@ -986,13 +1010,14 @@ def load_pod_set_rows(states, pks=None):
             "match_attribute",
             as_text("tolerations"),
             as_text("claim"),
+            as_text("capacity"),
         )
     )
     return {workload_id: tuple(row[1:] for row in group) for workload_id, group in groupby(rows, key=itemgetter(0))}
 
 
 def pod_set_from_row(row, parse):
-    name, replicas, min_count, per_pod, classes, match_attribute, tolerations, claim = row
+    name, replicas, min_count, per_pod, classes, match_attribute, tolerations, claim, capacity = row
     requests, constraints = (), ()
     claim = parse(claim, None)
     if claim:
@@ -1015,6 +1040,7 @@ def pod_set_from_row(row, parse):
         ),
         requests=requests,
         constraints=constraints,
+        capacity=tuple(sorted(numeric_capacity(parse(capacity, None) or {}).items())),
     )
 
 
@@ -1154,7 +1180,7 @@ def fetch_running_rows(pks=None):
         holders = holders.filter(**pk_in(pks))
     return fetch_in_background(
         allocations.order_by("workload_id", "pod_set", "pod_index", "device_id").values_list(
-            "workload_id", "pod_set", "pod_index", "device_id", "device_class_id"
+            "workload_id", "pod_set", "pod_index", "device_id", "device_class_id", as_text("consumed_capacity")
         ),
         holder_rows(holders),
     )
@@ -1315,18 +1341,32 @@ def running_workload(workload_id, rows, info, loaded, class_names, executor):
     min_counts = info[MIN_COUNTS] if len(info) > MIN_COUNTS else ()
     # Device and class names come from what was loaded already: no join per allocation.
     devices_by_pk = loaded.devices_by_pk
-    if len(rows) == 1:  # most running work is one device: one pod, nothing to group or sort
+    if len(rows) == 1 and rows[0][5] is None:  # most running work is one whole device: nothing to group
         row = rows[0]
         device_id, node = devices_by_pk[row[3]]
         placed = (s.RunningPod(pod_set=row[1], index=row[2], node=node, device_ids=(device_id,)),)
     else:
         pods = defaultdict(list)
+        consumed = {}  # (pod set, index, node) -> what the pod takes of each device it shares
         for row in rows:
             device_id, node = devices_by_pk[row[3]]
             pods[(row[1], row[2], node)].append(device_id)
-        placed = tuple(
-            s.RunningPod(pod_set=pod_set, index=index, node=node, device_ids=tuple(ids))
-            for (pod_set, index, node), ids in sorted(pods.items())
+            if row[5] is not None:
+                amounts = numeric_capacity(json.loads(row[5]) or {})
+                consumed[(row[1], row[2], node)] = tuple(sorted(amounts.items()))
+        placed = []
+        for key, ids in sorted(pods.items()):
+            pod_set, index, node = key
+            placed.append(s.RunningPod(pod_set, index, node, tuple(ids), consumed.get(key, ())))
+        placed = tuple(placed)
+    device_class, device_classes = rows[0][4], ()
+    if len(rows) > 1 and any(row[4] != device_class for row in rows):
+        # A several-request claim's devices, each under its request's class: the most held is the
+        # workload's, the others are named device by device.
+        counts = Counter(row[4] for row in rows)
+        device_class = max(counts, key=lambda pk: (counts[pk], -pk))
+        device_classes = tuple(
+            (devices_by_pk[row[3]][0], class_names[row[4]]) for row in rows if row[4] != device_class
         )
     started = seconds(started_at if started_at is not None else admitted_at)
     started = loaded.now.timestamp() if started is None else started
@@ -1335,7 +1375,8 @@ def running_workload(workload_id, rows, info, loaded, class_names, executor):
         id=str(workload_id),
         queue=queue,
         pods=placed,
-        device_class=class_names[rows[0][4]],  # one class per admission
+        device_class=class_names[device_class],
+        device_classes=device_classes,
         priority=priority,
         disruption=disruption,
         # A workload in a final state still holding devices (a bug elsewhere) must not be a victim.

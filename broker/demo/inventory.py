@@ -260,13 +260,16 @@ def nics_of(machine):
 
 
 def partition_and_nic_capacity(placed):
-    """{device class: devices} of the partitions and NICs, counted as quota counts them: per device."""
+    """{device class: devices} of the partitions and NICs, counted as quota counts them: a NIC per
+    device, a partition by its share of its GPU (broker.scheduler.quota.Consumption), so each profile's
+    class holds as many units as its partitioned GPUs."""
     partitioned, networked = partitioned_and_networked(placed)
     capacity = {}
     for p in placed:
         if p.machine.name in partitioned:
-            for profile, _, per_gpu in PARTITION_PROFILES:
-                capacity[f"mig-{profile}"] = capacity.get(f"mig-{profile}", 0) + p.machine.devices * per_gpu
+            for profile, slices, per_gpu in PARTITION_PROFILES:
+                units = p.machine.devices * per_gpu * slices // SLICES_PER_GPU
+                capacity[f"mig-{profile}"] = capacity.get(f"mig-{profile}", 0) + units
         if p.machine.name in networked:
             capacity["rdma-nic"] = capacity.get("rdma-nic", 0) + len(nics_of(p.machine))
     return capacity

@@ -21,7 +21,10 @@ class DomainAdmin(AuditedAdminMixin, admin.ModelAdmin):
 
 class DeviceInline(admin.TabularInline):
     model = Device
-    fields = ("name", "driver", "health", "attributes", "taints", "consumes_counters")
+    fields = (
+        "name", "driver", "health", "attributes", "capacity", "taints", "consumes_counters",
+        "allow_multiple_allocations",
+    )  # fmt: skip
     extra = 0
     show_change_link = True
 

@@ -179,6 +179,11 @@ class Device(models.Model):
         blank=True,
         help_text='DRA consumesCounters: {"<counter set of its node>": {"<counter>": amount}} taken while allocated.',
     )
+    allow_multiple_allocations = models.BooleanField(
+        default=False,
+        help_text="DRA allowMultipleAllocations: several allocations may share it (a time-sliced GPU, a NIC's "
+        "bandwidth), each taking an amount of its capacity; the amounts never sum past the capacity.",
+    )
     # Drawn from one sequence by a trigger on every INSERT and UPDATE (migration 0004, PostgreSQL only):
     # the loader re-reads just the rows above the highest revision it has seen. Not indexed, so a health
     # or taint update stays a HOT update; a sequential scan of the table is cheap enough. Nullable: SQLite
@@ -210,6 +215,11 @@ class Device(models.Model):
         )
         if counters_error:
             errors["consumes_counters"] = counters_error
+        shareable = isinstance(self.capacity, dict) and any(counter_value(v) for v in self.capacity.values())
+        if self.allow_multiple_allocations and not shareable:
+            errors["allow_multiple_allocations"] = (
+                "A device shared by several allocations needs a capacity for them to take amounts of."
+            )
         if self.parent_id is not None and self.node_id is not None and self.parent.node_id != self.node_id:
             errors["parent"] = "A partition sits on the node of the device it is cut from."
         if errors:

@@ -16,7 +16,7 @@ from broker.scheduler.capacity import NODE_LEVEL, ROOT, Access, CapacityState, V
 from broker.scheduler.failures import evictions_for, failed_devices
 from broker.scheduler.ordering import FairShareOrder, ShareBook, shortest_first_key
 from broker.scheduler.placement import GangPlan, PlannedPod, choose_counted, place_gang, spend
-from broker.scheduler.quota import QuotaTree
+from broker.scheduler.quota import EPSILON, Consumption, QuotaTree, request_charges
 from broker.scheduler.requests import Request, all_levels, approval_problem, entitlement_problem, resolve
 from broker.scheduler.selectors import ClassMatcher, SelectorCache
 from broker.scheduler.snapshot import (
@@ -144,10 +144,18 @@ class Cycle:
         #    summed per queue and class first (usage is a sum, so the totals are what each charge adds up to).
         self.quota = QuotaTree(self.snapshot.queues, self.snapshot.cohorts)
         self.book = ShareBook(self.snapshot.queues, self._class_capacity())
-        charges: dict[tuple, int] = {}
-        for workload in self.snapshot.running:  # sums of whole devices: the order cannot change them
-            key = (workload.queue, workload.device_class)
-            charges[key] = charges.get(key, 0) + workload.device_count
+        # By what each device's allocation consumes (a partition its share of the GPU, a time-slice its
+        # share of the capacity), each device under the class it was allocated with.
+        self.consumption = consumption = Consumption.of_snapshot(self.snapshot)
+        charges: dict[tuple, float] = {}
+        for workload in self.snapshot.running:  # sums: the order cannot change them (but for rounding)
+            if consumption.whole and not workload.device_classes:
+                key = (workload.queue, workload.device_class)
+                charges[key] = charges.get(key, 0) + workload.device_count
+                continue
+            for device_class, amount in consumption.of_running(workload).items():
+                key = (workload.queue, device_class)
+                charges[key] = charges.get(key, 0) + amount
         for (queue, device_class), amount in charges.items():
             self._charge(queue, device_class, amount)
         # 3. Resolve pending workloads against the policy (the impossible ones are InvalidRequest), each
@@ -389,6 +397,22 @@ class Cycle:
         in_line = len(self.protections) - len(self.protected_first)
         return in_line < max(1, self.config.backfill_depth)
 
+    def quota_need(self, request: Request) -> float:
+        """The least quota `request` can be charged (broker.scheduler.quota.Consumption): its device
+        count, times the smallest share a device counts for when partitions or shared devices exist
+        (for a time-sliced request, the smallest fraction of a shared device's capacity its amounts take)."""
+        consumption = self.consumption
+        if request.shared_amounts is not None:
+            fractions = [
+                max((amount / capacity[name] for name, amount in request.shared_amounts.items() if capacity.get(name)),
+                    default=1.0)
+                for capacity in consumption.capacities.values()
+            ]  # fmt: skip
+            return request.needed * min(1.0, min(fractions, default=1.0))
+        if consumption.whole:
+            return request.needed
+        return request.needed * consumption.smallest
+
     def _charge(self, queue: str, device_class: str, amount: int) -> None:
         self.quota.add_usage(queue, device_class, amount)
         self.book.add(queue, device_class, amount)
@@ -413,15 +437,24 @@ class Cycle:
             return self._admit_claim(request, excluded)
         if request.shared_amounts is not None:
             return self._admit_shared(request, excluded)
+        consumption = self.consumption
+        # Partitions count for their share of a GPU: the least a request can be charged is its device
+        # count times the smallest share; its plan's own charge is checked once made.
+        least = needed if consumption.whole else needed * consumption.smallest
         for class_name in request.classes:
             available = quota.available(queue, class_name)
-            if available is not None and needed > available:
+            if available is not None and least > available + EPSILON:
                 continue
             plan = self.find_plan(request, class_name, excluded=excluded)
             if plan is None:
                 continue
-            if not request.simple:  # a simple gang has no optional pods: its plan is what quota allowed
-                plan = _trim_to_quota(plan, request, available)
+            if consumption.whole:
+                if not request.simple:  # a simple gang has no optional pods: its plan is what quota allowed
+                    plan = _trim_to_quota(plan, request, available)
+            elif available is not None:
+                plan = _trim_to_quota(plan, request, available, consumption)
+                if consumption.of_devices([slot.id for slot in plan.slots()]) > available + EPSILON:
+                    continue
             self._commit(request, class_name, plan)
             return True
         self.log.outcomes[request.id] = Outcome(request)
@@ -429,14 +462,18 @@ class Cycle:
 
     def _admit_claim(self, request: Request, excluded: frozenset) -> bool:
         """Several-request claims. The admission is recorded under the class of the first request's way
-        (the GPUs of "8 GPUs and a NIC") and all its devices count against that class's quota, as the
-        running workload it becomes is counted in every later cycle (RunningWorkload.device_class); a
-        plan over quota waits, its optional pods too."""
+        (the GPUs of "8 GPUs and a NIC"), and each request's devices count against its own class's quota
+        (Admission.request_classes), as the running workload it becomes is counted in every later cycle
+        (RunningWorkload.device_classes); a plan over any class's quota waits, its optional pods too."""
         plan = self.find_plan(request, request.classes[0], excluded=excluded)
         if plan is not None:
             class_name = plan.pods[0].requests[0][1]
-            available = self.quota.available(request.queue.name, class_name)
-            if available is None or sum(len(pod.slots) for pod in plan.pods) <= available:
+            queue = request.queue.name
+            charges = request_charges(plan.pods, self.consumption, class_name)
+            if all(
+                (available := self.quota.available(queue, device_class)) is None or amount <= available + EPSILON
+                for device_class, amount in charges.items()
+            ):
                 self._commit(request, class_name, plan)
                 return True
         self.log.outcomes[request.id] = Outcome(request)
@@ -453,26 +490,31 @@ class Cycle:
     def _admit_shared(self, request: Request, excluded: frozenset) -> bool:
         """A time-sliced request: its devices' capacity amounts come from the ledger; idle devices it
         takes leave the free pool (held by it), shared ones stay where they are."""
+        consumption = self.consumption
         for class_name in request.classes:
             available = self.quota.available(request.queue.name, class_name)
-            if available is not None and request.needed > available:
-                continue
+            # A share counts for what it takes of a device: checked on the plan, by its own charge.
             plan = self.find_plan(request, class_name, excluded=excluded)
             if plan is None:
                 continue
-            plan = _trim_to_quota(plan, request, available)
+            consumed = tuple(sorted(request.shared_amounts.items()))
+            if available is not None:
+                plan = _trim_to_quota(plan, request, available, consumption, consumed)
+                if consumption.of_devices([slot.id for slot in plan.slots()], consumed) > available + EPSILON:
+                    continue
             slots = [slot for pod in plan.pods for slot in pod.slots]
             self.state.hold(self.ledger.commit(slots, request.shared_amounts), request.id)
             node_names = self.state.node_names
             pods = tuple(
                 made(PodPlacement, pod_set=pod.pod_set, index=pod.index, node=node_names[pod.node],
-                     device_ids=tuple(slot.id for slot in pod.slots), requests=())
+                     device_ids=tuple(slot.id for slot in pod.slots), requests=(), consumed=consumed)
                 for pod in sorted(plan.pods, key=_pod_order)
             )  # fmt: skip
-            self._charge(request.queue.name, class_name, len(slots))
+            self._charge(request.queue.name, class_name, self.consumption.of_devices([s.id for s in slots], consumed))
             admission = made(
-                Admission, workload_id=request.id, device_class=class_name, pods=pods, domain=self.common_domain(plan)
-            )
+                Admission, workload_id=request.id, device_class=class_name, pods=pods, domain=self.common_domain(plan),
+                request_classes=(),
+            )  # fmt: skip
             # Not among admitted_plans: a simulated end of it must not free devices others share.
             self.log.admitted[request.id] = admission
             self.log.admitted_durations.append(request.workload.expected_duration)
@@ -530,6 +572,7 @@ class Cycle:
                 node=node_names[pod.node],
                 device_ids=tuple([slot.id for slot in slots]),
                 requests=(),
+                consumed=(),
             )
             pods = (placement,)
             domain = self._node_domain(pod.node)
@@ -545,6 +588,7 @@ class Cycle:
                         node=node_names[pod.node],
                         device_ids=tuple([slot.id for slot in pod.slots]),
                         requests=(),
+                        consumed=(),
                     )
                     for pod in sorted(planned, key=_pod_order)
                 ]
@@ -554,13 +598,24 @@ class Cycle:
             pods = tuple(
                 [
                     made(PodPlacement, pod_set=pod.pod_set, index=pod.index, node=placed.node,
-                         device_ids=placed.device_ids, requests=claims.slot_labels(pod))
+                         device_ids=placed.device_ids, requests=claims.slot_labels(pod), consumed=())
                     for pod, placed in zip(sorted(planned, key=_pod_order), pods, strict=True)
                 ]
             )  # fmt: skip
-        self._charge(request.queue.name, class_name, len(slots))
+        request_classes = ()
+        if request.claimed:  # each request's devices under its own class
+            labels = {label: device_class for pod in planned for label, device_class, _ in pod.requests}
+            request_classes = tuple(labels.items())
+            for device_class, amount in request_charges(planned, self.consumption, class_name).items():
+                self._charge(request.queue.name, device_class, amount)
+        elif self.consumption.whole:
+            self._charge(request.queue.name, class_name, len(slots))
+        else:
+            self._charge(request.queue.name, class_name, self.consumption.of_devices([s.id for s in slots]))
         admission = object.__new__(Admission)
-        admission.__dict__.update(workload_id=request_id, device_class=class_name, pods=pods, domain=domain)
+        admission.__dict__.update(
+            workload_id=request_id, device_class=class_name, pods=pods, domain=domain, request_classes=request_classes
+        )
         log = self.log
         log.admitted[request_id] = admission
         log.admitted_plans[request_id] = plan
@@ -953,21 +1008,29 @@ def _pod_order(pod: PlannedPod) -> tuple:
     return (pod.pod_set, pod.index)
 
 
-def _trim_to_quota(plan: GangPlan, request: Request, available: int | None) -> GangPlan:
-    """Drop optional pods (beyond min_count) until the plan fits the quota still available."""
+def _trim_to_quota(
+    plan: GangPlan, request: Request, available: float | None, consumption: Consumption | None = None, consumed=()
+) -> GangPlan:
+    """Drop optional pods (beyond min_count) until the plan fits the quota still available; a pod
+    counts for its devices, or with `consumption` for what they consume."""
     if available is None:
         return plan
-    total = sum(len(pod.slots) for pod in plan.pods)
-    if total <= available:
+
+    def charge(pod) -> float:
+        if consumption is None:
+            return len(pod.slots)
+        return consumption.of_devices([slot.id for slot in pod.slots], consumed)
+
+    pods = list(plan.pods)
+    total = sum(charge(pod) for pod in pods)
+    if total <= available + EPSILON:
         return plan
     minimum = {demand.name: demand.min_count for demand in request.demands}
-    pods = list(plan.pods)
-    total = sum(len(pod.slots) for pod in pods)
-    while total > available:
+    while total > available + EPSILON:
         optional = [pod for pod in pods if pod.index >= minimum[pod.pod_set]]
         if not optional:
             break
         last = max(optional, key=lambda pod: (pod.index, pod.pod_set))
         pods.remove(last)
-        total -= len(last.slots)
+        total -= charge(last)
     return GangPlan(plan.class_index, plan.scope, tuple(pods))

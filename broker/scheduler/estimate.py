@@ -207,7 +207,7 @@ class _Simulation:
 
 def _start(cycle, request, class_name: str, plan) -> None:
     cycle.state.hold(list(plan.slots()), request.workload.id)
-    cycle.quota.add_usage(request.queue.name, class_name, sum(len(pod.slots) for pod in plan.pods))
+    cycle.quota.add_usage(request.queue.name, class_name, cycle.consumption.of_devices([s.id for s in plan.slots()]))
     cycle.simulated_plans[request.workload.id] = plan
     cycle.simulated_class[request.workload.id] = class_name
 
@@ -305,11 +305,12 @@ def _release(cycle, workload_id: str) -> None:
     slots = cycle.slots_held_by(workload_id)
     cycle.state.release(slots)
     workload = cycle.running.get(workload_id) or cycle.leaving.get(workload_id)
-    if workload is not None:
-        cycle.quota.add_usage(workload.queue, workload.device_class, -len(slots))
+    if workload is not None:  # what it was charged (broker.scheduler.quota.Consumption)
+        for device_class, amount in cycle.consumption.of_running(workload).items():
+            cycle.quota.add_usage(workload.queue, device_class, -amount)
         return
     request = cycle.requests.get(workload_id)
     class_name = cycle.log.admitted[workload_id].device_class if workload_id in cycle.log.admitted else None
     class_name = class_name or cycle.simulated_class.get(workload_id)
     if request is not None and class_name is not None:
-        cycle.quota.add_usage(request.queue.name, class_name, -len(slots))
+        cycle.quota.add_usage(request.queue.name, class_name, -cycle.consumption.of_devices([s.id for s in slots]))

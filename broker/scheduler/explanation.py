@@ -165,7 +165,8 @@ class Assessor:
         awaiting = approval_problem(request)
         if awaiting:
             codes["AwaitingApproval"] = awaiting
-        checks = [self.cycle.quota.check(request.queue.name, name, request.needed) for name in request.classes]
+        need = self.cycle.quota_need(request)
+        checks = [self.cycle.quota.check(request.queue.name, name, need) for name in request.classes]
         details["quota"] = checks[0].details()
         passing = tuple(check.device_class for check in checks if check.fits)
         if not passing:
@@ -363,7 +364,15 @@ class Assessor:
                     f"it would fit without the {focus['reserved']} free devices reserved for other teams"
                     f" ({_owners_text(focus['reserved_by'])})"
                 )
-            if all(n["free"] < request.needed for n in numbers):
+            if request.shared_amounts is not None:
+                # Time-sliced: what is left on the shared devices, not free devices, says why.
+                room = [sharing.room_for(self.cycle.state, self.cycle.ledger, self.cycle.state.class_index[name],
+                                         request.shared_amounts, access) for name in classes]  # fmt: skip
+                code, text = sharing.why_not(
+                    request.demands, classes, room, request.shared_amounts, request.needed, request.required
+                )
+                codes[code] = text
+            elif all(n["free"] < request.needed for n in numbers):
                 codes["InsufficientCapacity"] = f"{needs}; {_free_text(focus, 'only ')} free in the cluster"
             else:
                 codes["TopologyFragmented"] = _fragmented_text(request, needs, focus)
@@ -460,7 +469,7 @@ class Assessor:
         at its turn in a re-run it sees at least this much free capacity and quota."""
         excluded = self.cycle.excluded_for(request)
         for class_name in request.classes:
-            if not self.cycle.quota.fits(request.queue.name, class_name, request.needed):
+            if not self.cycle.quota.fits(request.queue.name, class_name, self.cycle.quota_need(request)):
                 continue
             if self._fits(request, class_name, request.default_access, excluded):
                 return True

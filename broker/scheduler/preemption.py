@@ -834,10 +834,17 @@ class _ScopeSearch:
 
     def feasible(self, chosen) -> bool:
         self.checks += 1
-        released: dict[str, int] = {}
+        released: dict[str, float] = {}
+        consumption = self.cycle.consumption
         for workload in [victim.workload for victim in chosen] + self.evicting_workloads:
-            if workload.device_class == self.class_name:
-                released[workload.queue] = released.get(workload.queue, 0) + workload.device_count
+            if consumption.whole and not workload.device_classes:
+                if workload.device_class == self.class_name:
+                    released[workload.queue] = released.get(workload.queue, 0) + workload.device_count
+                continue
+            # What its quota usage drops by: what it was charged to this class (quota.Consumption).
+            amount = consumption.of_running(workload).get(self.class_name, 0)
+            if amount:
+                released[workload.queue] = released.get(workload.queue, 0) + amount
         quota = self.cycle.quota.check(self.request.queue.name, self.class_name, self.request.needed, released)
         if not quota.fits:
             return False

@@ -45,13 +45,13 @@ class QuotaCheck:
         if self.nominal is None:
             return f"queue {self.queue} has unlimited {self.device_class} quota"
         head = (
-            f"queue {self.queue} uses {self.used} of {self.nominal} {self.device_class} "
-            f"(+{self.borrowable} borrowable); needs {self.requested}"
+            f"queue {self.queue} uses {amount(self.used)} of {amount(self.nominal)} {self.device_class} "
+            f"(+{amount(self.borrowable)} borrowable); needs {amount(self.requested)}"
         )
         if not self.ever_fits:
-            return f"{head}: more than the most it can ever get, {self.maximum}"
+            return f"{head}: more than the most it can ever get, {amount(self.maximum)}"
         if not self.fits:
-            return f"{head}: {self.more_needed} more needed"
+            return f"{head}: {amount(self.more_needed)} more needed"
         return f"{head}: fits"
 
     def details(self) -> dict:
@@ -66,6 +66,16 @@ class QuotaCheck:
             "requested": self.requested,
             "more_needed": self.more_needed,
         }
+
+
+# Charges are sums of fractions (seven 1/7 partitions make 0.9999999999999998): compared with this slack.
+EPSILON = 1e-9
+
+
+def amount(value) -> str:
+    """A quota amount as messages say it: devices, and partitions or shares of them to two decimals."""
+    rounded = round(value, 2)
+    return str(int(rounded)) if rounded == int(rounded) else f"{rounded:g}"
 
 
 # The constants of a class a node names nowhere in its subtree: no quota, nothing guaranteed, no limit.
@@ -319,3 +329,107 @@ class QuotaTree:
         if node is None or node.parent is None:
             return None
         return node.root.name
+
+
+class Consumption:
+    """What holding each device counts for in quota, by what it consumes of the hardware (issue 26;
+    finance bills the same shares, broker.costs):
+
+    - a whole device: 1;
+    - a partition (a device consuming a counter set, DRA consumesCounters): its share of the physical
+      device, the largest fraction of any counter of the set it takes (a 1g.10gb slice of an 80 GB GPU
+      whose set publishes 80Gi of memory and 7 compute units: max(10/80, 1/7) = 1/7);
+    - a share of a device several allocations may share (time-sliced, DRA consumedCapacity): the
+      largest fraction of any of the device's capacities it takes, times the device's own share.
+
+    Made from the snapshot's devices once per inventory (`of_snapshot` keeps the last), so a cycle
+    of whole devices pays one look at an empty dict per charge."""
+
+    def __init__(self, devices, counter_sets):
+        values = {(counter_set.node, counter_set.name): counter_set.counters for counter_set in counter_sets}
+        self.shares: dict[str, float] = {}  # device id -> its share of a physical device, when not 1
+        self.capacities: dict[str, dict] = {}  # device id -> capacity, of devices several may share
+        for device in devices:
+            if device.consumes_counters:
+                share = partition_share(device.node, device.consumes_counters, values)
+                if share != 1:
+                    self.shares[device.id] = share
+            if device.allow_multiple_allocations:
+                self.capacities[device.id] = dict(device.capacity)
+        # The least any device's allocation counts for (shares of shared devices aside: their requests'
+        # charges are checked on their plans).
+        self.smallest = min(self.shares.values(), default=1.0)
+
+    _last: tuple | None = None
+
+    @classmethod
+    def of_snapshot(cls, snapshot) -> Consumption:
+        last = cls._last
+        if last is not None and last[0] is snapshot.devices and last[1] is snapshot.counter_sets:
+            return last[2]
+        made = cls(snapshot.devices, snapshot.counter_sets)
+        cls._last = (snapshot.devices, snapshot.counter_sets, made)
+        return made
+
+    @property
+    def whole(self) -> bool:
+        """Every device counts 1 (no partitions, no shared devices): charges are device counts."""
+        return not self.shares and not self.capacities
+
+    def of(self, device_id: str, consumed=()) -> float:
+        share = self.shares.get(device_id, 1)
+        if consumed:
+            capacity = self.capacities.get(device_id) or {}
+            fractions = [amount / capacity[name] for name, amount in consumed if capacity.get(name)]
+            if fractions:
+                share *= min(1.0, max(fractions))
+        return share
+
+    def of_devices(self, device_ids, consumed=()) -> float:
+        if self.whole:
+            return len(device_ids)
+        return sum(self.of(device_id, consumed) for device_id in device_ids)
+
+    def of_running(self, workload) -> dict[str, float]:
+        """{device class: what it counts for} of a running workload: its devices under the class each
+        was allocated with (a several-request claim's under each request's class)."""
+        classes = dict(workload.device_classes)
+        if self.whole and not classes:
+            return {workload.device_class: workload.device_count}
+        charges: dict[str, float] = {}
+        for pod in workload.pods:
+            for device_id in pod.device_ids:
+                device_class = classes.get(device_id, workload.device_class)
+                charges[device_class] = charges.get(device_class, 0) + self.of(device_id, pod.consumed)
+        return charges
+
+
+def partition_share(node: str, consumes: dict, values: dict) -> float:
+    """A device's share of its physical device: the largest fraction of a counter it consumes of its
+    node's counter set (1 when it names none its node publishes)."""
+    fractions = [
+        amount / counters[counter]
+        for set_name, taken in consumes.items()
+        for counters in (values.get((node, set_name)) or {},)
+        for counter, amount in taken.items()
+        if counters.get(counter)
+    ]
+    return min(1.0, max(fractions)) if fractions else 1.0
+
+
+def request_charges(pods, consumption: Consumption, default_class: str, consumed=()) -> dict[str, float]:
+    """{device class: what it counts for} of an admission's planned pods: a several-request claim's
+    pods (claims.ClaimPod) charge each request's devices to that request's class."""
+    charges: dict[str, float] = {}
+    for pod in pods:
+        requests = getattr(pod, "requests", None)
+        if requests:
+            at = 0
+            for _, device_class, count in requests:
+                amount = consumption.of_devices([slot.id for slot in pod.slots[at : at + count]], consumed)
+                charges[device_class] = charges.get(device_class, 0) + amount
+                at += count
+        else:
+            amount = consumption.of_devices([slot.id for slot in pod.slots], consumed)
+            charges[default_class] = charges.get(default_class, 0) + amount
+    return charges

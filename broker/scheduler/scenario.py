@@ -41,7 +41,8 @@ Shared devices (DRA consumable capacity, issue 26): a node with `shared: true` h
 several allocations of their `capacity`; a resource class with `sharing: TimeSliced` lets work share
 them, each pod taking its pod set's `capacity` amounts (e.g. `capacity: {memory: 20}`) of each of its
 devices, and a running pod names what it takes as `consumed: {memory: 30}` (several running pods may
-then name one device, within its capacity).
+then name one device, within its capacity). In `--json`, such a pod's placement gains `consumed`:
+{capacity: amount} it takes of each of its devices (DRA consumedCapacity).
 
 Any malformed input raises ScenarioError with one readable line that says where, e.g.
 "pending[2].queue: unknown queue 'foo'".
@@ -961,6 +962,8 @@ def _admitted_json(workload: PendingWorkload, admission) -> dict:
     for entry, pod in zip(placement, pods, strict=True):
         if pod.requests:  # a several-request claim: which devices serve which request
             entry["requests"] = {label: list(device_ids) for label, device_ids in pod.requests}
+        if pod.consumed:  # a time-sliced pod: what it takes of each of its devices
+            entry["consumed"] = dict(pod.consumed)
     where = ", ".join(f"{level} {name}" for level, name in admission.domain.items()) or "the cluster"
     devices = sum(len(pod.device_ids) for pod in pods)
     # A several-request claim's devices are of several classes: `requests` in placement says which.

@@ -21,6 +21,8 @@ shared ones where they are; only the ledger here knows what is left on them.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from broker.scheduler.capacity import PLAIN, ROOT
 from broker.scheduler.placement import GangPlan, PlannedPod
 
@@ -145,3 +147,54 @@ def _pack(ledger: Ledger, slots_by_node: dict, nodes: list, demands, amounts: di
             if required and placed < wanted:
                 return None
     return pods
+
+
+class Room(NamedTuple):
+    """What the shared devices of one class have left for a time-sliced request's amounts."""
+
+    fitting: int  # devices with the request's amounts left
+    best: str | None  # the device with the most left (by the first amount's capacity), when none fits
+    left: dict  # what that device has left
+
+
+def room_for(state, ledger: Ledger, class_index: int, amounts: dict, access) -> Room:
+    fitting, best, best_left = 0, None, {}
+    first = sorted(amounts)[0]
+    for slot in state.slots:
+        if not usable(slot, class_index, ledger, access):
+            continue
+        if ledger.fits(slot.id, amounts, {}):
+            fitting += 1
+            continue
+        left = ledger.left[slot.id] or {}
+        if best is None or left.get(first, 0) > best_left.get(first, 0):
+            best, best_left = slot.id, left
+    return Room(fitting, best, best_left)
+
+
+def why_not(demands, classes, rooms, amounts: dict, needed: int, required: str | None) -> tuple[str, str]:
+    """(reason code, message) of a time-sliced request that does not fit now, naming the request (its
+    pod set, as DRA names a claim's request) and what the shared devices have left, e.g. "request main:
+    no shared gpu has 30 memory left on any node (most left: 10 memory on n1/0)"."""
+    demand = demands[0]
+    request = demand.name
+    wanted = " and ".join(f"{amount:g} {name}" for name, amount in sorted(amounts.items()))
+    fitting = sum(room.fitting for room in rooms)
+    kinds = " or ".join(classes)
+    if fitting == 0:
+        best = max(rooms, key=lambda room: (room.best is not None, sorted(room.left.items())))
+        most = ""
+        if best.best is not None:
+            left = ", ".join(f"{amount:g} {name}" for name, amount in sorted(best.left.items()))
+            most = f" (most left: {left} on {best.best})"
+        return "InsufficientCapacity", f"request {request}: no shared {kinds} has {wanted} left on any node{most}"
+    if fitting < needed:
+        return (
+            "InsufficientCapacity",
+            f"request {request}: only {fitting} shared {kinds} have {wanted} left, {needed} needed",
+        )
+    where = f"one {required}" if required else "one node each pod"
+    return (
+        "TopologyFragmented",
+        f"request {request}: {fitting} shared {kinds} have {wanted} left, but not as its pods need them on {where}",
+    )

@@ -399,6 +399,8 @@ class RunningWorkload:
     partial: only some of the workload's pods (a preemption search's candidate for shrinking it).
     preemptions: how often it was preempted before this run (a bound protects it from thrashing).
     name: what messages call it ("" = its id); the pods split off it keep it.
+    device_classes: (device id, class) of the devices allocated under another class than `device_class`
+      (a several-request claim's, each request's class); quota counts each device under its own.
     """
 
     id: str
@@ -417,6 +419,7 @@ class RunningWorkload:
     partial: bool = False
     preemptions: int = 0
     name: str = ""
+    device_classes: tuple[tuple[str, str], ...] = ()
 
     @cached_property
     def device_count(self) -> int:
@@ -565,6 +568,8 @@ class PodPlacement:
     requests: for a pod set with a several-request claim, (request, device ids) pairs in the claim's
     order; a firstAvailable request is named "<request>/<sub-request>" as DRA's allocation result names
     it. Empty for the single-request case (all of `device_ids` then serve it).
+    consumed: for a time-sliced pod (broker.scheduler.sharing), the (capacity, amount) pairs it takes of
+      each of its devices, which other allocations may share (DRA consumedCapacity); empty: whole devices.
     """
 
     pod_set: str
@@ -572,17 +577,21 @@ class PodPlacement:
     node: str
     device_ids: tuple[str, ...]
     requests: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    consumed: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
 class Admission:
     """A workload admitted this cycle. domain: level -> domain shared by all its pods (read-only: the
-    mapping of a one-node admission is shared by every admission on that node)."""
+    mapping of a one-node admission is shared by every admission on that node). request_classes: for a
+    several-request claim, (request label, device class) of each request its pods' `requests` name: the
+    devices of a request are allocated (and charged to quota) under its own class."""
 
     workload_id: str
     device_class: str
     pods: tuple[PodPlacement, ...]
     domain: Mapping[str, str] = field(default_factory=dict)
+    request_classes: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -280,5 +280,11 @@ def claims_snapshot(snapshot: Snapshot, share: float = 0.3, seed: int = 1) -> Sn
         snapshot,
         devices=snapshot.devices + tuple(nics),
         device_classes=(*snapshot.device_classes, DeviceClass("nic", match={"kind": "nic"}, price_per_hour=0.1)),
+        # A claim's NICs count under their own class (broker.scheduler.quota): a limited queue gets one
+        # NIC of quota per H100 of it, more than its claims can take (one NIC per 2 GPUs).
+        queues=tuple(
+            replace(queue, quota={**queue.quota, "nic": queue.quota.get("h100", 0)}) if queue.quota else queue
+            for queue in snapshot.queues
+        ),
         pending=pending,
     )

@@ -1,7 +1,7 @@
 from django.conf import settings
 from django.core.validators import MinValueValidator
 from django.db import models
-from django.db.models import Q
+from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
 from broker.workloads.fields import StoredJSONField
@@ -180,6 +180,12 @@ class PodSet(models.Model):
         help_text="Each pod's claim as resource.k8s.io/v1 writes it (requests, constraints); empty: "
         "devices_per_pod devices of the device classes.",
     )
+    capacity = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="What each pod takes of each of its devices when its resource class shares them (TimeSliced), "
+        'as DRA\'s ExactDeviceRequest capacity.requests writes it, e.g. {"memory": "20Gi"}; empty: devices whole.',
+    )
 
     class Meta:
         ordering = ["workload", "id"]
@@ -248,8 +254,11 @@ class SchedulingCycle(models.Model):
 
 
 class Allocation(models.Model):
-    """A device held by a workload's pod. A device has at most one active allocation, ever: the
-    partial unique index below makes the database refuse a second one."""
+    """A device held by a workload's pod, whole, or a share of it (`consumed_capacity`) when the device
+    allows several allocations. A device has at most one active whole allocation, ever, and never one
+    beside shares: the partial unique index below makes the database refuse a second whole one, and on
+    PostgreSQL triggers (migration 0022) refuse a share of a device that allows none and a share beside
+    a whole allocation. That the shares never sum past the capacity the cycle's commit checks."""
 
     # What an allocation is, so the database refuses an allocation of a missing workload or device and the
     # deletion of an allocated one, as a foreign key would; but by statement triggers (migration 0016,
@@ -280,8 +289,11 @@ class Allocation(models.Model):
         db_index=False,
     )  # fmt: skip
     allocated_at = models.DateTimeField(default=timezone.now)
+    # DRA's consumedCapacity: {capacity: amount} this pod takes of the device when it shares it (a
+    # time-sliced GPU's memory); None: it holds the device whole.
+    consumed_capacity = models.JSONField(null=True, blank=True)
     # Indexed where set only (Meta.indexes): an admission's new rows have none, and the active ones are
-    # found through allocation_one_active_per_device, whose condition is released_at IS NULL.
+    # found through allocation_one_whole_per_device, whose condition is released_at IS NULL.
     released_at = models.DateTimeField(null=True, blank=True)
     # Shrinking (Pod disruption mode): this pod was chosen to leave so `evicted_for` can start; its
     # workload runs on with its other pods. The device stays held until the executor has stopped the pod.
@@ -304,10 +316,25 @@ class Allocation(models.Model):
             ),
             # Finance's windows: what was released after a given instant.
             models.Index(fields=["released_at"], condition=Q(released_at__isnull=False), name="allocation_released"),
+            # The active shares: few, and what the sharing triggers and the commit's capacity check look at.
+            models.Index(
+                fields=["device"],
+                condition=Q(released_at__isnull=True, consumed_capacity__isnull=False),
+                name="allocation_active_shares",
+            ),
         ]
         constraints = [
+            # Keyed (device, 0) for a whole allocation and (device, its id) for a share: one whole holder of
+            # a device, any number of shares. Still every active allocation's index (released_at IS NULL).
             models.UniqueConstraint(
-                fields=["device"], condition=Q(released_at__isnull=True), name="allocation_one_active_per_device"
+                F("device"),
+                Case(
+                    When(consumed_capacity__isnull=True, then=Value(0)),
+                    default=F("id"),
+                    output_field=models.BigIntegerField(),
+                ),
+                condition=Q(released_at__isnull=True),
+                name="allocation_one_whole_per_device",
             ),
             models.CheckConstraint(
                 condition=Q(released_at__isnull=True) | Q(released_at__gte=models.F("allocated_at")),

@@ -16,9 +16,10 @@ from broker.audit.models import record
 from broker.events import request_cycle_after_commit
 from broker.governance import approvals, guidance
 from broker.inventory.models import TopologyLevel
+from broker.inventory.quantities import quantity
 from broker.limits import PRIORITY_MAX, PRIORITY_MIN
 from broker.policy import roles
-from broker.policy.models import DeviceClass, Queue, ResourceClass
+from broker.policy.models import DeviceClass, Queue, ResourceClass, SharingRule
 from broker.scheduler.claims import Claim, claim_from_dra, claim_problem
 from broker.workloads.models import Allocation, ApprovalState, PodSet, Workload
 from broker.workloads.states import FINAL_STATES, State
@@ -47,6 +48,9 @@ class PodSetRequest:
     # Each pod's claim as resource.k8s.io/v1 writes it (requests, constraints); empty: devices_per_pod
     # devices of device_classes. Not hashed: a submission is never a key.
     claim: dict = field(default_factory=dict, hash=False)
+    # What each pod takes of each of its devices when its resource class shares them (TimeSliced), as
+    # DRA's ExactDeviceRequest capacity.requests writes it, e.g. {"memory": "20Gi"}; empty: devices whole.
+    capacity: dict = field(default_factory=dict, hash=False)
 
     @property
     def devices(self):
@@ -108,6 +112,10 @@ def pod_set_errors(pod_set, resource_class, offered):
         problem = claim_errors(pod_set, resource_class, offered)
         if problem:
             errors["claim"] = [problem]
+    if pod_set.capacity:
+        problem = capacity_errors(pod_set, resource_class)
+        if problem:
+            errors["capacity"] = [problem]
     known = set(DeviceClass.objects.filter(name__in=pod_set.device_classes).values_list("name", flat=True))
     unknown = [name for name in pod_set.device_classes if name not in known]
     not_offered = [name for name in pod_set.device_classes if name in known and offered and name not in offered]
@@ -118,6 +126,26 @@ def pod_set_errors(pod_set, resource_class, offered):
             f"{resource_class} does not offer {', '.join(not_offered)}; it offers {', '.join(offered)}."
         ]
     return errors
+
+
+MAX_CAPACITIES = 8  # a device publishes a handful (memory, compute, bandwidth): more is a malformed body
+
+
+def capacity_errors(pod_set, resource_class):
+    """What is wrong with the capacity amounts a time-sliced pod set asks of each device, or None."""
+    if not isinstance(pod_set.capacity, dict):
+        return 'Capacity must be an object of capacity: quantity, e.g. {"memory": "20Gi"}.'
+    if len(pod_set.capacity) > MAX_CAPACITIES:
+        return f"At most {MAX_CAPACITIES} capacities."
+    if resource_class.sharing != SharingRule.TIME_SLICED:
+        return f"{resource_class} shares no devices (sharing: TimeSliced): ask for whole devices without capacity."
+    if pod_set.claim:
+        return "Capacity amounts go with devices_per_pod, not with a claim's requests."
+    for name, value in pod_set.capacity.items():
+        amount = quantity(value)
+        if amount is None or amount <= 0:
+            return f"Capacity {name!r} must be a positive quantity, not {value!r}."
+    return None
 
 
 def claim_errors(pod_set, resource_class, offered):
@@ -230,6 +258,7 @@ def submit_workload(submission, actor):
                 device_classes=list(pod_set.device_classes),
                 match_attribute=pod_set.match_attribute,
                 claim=pod_set.claim,
+                capacity=pod_set.capacity,
             )
         target = State.AWAITING_APPROVAL if needs_approval else State.PENDING
         workload.transition(target, actor=actor, reason="submitted")

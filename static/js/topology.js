@@ -89,8 +89,16 @@
     var teams = Object.keys(cell.teams || {}).map(function (t) { return t + " " + cell.teams[t]; });
     parts.push("busy " + c.busy + (teams.length ? " (" + teams.join(", ") + ")" : ""));
     ["free", "unhealthy", "reserved", "stranded"].forEach(function (k) { parts.push(k + " " + c[k]); });
-    // The counts include the partitions of partitioned GPUs and the NICs: say how many of each.
-    if (cell.partitions) parts.push("of which partitions " + cell.partitions + " (" + (cell.partitions_busy || 0) + " in use)");
+    // The counts are physical devices (a partitioned GPU once, busy while any partition is): say what
+    // the GPUs are cut into or shared by, and how much of that is in use, and how many are NICs.
+    if (cell.partitions) {
+      var used = cell.partitions_busy || 0;
+      parts.push("partitions " + used + "/" + cell.partitions + " in use (" + Math.round(100 * used / cell.partitions) + "%)");
+    }
+    if (cell.shared) {
+      parts.push("time-sliced " + (cell.shared_busy || 0) + "/" + cell.shared + " in use, " +
+        Math.round(100 * (cell.share_use || 0)) + "% of their capacity taken");
+    }
     if (cell.nics) parts.push("of which NICs " + cell.nics);
     return parts.join("<br>");
   }

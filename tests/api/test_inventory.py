@@ -155,6 +155,8 @@ class TestDevices(ModelAPITests):
             ({"node": "n1", "name": "u", "taints": [{"key": "k", "effect": "Sometimes"}]}, ["taints"]),
             # n1 publishes no counter set: a partition cannot consume one.
             ({"node": "n1", "name": "p", "consumes_counters": {"gpu-0": {"memory": 1}}}, ["consumes_counters"]),
+            # Shared by several allocations, but with no capacity for them to take amounts of.
+            ({"node": "n1", "name": "s", "allow_multiple_allocations": True}, ["allow_multiple_allocations"]),
         ]
 
     def test_it_refuses_a_partition_consuming_a_counter_its_device_lacks(self, cluster, api_client, olivia):

@@ -20,13 +20,17 @@ CLAIM = {
 
 
 def fabric(cluster):
-    """n1's GPUs under roots a (0, 1) and b (2, 3), one NIC under root b; a class offering both."""
+    """n1's GPUs under roots a (0, 1) and b (2, 3), one NIC under root b; a class offering both, and
+    quota for NICs (a claim's NIC counts under its own class)."""
     node = cluster.nodes[0]
     for device in Device.objects.filter(node=node):
         device.attributes = {**device.attributes, "pcie_root": "a" if device.name in ("0", "1") else "b"}
         device.save()
     Device.objects.create(node=node, name="nic0", attributes={"kind": "nic", "pcie_root": "b"})
     nic = DeviceClass.objects.create(name="nic", selector=NIC, price_per_hour="0.10")
+    for queue in (cluster.queue_a, cluster.queue_b):
+        queue.nominal_quota = {**queue.nominal_quota, "nic": 1}
+        queue.save()
     return make_resource_class("fabric", PriorityClass.objects.get(name="batch"), [cluster.h100, nic])
 
 
@@ -89,3 +93,41 @@ def test_it_calls_a_claim_written_past_the_api_invalid(cluster):
     explanation = workload.explanation
     assert explanation.reason == "InvalidRequest"
     assert "requests[0]: a request needs a name" in explanation.message
+
+
+def test_it_charges_each_request_of_a_claim_to_its_own_class(cluster):
+    """The NIC is allocated (and counted in quota) under the nic class, the GPUs under h100: a queue with
+    quota for exactly 2 h100 and 1 nic starts the claim, and the next cycle reads the NIC's usage back."""
+    from django.utils import timezone
+
+    from broker.cycle.loader import load_snapshot
+    from broker.scheduler.cycle import decide
+    from tests.cycle.helpers import pending
+
+    fabric_class = fabric(cluster)
+    cluster.queue_a.nominal_quota = {"h100": 2, "nic": 1}
+    cluster.queue_a.save()
+    cluster.queue_b.nominal_quota = {"h100": 8}  # nothing to lend of nic
+    cluster.queue_b.save()
+    claimed = pending(cluster.queue_a, "pair", resource_class=fabric_class)
+    PodSet.objects.filter(workload=claimed).update(claim=CLAIM)
+
+    run_once()
+
+    held = Allocation.objects.filter(workload=claimed, released_at__isnull=True)
+    assert sorted(held.values_list("device__name", "device_class__name")) == [
+        ("2", "h100"),
+        ("3", "h100"),
+        ("nic0", "nic"),
+    ]
+    snapshot, _ = load_snapshot(timezone.now())
+    (running,) = [workload for workload in snapshot.running if workload.id == str(claimed.pk)]
+    assert (running.device_class, running.device_classes) == ("h100", (("n1/nic0", "nic"),))
+    # A second NIC request is over the nic quota now: the loader counted the first one there.
+    nic_only = {"requests": [{"name": "net", "exactly": {"deviceClassName": "nic"}}]}
+    second = pending(cluster.queue_a, "nic-only", resource_class=fabric_class)
+    PodSet.objects.filter(workload=second).update(claim=nic_only)
+    Device.objects.create(node=cluster.nodes[1], name="nic1", attributes={"kind": "nic"})
+    snapshot, _ = load_snapshot(timezone.now())
+    result = decide(snapshot)
+    assert str(second.pk) not in {admission.workload_id for admission in result.admissions}

@@ -58,7 +58,8 @@ def test_it_shares_quota_by_vc_node_counts_and_makes_the_menu():
     assert sum(q["gpu-12gb"] for q in quotas.values()) == 642
     assert quotas["6214e9"]["gpu-24gb"] == 336  # 64 of the 352 VC nodes
     assert quotas["23dbec"] == {"gpu-12gb": 0, "gpu-24gb": 0, "mig-1g": 0, "mig-2g": 0, "rdma-nic": 0}
-    assert sum(q["mig-1g"] for q in quotas.values()) == 4 * 8 * 4
+    # Quota counts a 1g slice as its quarter of the GPU: one unit per partitioned GPU (4 nodes of 8).
+    assert sum(q["mig-1g"] for q in quotas.values()) == 4 * 8
     assert sum(q["rdma-nic"] for q in quotas.values()) == 8 * 2
     assert set(Queue.objects.values_list("cohort__name", flat=True)) == {"shared"}
     assert set(ResourceClass.objects.values_list("name", flat=True)) == {

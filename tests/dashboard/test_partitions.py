@@ -5,6 +5,7 @@ import pytest
 from django.urls import reverse
 
 from broker.inventory.models import Device, Node
+from broker.workloads.models import Allocation
 from tests.builders import make_workload
 from tests.dashboard.conftest import run
 
@@ -82,3 +83,43 @@ def test_it_says_what_a_rack_cell_is_made_of(client, partitioned, alice):
 
     assert (cells["r2"]["partitions"], cells["r2"]["partitions_busy"], cells["r2"]["nics"]) == (3, 2, 1)
     assert "partitions" not in cells["r1"] and "nics" not in cells["r1"]
+
+
+def test_it_counts_physical_devices_in_a_rack_cell(client, scene, partitioned, alice):
+    """p1's two GPUs and NIC are three devices, not six: GPU 0 counts busy once through its two held
+    partitions, and team-a holds part of one device."""
+    client.force_login(alice)
+    others = Device.objects.filter(node__domain=scene.r2).exclude(node=partitioned).count()
+
+    cells = {cell["name"]: cell for cell in client.get(reverse("dashboard:api-heatmap")).json()["cells"]}
+    r2 = cells["r2"]
+
+    assert r2["total"] == others + 3
+    assert sum(r2["counts"].values()) == r2["total"]
+    p1_busy = 1  # GPU 0, through its partitions
+    others_busy = Allocation.objects.filter(
+        released_at__isnull=True, device__node__domain=scene.r2, device__parent=None
+    ).exclude(device__node=partitioned)
+    assert r2["counts"]["busy"] == others_busy.values("device").distinct().count() + p1_busy
+
+
+def test_it_shows_how_much_of_a_time_sliced_gpu_is_taken(client, scene, cluster, alice):
+    node = Node.objects.create(name="s1", domain=scene.r2)
+    gpu = Device.objects.create(
+        node=node, name="0", attributes={"model": "T4"}, capacity={"memory": "80Gi"}, allow_multiple_allocations=True
+    )
+    Device.objects.create(
+        node=node, name="1", attributes={"model": "T4"}, capacity={"memory": "80Gi"}, allow_multiple_allocations=True
+    )
+    for name, memory in (("nb-1", "20Gi"), ("nb-2", "40Gi")):
+        workload = make_workload(cluster.queue_a, name, state="Running", submitted_by=alice)
+        Allocation.objects.create(
+            workload=workload, device=gpu, device_class=cluster.h100, pod_set="main", pod_index=0,
+            consumed_capacity={"memory": memory},
+        )  # fmt: skip
+    client.force_login(alice)
+
+    r2 = {cell["name"]: cell for cell in client.get(reverse("dashboard:api-heatmap")).json()["cells"]}["r2"]
+
+    assert (r2["shared"], r2["shared_busy"], r2["share_use"]) == (2, 1, 0.375)  # (60 of 80 + 0) / 2
+    assert r2["teams"]["team-a"] >= 1

@@ -65,8 +65,18 @@ def test_it_does_not_index_a_workloads_state_changes_beyond_the_queue_lists():
 def test_it_indexes_allocations_by_what_reads_them_only():
     # An admission inserts one allocation per device: 25,000 rows in a 20,000-admission commit.
     columns = sorted(tuple(cols) for cols in indexes_of(Allocation).values())
+    # The device's two: its foreign key's and the active shares' (partial); and the one whole holder per
+    # device, keyed (device, 0 or the share's id), which introspection reads as (device_id, None).
     assert columns == sorted(
-        [("id",), ("device_id",), ("device_id",), ("workload_id",), ("released_at",), ("eviction_requested_at",)]
+        [
+            ("id",),
+            ("device_id",),
+            ("device_id",),
+            ("device_id", None),
+            ("workload_id",),
+            ("released_at",),
+            ("eviction_requested_at",),
+        ]
     )
     if connection.vendor == "postgresql":  # CI: PostgreSQL (tests/conftest.py)
         with connection.cursor() as cursor:
@@ -76,6 +86,9 @@ def test_it_indexes_allocations_by_what_reads_them_only():
         assert [d for d in definitions if "(released_at)" in d] == [
             d for d in definitions if "(released_at) WHERE (released_at IS NOT NULL)" in d
         ]
+        # A whole device's allocation has no entry in the active shares' index either.
+        (shares,) = [d for d in definitions if "allocation_active_shares" in d]
+        assert "consumed_capacity IS NOT NULL" in shares
 
 
 def test_it_indexes_transitions_by_actor_only_where_a_person_acted():

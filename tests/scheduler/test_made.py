@@ -13,12 +13,14 @@ EXAMPLES = {
         "node": "n1",
         "device_ids": ("n1/0", "n1/1", "n1/nic-0"),
         "requests": (("gpu", ("n1/0", "n1/1")), ("nic", ("n1/nic-0",))),
+        "consumed": (("memory", 20.0),),
     },
     Admission: {
         "workload_id": "job-1",
         "device_class": "h100",
         "pods": (PodPlacement("main", 0, "n1", ("n1/0",)),),
         "domain": {"rack": "r1"},
+        "request_classes": (("gpu", "h100"), ("nic", "efa")),
     },
     PendingDecision: {
         "workload_id": "job-2",

@@ -63,6 +63,7 @@ class DeviceSerializer(ValidatedModelSerializer):
             "taints",
             "parent",
             "consumes_counters",
+            "allow_multiple_allocations",
         ]
         # Health changes by hand are manual interventions with their own audited actions.
         read_only_fields = ["health"]

@@ -18,7 +18,7 @@ class PodSetSerializer(serializers.ModelSerializer):
         model = PodSet
         fields = [
             "name", "replicas", "min_count", "gang_size", "devices_per_pod", "device_classes", "match_attribute",
-            "claim",
+            "claim", "capacity",
         ]  # fmt: skip
 
 
@@ -163,6 +163,14 @@ class PodSetRequestSerializer(StrictSerializer):
         "(each `exactly` {deviceClassName, count, selectors} or `firstAvailable` sub-requests in order of "
         "preference) and `constraints` ({requests, matchAttribute} across them). Instead of devices_per_pod, "
         "device_classes and match_attribute.",
+    )
+    capacity = serializers.DictField(
+        child=serializers.CharField(max_length=32),
+        required=False,
+        default=dict,
+        help_text="What each pod takes of each of its devices when its resource class shares them (sharing "
+        'TimeSliced), as DRA\'s ExactDeviceRequest capacity.requests writes it, e.g. {"memory": "20Gi"}; '
+        "empty: devices whole.",
     )
 
     def validate(self, attrs):

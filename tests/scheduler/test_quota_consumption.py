@@ -1,0 +1,42 @@
+"""Quota counts what an allocation consumes (issue 26): a partition its share of the GPU, a time-slice
+its share of the capacity, a several-request claim's devices each under its request's class."""
+
+from broker.scheduler.quota import Consumption
+from broker.scheduler.snapshot import CounterSet, Device, RunningPod, RunningWorkload
+
+GPU_SET = CounterSet("gpu-0", "n1", {"memory": 80, "compute": 7})
+
+
+def test_it_counts_a_partition_by_the_largest_fraction_of_a_counter_it_takes():
+    devices = (
+        Device("n1/0", "n1", consumes_counters={"gpu-0": {"memory": 80, "compute": 7}}),
+        Device("n1/0:1g", "n1", consumes_counters={"gpu-0": {"memory": 10, "compute": 1}}),
+        Device("n1/0:3g", "n1", consumes_counters={"gpu-0": {"memory": 40, "compute": 3}}),
+        Device("n2/0", "n2"),
+    )
+    consumption = Consumption(devices, (GPU_SET,))
+
+    assert consumption.of("n1/0") == 1
+    assert consumption.of("n1/0:1g") == 1 / 7  # compute binds: 1/7 > 10/80
+    assert consumption.of("n1/0:3g") == 40 / 80  # memory binds: 1/2 > 3/7
+    assert consumption.of("n2/0") == 1
+    assert consumption.smallest == 1 / 7
+    assert not consumption.whole
+
+
+def test_it_counts_a_time_slice_by_its_share_of_the_capacity_and_a_claim_by_class():
+    devices = (
+        Device("n1/0", "n1", capacity={"memory": 80, "bandwidth": 100}, allow_multiple_allocations=True),
+        Device("n1/nic", "n1"),
+    )
+    consumption = Consumption(devices, ())
+    sliced = RunningWorkload(
+        "w", "q", (RunningPod("main", 0, "n1", ("n1/0",), (("memory", 20), ("bandwidth", 50))),), "t4"
+    )
+    claim = RunningWorkload(
+        "c", "q", (RunningPod("main", 0, "n1", ("n1/0", "n1/nic")),), "t4", device_classes=(("n1/nic", "nic"),)
+    )
+
+    assert consumption.of_running(sliced) == {"t4": 0.5}  # bandwidth binds: 50/100 > 20/80
+    assert consumption.of_running(claim) == {"t4": 1, "nic": 1}
+    assert Consumption((Device("n1/0", "n1"),), ()).whole
