@@ -19,6 +19,7 @@ EXAMPLES = {
         "device_class": "h100",
         "pods": (PodPlacement("main", 0, "n1", ("n1/0",)),),
         "domain": {"rack": "r1"},
+        "group_requests": (("scratch/volume", ("n1/scratch-0",)),),
     },
     PendingDecision: {
         "workload_id": "job-2",
