@@ -50,9 +50,9 @@ group claims is reachable: a device is node-local unless its attribute `reach` n
 (`reach: rack`: every node of its node's rack reaches it, as a network-attached device DRA publishes for
 a rack's nodeSelector) or is `cluster` (every node, DRA allNodes); so a GPU in a group claim pins the gang
 to its node, a rack's storage to its rack. A running workload names its group claims' devices as
-`group_claims: {scratch: [n1/scratch-0]}`. In `--json` an admitted workload with group claims gains
-`group_requests`: {"<claim>/<request>": [devices]}, once for the gang (its pods' `devices` do not repeat
-them); they count once in its devices.
+`group_claims: {scratch: [n1/scratch-0]}`. In `--json` every entry has `group_requests`: for an admitted
+workload {"<claim>/<request>": [devices]}, once for the gang (its pods' `devices` do not repeat them; they
+count once in its `details.devices`), else {}.
 
 Shared devices (DRA consumable capacity, issue 26): a node with `shared: true` has devices that allow
 several allocations of their `capacity`; a resource class with `sharing: TimeSliced` lets work share
@@ -1025,7 +1025,6 @@ def _admitted_json(workload: PendingWorkload, admission) -> dict:
     devices += sum(len(device_ids) for _, device_ids in group)
     # A several-request claim's devices are of several classes: `requests` in placement says which.
     what = "devices" if any(pod.requests for pod in pods) or group else admission.device_class
-    extra = {"group_requests": {label: list(device_ids) for label, device_ids in group}} if group else {}
     return {
         "name": workload.id,
         "status": "admitted",
@@ -1038,7 +1037,7 @@ def _admitted_json(workload: PendingWorkload, admission) -> dict:
         "position": None,
         "estimated_start": None,
         "suggestions": [],
-        **extra,
+        "group_requests": {label: list(device_ids) for label, device_ids in group},
     }
 
 
@@ -1057,6 +1056,7 @@ def _pending_json(decision) -> dict:
         "suggestions": [
             {"kind": s.kind, "description": s.description, "change": _plain(s.change)} for s in decision.suggestions
         ],
+        "group_requests": {},
     }
 
 
@@ -1076,6 +1076,7 @@ def _preempted_json(preemption) -> dict:
         "position": None,
         "estimated_start": None,
         "suggestions": [],
+        "group_requests": {},
     }
 
 
