@@ -116,6 +116,7 @@ class Cycle:
         self._access_keys: dict = {}
         self._empty_state: CapacityState | None = None
         self._hopeless: set = set()  # see _hopeless_key
+        self.group_candidates: dict = {}  # see group_claims.class_slots
         self._hopeless_demands: set = set()  # ids of the demands tuples of those keys (held by requests)
         self.chosen_victims: set[str] = set()
         # Of those, the ones that only lose pods (they run on): the pods they give up, by `leaving_id`,

@@ -21,14 +21,16 @@ The placement, for each device class the gang may use (the cycle's order):
   of the gang's own class competes for what the gang did not take: the gang's placement is kept.
 - No region works: `why_not` names the first claim that stops it, e.g. "group claim scratch: no 1
   scratch reachable from a rack with 8 free h100".
-Workloads without group claims never come here.
+As several-request claims, a gang with group claims waits for free devices: it neither chooses victims
+nor gets a protected start (Cycle._after_failure). Workloads without group claims never come here.
 """
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import NamedTuple
 
-from broker.scheduler.capacity import ROOT
+from broker.scheduler.capacity import PLAIN, ROOT
 from broker.scheduler.claims import Claim, OutOfSteps, Planner, _NodeInfo, claim_problem, claim_text, slot_labels
 from broker.scheduler.placement import PodDemand, domains_with_room, minimum_devices, place_within_scope
 from broker.scheduler.snapshot import REACH_ATTRIBUTE, REACH_CLUSTER, GroupClaim
@@ -89,37 +91,70 @@ def reach_key(state, slot) -> tuple:
     return state.node_domains[index][slot.node]
 
 
+_order = attrgetter("order")
+
+
+def class_slots(state, class_index: int, known: dict) -> list:
+    """(slot, reach key) of every device of the class, whatever its state: made once per cycle state
+    and class (`known`, the cycle's), as gangs with group claims ask it again and again."""
+    kept = known.get(class_index)
+    if kept is None or kept[0] is not state:
+        pairs = [(slot, reach_key(state, slot)) for slot in state.slots if class_index in slot.classes]
+        kept = known[class_index] = (state, pairs)
+    return kept[1]
+
+
 class _ClaimSearch:
     """One group claim matched as one pod of its claim on a virtual node of candidate devices."""
 
-    def __init__(self, claim: GroupClaim, state, views: dict, selectors):
+    def __init__(self, claim: GroupClaim, state, views: dict, selectors, known: dict):
         self.claim = claim
         self.state = state
         self.selectors = selectors
         as_claim = Claim(claim.requests, claim.constraints)
         self.demand = PodDemand(claim.name, 1, 1, as_claim.fewest_devices(), None, as_claim)
         self.planner = Planner(state, views, (self.demand,), selectors)
-        # Candidate devices with their reach: every free one of its classes the request may use.
-        self.candidates: list[tuple[object, tuple]] = []
-        seen: set[int] = set()
-        for name in as_claim.classes():
+        # Candidate devices by reach key: every free one of its classes the request may use (plain and
+        # free, off the nodes held for others, or among the view's extras), in device order.
+        self.by_reach: dict[tuple, list] = {}
+        classes = as_claim.classes()
+        seen: set[int] | None = set() if len(classes) > 1 else None  # a device of two of its classes once
+        by_reach = self.by_reach
+        for name in classes:
             view = views[name]
-            nodes = set(state.buckets[view.class_index].nodes_with_at_least(1))
-            nodes.update(view.extra_by_node)
-            for node in sorted(nodes):
-                for slot in view.node_slots(node):
-                    if id(slot) not in seen:
-                        seen.add(id(slot))
-                        self.candidates.append((slot, reach_key(state, slot)))
-        self.candidates.sort(key=lambda pair: pair[0].order)
+            pairs = class_slots(state, view.class_index, known)
+            usable = [pair for pair in pairs if pair[0].holder is None and pair[0].category == PLAIN]
+            if view.excluded:
+                usable = [pair for pair in usable if pair[0].node not in view.excluded]
+            usable += [(slot, reach_key(state, slot)) for ranked in view.extra_by_node.values() for _, slot in ranked]
+            for slot, key in usable:
+                if seen is not None:
+                    if id(slot) in seen:
+                        continue
+                    seen.add(id(slot))
+                found = by_reach.get(key)
+                if found is None:
+                    by_reach[key] = [slot]
+                else:
+                    found.append(slot)
+
+    @property
+    def candidates(self) -> int:
+        return sum(len(slots) for slots in self.by_reach.values())
 
     def regions(self) -> set[tuple]:
-        return {key for _, key in self.candidates}
+        return set(self.by_reach)
 
     def match(self, region: tuple, taken: set, spent: dict) -> list | None:
         """[(label, slots)] for the claim from devices reachable from all of `region`, not in `taken`
         (ids of slots), within the shared counters left after `spent`; None when it cannot be met."""
-        slots = [slot for slot, key in self.candidates if key == region[: len(key)] and id(slot) not in taken]
+        by_reach = self.by_reach
+        slots = []
+        for depth in range(len(region) + 1):  # the keys reaching the region are its prefixes
+            reaching = by_reach.get(region[:depth])
+            if reaching:
+                slots.extend(slot for slot in reaching if id(slot) not in taken)
+        slots.sort(key=_order)
         if len(slots) < self.demand.per_pod:
             return None
         planner = self.planner
@@ -153,11 +188,14 @@ class GroupPlacer:
         self.state = state
         group_claims = request.workload.group_claims
         views = {name: cycle.view(name, access, excluded) for name in claim_classes(group_claims)}
-        self.searches = [_ClaimSearch(claim, state, views, cycle.selectors) for claim in group_claims]
+        self.searches = [
+            _ClaimSearch(claim, state, views, cycle.selectors, cycle.group_candidates) for claim in group_claims
+        ]
         regions: set[tuple] = set()
         for search in self.searches:
             regions |= search.regions()
-        self.regions = sorted(regions, key=lambda key: (-len(key), key))
+        self.regions = sorted(regions, key=_finest_first(state))
+        self.needed = minimum_devices(request.demands)
 
     def claims_fit(self, region: tuple, taken: set | None = None, spent: dict | None = None) -> list | None:
         """Every claim met in `region` after the devices `taken` (slot ids) and counters `spent`."""
@@ -178,7 +216,10 @@ class GroupPlacer:
         return group
 
     def place(self, class_name: str) -> GroupedPlan | None:
+        room = self._room(class_name)
         for region in self.regions:
+            if room is not None and room(region) < self.needed:
+                continue  # the gang alone has no room there: a count, before any device is looked at
             if self.claims_fit(region) is None:
                 continue
             plan = self._gang_in(region, class_name)
@@ -195,6 +236,13 @@ class GroupPlacer:
             if group is not None:
                 return GroupedPlan(plan.class_index, plan.scope, plan.pods, tuple(group))
         return None
+
+    def _room(self, class_name: str):
+        """Free devices of the gang's class in a region as it sees them (None for a several-request claim,
+        whose classes are counted by its own planner)."""
+        if self.request.claimed:
+            return None
+        return self.cycle.view(class_name, self.access, self.excluded).domain_count
 
     def _gang_in(self, region: tuple, class_name: str):
         request, cycle, state = self.request, self.cycle, self.state
@@ -225,7 +273,7 @@ class GroupPlacer:
         levels = self.state.levels
         for position, search in enumerate(self.searches):
             text = claim_text(search.demand.claim)
-            if len(search.candidates) < search.demand.per_pod:
+            if search.candidates < search.demand.per_pod:
                 return "InsufficientCapacity", f"group claim {search.claim.name}: too few free devices for {text}"
             fitting = [region for region in self.regions if self._claims_fit_upto(region, position)]
             if not fitting:
@@ -255,6 +303,21 @@ class GroupPlacer:
             for _, slots in found:
                 taken.update(id(slot) for slot in slots)
         return True
+
+
+def _finest_first(state):
+    """A sort key of domain keys: finer levels first, then by key (as sorted tuples), as one int."""
+    depth = len(state.levels)
+    ranks, positions = state.domain_key_rank, state.domain_position
+    width = max((len(keys) for keys in state.domain_keys), default=0) + 1
+
+    def order(key: tuple) -> int:
+        if not key:
+            return depth * width  # ROOT last
+        level = len(key) - 1
+        return (depth - 1 - level) * width + ranks[level][positions[level][key]]
+
+    return order
 
 
 def _gang_text(request, class_name: str) -> str:

@@ -182,8 +182,15 @@ def _shape(workload: PendingWorkload, snapshot: Snapshot, lookups: dict, memo: d
         return _resolve(workload, snapshot, lookups)
     if shape is None:
         shape = memo[key] = _resolve(workload, snapshot, lookups)
-        if not isinstance(shape, str):
-            _ = (shape.needed, shape.simple, shape.claimed, shape.shared_amounts, shape.default_access)  # shared
+        if not isinstance(shape, str):  # computed once per shape: its copies share them
+            _ = (
+                shape.needed,
+                shape.quota_needed,
+                shape.simple,
+                shape.claimed,
+                shape.shared_amounts,
+                shape.default_access,
+            )
     return shape
 
 
