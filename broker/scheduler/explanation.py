@@ -464,7 +464,7 @@ class Assessor:
         }
 
     def _needed(self, request: Request) -> dict:
-        return {
+        needed = {
             "devices": request.needed,
             "pods": [
                 # A several-request claim's devices per pod are its fewest; `claim` says what it asks.
@@ -475,6 +475,13 @@ class Assessor:
             "device_classes": list(request.classes),
             "topology_required": request.required,
         }
+        if request.workload.group_claims:
+            # Allocated once for the gang, beside `devices` (its pods'): claim name -> what it asks.
+            needed["group_claims"] = {
+                claim.name: claims.claim_text(claims.Claim(claim.requests, claim.constraints))
+                for claim in request.workload.group_claims
+            }
+        return needed
 
     # --- suggestions ---
 
