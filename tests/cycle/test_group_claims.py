@@ -176,3 +176,23 @@ def test_it_refuses_a_bad_group_claim_in_the_admin_and_keeps_a_good_one(cluster)
     assert "names unknown request 'nic'" in " ".join(bad.errors["group_claims"])
     good = form([GROUP_CLAIM])
     assert good.is_valid(), good.errors
+
+
+def test_it_calls_a_group_claim_written_past_the_api_invalid(cluster):
+    with_scratch(cluster)
+    workload = Workload.objects.create(
+        name="raw",
+        team=cluster.team_a,
+        queue=cluster.queue_a,
+        state=State.PENDING,
+        group_claims=[{"name": "data", "requests": [{"name": "volume"}]}],
+    )
+    workload.pod_sets.create(name="main", replicas=1, devices_per_pod=1, device_classes=["h100"])
+
+    run_once()
+
+    workload.refresh_from_db()
+    assert workload.state == State.PENDING
+    assert workload.explanation.reason == "InvalidRequest"
+    assert "group claim data" in workload.explanation.message
+    assert "give exactly or firstAvailable" in workload.explanation.message
