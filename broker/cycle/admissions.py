@@ -30,12 +30,14 @@ import json
 import time
 from collections import defaultdict
 from functools import lru_cache
+from typing import NamedTuple
 
 from django.db import connection
 
 from broker.cycle.bulk import Background, column_in, insert_rows, is_postgresql, pk_in
 from broker.cycle.executor import Moves, update_returning_sql
 from broker.cycle.refusals import StaleSnapshot
+from broker.scheduler.snapshot import GROUP_POD_SET
 from broker.workloads.models import Allocation, Explanation, ExplanationChange, Workload, WorkloadTransition
 from broker.workloads.states import State
 
@@ -217,6 +219,32 @@ def placed_twice(devices, shares):
     return len(set(whole)) != len(whole)
 
 
+class GroupPod(NamedTuple):
+    """A group claim's device as its allocation row names it: pod set GROUP_POD_SET + the claim's name,
+    an index per device; the loader reads it back as the RunningWorkload's pseudo-pod."""
+
+    pod_set: str
+    index: int
+    device_ids: tuple
+    requests: tuple = ()
+    consumed: tuple = ()
+
+
+def allocated_pods(admission):
+    """The admission's pods, then its group claims' devices (allocated once for the gang) as GroupPods."""
+    group = admission.group_requests
+    if not group:
+        return admission.pods
+    held = list(admission.pods)
+    position: dict[str, int] = {}
+    for label, device_ids in group:
+        pod_set = GROUP_POD_SET + label.split("/", 1)[0]
+        for device_id in device_ids:
+            index = position[pod_set] = position.get(pod_set, -1) + 1
+            held.append(GroupPod(pod_set, index, (device_id,)))
+    return held
+
+
 def allocation_rows(admissions, loaded, cycle, now):
     """The ALLOCATION_COLUMNS rows of the admissions' devices."""
     rows = []
@@ -225,7 +253,7 @@ def allocation_rows(admissions, loaded, cycle, now):
     for admission in admissions:
         workload_id = int(admission.workload_id)
         class_pk = class_pks[admission.device_class]
-        for pod in admission.pods:
+        for pod in allocated_pods(admission):
             consumed = dict(pod.consumed) if pod.consumed else None
             classes = request_class_pks(admission, pod, class_pks)
             for device_id in pod.device_ids:
@@ -273,7 +301,7 @@ def allocation_columns(admissions, loaded):
     for admission in admissions:
         workload_id = int(admission.workload_id)
         class_pk = class_pks[admission.device_class]
-        for pod in admission.pods:
+        for pod in allocated_pods(admission):
             pod_set = pod_sets.setdefault(pod.pod_set, len(pod_sets) + 1)  # PostgreSQL counts from 1
             request_classes = request_class_pks(admission, pod, class_pks)
             for device_id in pod.device_ids:
@@ -373,6 +401,7 @@ def refuse_left_pending(ids):
 def admitted_message(admission):
     pods = admission.pods
     devices = len(pods[0].device_ids) if len(pods) == 1 else sum(len(pod.device_ids) for pod in pods)
+    devices += sum(len(device_ids) for _, device_ids in admission.group_requests)
     return admitted_text(len(pods), devices, admission.device_class, tuple(admission.domain.items()))
 
 

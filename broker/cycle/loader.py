@@ -886,6 +886,7 @@ def fetch_pending_rows(loaded, pks=None):
             # As text, parsed once per distinct value: nearly every row holds "[]".
             as_text("nominated_devices"),
             "name",
+            as_text("group_claims"),  # "[]" on nearly every row, parsed once
         )
     )
     return rows, load_pod_set_rows(WAITING, pks)
@@ -965,7 +966,7 @@ def pending_records(loaded, approval_rules, rows, pod_set_rows, scope, pks):
 def pending_workload(row, pod_set_rows, approved, loaded, executor, parse):
     """One PendingWorkload from its workload row and its pod set rows."""
     pk, _, queue, team, rc, required, preferred, priority, disruption, submitted, _, duration = row[:12]
-    preemptible, nominated, name = row[12], row[13], row[14]
+    preemptible, nominated, name, group_claims = row[12], row[13], row[14], row[15]
     return s.PendingWorkload(
         id=str(pk),
         queue=queue,
@@ -982,7 +983,25 @@ def pending_workload(row, pod_set_rows, approved, loaded, executor, parse):
         preemptible=preemptible,
         nominated_devices=nominated_ids(parse(nominated, ()), loaded),
         name=f"{team}/{name}",
+        group_claims=() if group_claims == "[]" else group_claims_from_rows(parse(group_claims, ())),
     )
+
+
+def group_claims_from_rows(stored):
+    """GroupClaim records from Workload.group_claims ([{name, requests, constraints}] as the API keeps
+    them). One written past the API's checks (the admin, SQL) becomes a request the cycle's resolution
+    calls invalid, as a pod set's claim does."""
+    claims = []
+    for position, entry in enumerate(stored or ()):
+        name = entry.get("name") if isinstance(entry, dict) else None
+        name = name if isinstance(name, str) and name else f"claim-{position}"
+        try:
+            body = {key: value for key, value in entry.items() if key != "name"}
+            requests, constraints = claim_from_dra(body)
+        except (ValueError, AttributeError) as error:
+            requests, constraints = (s.DeviceRequest(f"invalid claim: {error}"),), ()
+        claims.append(s.GroupClaim(name, requests, constraints))
+    return tuple(claims)
 
 
 def nominated_ids(device_pks, loaded):

@@ -26,6 +26,7 @@ RACKS_PER_BLOCK = 8
 ZONES = ("zone-a", "zone-b")
 DRIVER = "gpu.example.com"
 NIC_DRIVER = "nic.example.com"
+STORAGE_DRIVER = "storage.example.com"
 INVENTORIES = ("philly", "alibaba-2026")
 
 # Memory in GB where the model name states it; the two anonymised series stay without one.
@@ -136,7 +137,7 @@ def place(machines):
 
 def device_classes_for(inventory):
     """Device classes with DRA-style CEL selectors; prices are illustrative list prices per GPU-hour."""
-    return whole_gpu_classes(inventory) + partition_and_nic_classes()
+    return whole_gpu_classes(inventory) + partition_and_nic_classes() + [scratch_class()]
 
 
 def whole_gpu_classes(inventory):
@@ -189,6 +190,24 @@ def partition_and_nic_classes():
             "An RDMA network interface; ask for it beside GPUs under the same PCIe root.",
         )
     ]
+
+
+def scratch_class():
+    storage = f'device.attributes["{STORAGE_DRIVER}"]'
+    return DeviceClassSpec(
+        "rack-scratch",
+        f'device.driver == "{STORAGE_DRIVER}" && {storage}.kind == "scratch"',
+        "0.30",
+        "A rack's network-attached scratch volume, reachable from every node of its rack: claim it once for "
+        "a whole gang (a group claim), whose pods then stay in that rack.",
+    )
+
+
+def scratch_of(rack):
+    """[(name, attributes)] of the scratch volume the networked rack publishes: `reach: rack` makes it
+    reachable from every node of the rack (a ResourceSlice for the rack's nodeSelector), not only from
+    the node that carries it in the inventory."""
+    return [("scratch-0", {"kind": "scratch", "reach": "rack", "networkIsland": rack, "sizeGi": 4096})]
 
 
 def partitionable_type(placed):

@@ -127,6 +127,7 @@ def place_nodes(inventory, placed, levels, report):
     report.created["nodes"] += len(new_nodes)
     node_ids = dict(Node.objects.filter(name__in=[p.machine.name for p in placed]).values_list("name", "id"))
     have = set(Device.objects.filter(node_id__in=node_ids.values()).values_list("node_id", "name"))
+    first_networked = min(networked, key=demo.natural_key) if networked else None
     devices = []
     for p in placed:
         node_id = node_ids[p.machine.name]
@@ -148,6 +149,16 @@ def place_nodes(inventory, placed, levels, report):
             ]
             devices.extend(nics)
             report.created["NICs"] += len(nics)
+            if p.machine.name == first_networked:
+                # The rack's scratch volume sits on its first networked node and is reachable rack-wide.
+                volumes = [
+                    Device(node_id=node_id, driver=demo.STORAGE_DRIVER, pool=f"{p.rack}-storage", name=name,
+                           attributes=attributes)
+                    for name, attributes in demo.scratch_of(p.rack)
+                    if (node_id, name) not in have
+                ]  # fmt: skip
+                devices.extend(volumes)
+                report.created["scratch volumes"] += len(volumes)
     Device.objects.bulk_create(devices, batch_size=2000)
     report.created["devices"] += len(devices)
     add_partitions(placed, partitioned, node_ids, have, report)
@@ -411,6 +422,15 @@ def claim_requests(inventory):
     )
 
 
+def group_claim_requests(inventory):
+    """A gang that owns a claim (Kubernetes 1.36 PodGroup resourceClaims): (name, team rank by quota,
+    pods, GPUs per pod, device class, group claims). Its two pods of 4 GPUs share the networked rack's
+    scratch volume, allocated once for the gang, so both pods go to that rack."""
+    gpus = demo.MENU[inventory]["networked-training"][0]
+    dataset = {"name": "dataset", "requests": [{"name": "volume", "exactly": {"deviceClassName": "rack-scratch"}}]}
+    return (("shared-dataset-prep", 3, 2, demo.GPUS_PER_PCIE_ROOT, gpus, (dataset,)),)
+
+
 def add_demo_requests(inventory, teams, report):
     from broker.workloads import services
 
@@ -454,6 +474,22 @@ def add_demo_requests(inventory, teams, report):
                 ),
             ),
             expected_duration_seconds=4 * 3600,
+        )
+        services.submit_workload(submission, User.objects.get(username=f"member-{team.name}"))
+        report.created["demo requests"] += 1
+    for name, rank, pods, per_pod, gpus, group_claims in group_claim_requests(inventory):
+        team = ranked[rank]
+        submission = services.Submission(
+            name=name,
+            queue=Queue.objects.get(name=team.name),
+            resource_class=ResourceClass.objects.get(name="networked-training"),
+            pod_sets=(
+                services.PodSetRequest(
+                    name="main", replicas=pods, devices_per_pod=per_pod, min_count=pods, device_classes=(gpus,)
+                ),
+            ),
+            expected_duration_seconds=8 * 3600,
+            group_claims=group_claims,
         )
         services.submit_workload(submission, User.objects.get(username=f"member-{team.name}"))
         report.created["demo requests"] += 1

@@ -10,7 +10,7 @@ from broker.policy.models import DeviceClass, ResourceClass
 from broker.scheduler import snapshot as core
 from broker.scheduler.gang_search import fits_counts
 from broker.scheduler.placement import PodDemand
-from broker.scheduler.selectors import ClassMatcher
+from broker.scheduler.selectors import ClassMatcher, SelectorCache
 from broker.workloads.models import Workload
 from broker.workloads.states import State
 
@@ -81,6 +81,11 @@ class ClusterAsBuilt:
                     return True
         return False
 
+    def devices_of(self, class_name, selectors=()):
+        """How many devices of the cluster as built `class_name` selects (those that also meet every CEL
+        expression of `selectors`): what a claim's request could ever be given."""
+        return self._as_built().devices_of(class_name, tuple(selectors))
+
     def _as_built(self):
         if self._built is None:
             token = InventoryRevision.current()
@@ -115,6 +120,19 @@ class _AsBuilt:
         )
         self._domains: dict = {}
         self._node_domains: dict = {}
+
+    def devices_of(self, class_name, selectors):
+        found = self._domains.get((class_name, selectors, "total"))
+        if found is None:
+            cache = SelectorCache()
+            found = sum(
+                count
+                for _, kind, count in self._per_node
+                if class_name in self._classes_of(kind)
+                and (not selectors or cache.matches(selectors, self._kinds[kind][1]))
+            )
+            self._domains[(class_name, selectors, "total")] = found
+        return found
 
     def domains(self, class_name, level):
         """{domain: [devices of the class per node as built]} at `level` (None: the whole cluster)."""

@@ -203,15 +203,22 @@ class Planner:
         self.shapes = [_Shape(i, demands[i], class_index) for i in ordered]
         self.steps = 0
         self._infos: dict[int, _NodeInfo] = {}
+        # Shared counters taken already by devices outside this search (a gang's own, when a group
+        # claim is matched after it): counter position -> amount.
+        self.base_spent: dict = {}
 
     # --- entry points ---
 
-    def place(self, required: int | None, preferred: int | None, primary_class: int) -> GangPlan | None:
+    def place(
+        self, required: int | None, preferred: int | None, primary_class: int, within: tuple = ROOT
+    ) -> GangPlan | None:
+        """A plan for the gang, or None; `within`: the domain (or node) its pods must stay in (where a
+        group claim's devices are reachable, broker.scheduler.group_claims)."""
         wanted = tuple(shape.demand.min_count for shape in self.shapes)
         if not self._enough_in_total(wanted):
             return None
         try:
-            for scope in self._scopes(required):
+            for scope in self._scopes(required, within):
                 for inner in self._preferred_within(scope, preferred):
                     found = self._place_in(inner, wanted)
                     if found is not None:
@@ -246,12 +253,14 @@ class Planner:
                     need[ways[0].class_name] = need.get(ways[0].class_name, 0) + ways[0].count * pods
         return all(self.views[name].total() >= count for name, count in need.items())
 
-    def _scopes(self, required: int | None) -> list[tuple]:
-        if required is None:
-            return [ROOT]
+    def _scopes(self, required: int | None, within: tuple = ROOT) -> list[tuple]:
+        if required is None or len(within) > required:
+            return [within]  # `within` lies inside one domain of the required level
         state = self.state
         rank, position = state.domain_key_rank[required], state.domain_position[required]
-        free = {key: self._free_in(key) for key in state.domain_keys[required]}
+        depth = len(within)
+        keys = [key for key in state.domain_keys[required] if key[:depth] == within]
+        free = {key: self._free_in(key) for key in keys}
         return sorted((key for key in free if free[key]), key=lambda key: (free[key], rank[position[key]]))
 
     def _preferred_within(self, scope: tuple, preferred: int | None) -> list[tuple]:
@@ -473,7 +482,7 @@ class Planner:
         return placed
 
     def _counters_hold(self, info: _NodeInfo, owner: list) -> bool:
-        spent: dict = {}
+        spent: dict = dict(self.base_spent)
         for bit, unit in enumerate(owner):
             if unit is None:
                 continue

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
 
-from broker.scheduler import backfill, claims, explanation, preemption, sharing
+from broker.scheduler import backfill, claims, explanation, group_claims, preemption, sharing
 from broker.scheduler.capacity import NODE_LEVEL, ROOT, Access, CapacityState, View
 from broker.scheduler.failures import evictions_for, failed_devices
 from broker.scheduler.ordering import FairShareOrder, ShareBook, shortest_first_key
@@ -116,6 +116,7 @@ class Cycle:
         self._access_keys: dict = {}
         self._empty_state: CapacityState | None = None
         self._hopeless: set = set()  # see _hopeless_key
+        self.group_candidates: dict = {}  # see group_claims.class_slots
         self._hopeless_demands: set = set()  # ids of the demands tuples of those keys (held by requests)
         self.chosen_victims: set[str] = set()
         # Of those, the ones that only lose pods (they run on): the pods they give up, by `leaving_id`,
@@ -360,7 +361,7 @@ class Cycle:
         and victims only run out (until a nomination is released, which forgets), so the next such
         request would get nothing too: on a long queue most of it is a few shapes that cannot run.
         None for a workload devices are held or being freed for: its answer is its own."""
-        if request.id in self._own_answers or request.shared_amounts is not None:
+        if request.id in self._own_answers or request.shared_amounts is not None or request.workload.group_claims:
             return None
         queue = request.queue
         workload = request.workload
@@ -400,18 +401,20 @@ class Cycle:
     def quota_need(self, request: Request) -> float:
         """The least quota `request` can be charged (broker.scheduler.quota.Consumption): its device
         count, times the smallest share a device counts for when partitions or shared devices exist
-        (for a time-sliced request, the smallest fraction of a shared device's capacity its amounts take)."""
+        (for a time-sliced request, the smallest fraction of a shared device's capacity its amounts take),
+        and its group claims' fewest devices, charged once with it."""
         consumption = self.consumption
+        if consumption.whole and request.shared_amounts is None:
+            return request.quota_needed
+        group = (request.quota_needed - request.needed) * consumption.smallest
         if request.shared_amounts is not None:
             fractions = [
                 max((amount / capacity[name] for name, amount in request.shared_amounts.items() if capacity.get(name)),
                     default=1.0)
                 for capacity in consumption.capacities.values()
             ]  # fmt: skip
-            return request.needed * min(1.0, min(fractions, default=1.0))
-        if consumption.whole:
-            return request.needed
-        return request.needed * consumption.smallest
+            return request.needed * min(1.0, min(fractions, default=1.0)) + group
+        return request.needed * consumption.smallest + group
 
     def _charge(self, queue: str, device_class: str, amount: int) -> None:
         self.quota.add_usage(queue, device_class, amount)
@@ -433,6 +436,8 @@ class Cycle:
         quota = self.quota
         queue = request.queue.name
         needed = request.needed
+        if request.workload.group_claims:
+            return self._admit_grouped(request, excluded)
         if request.claimed:
             return self._admit_claim(request, excluded)
         if request.shared_amounts is not None:
@@ -479,6 +484,38 @@ class Cycle:
         self.log.outcomes[request.id] = Outcome(request)
         return False
 
+    def _admit_grouped(self, request: Request, excluded: frozenset) -> bool:
+        """A gang with group claims (broker.scheduler.group_claims): its claims' devices count once,
+        with its pods', against the quota of the class it is admitted with; optional pods above its
+        gang minimum are dropped to fit the quota, never the claims' devices."""
+        classes = request.classes[:1] if request.claimed else request.classes
+        for class_name in classes:
+            available = self.quota.available(request.queue.name, class_name)
+            if available is not None and request.quota_needed > available and not request.claimed:
+                continue
+            plan = self.find_plan(request, class_name, excluded=excluded)
+            if plan is None:
+                continue
+            if request.claimed:
+                class_name = plan.pods[0].requests[0][1]
+            available = self.quota.available(request.queue.name, class_name)
+            if available is not None:
+                plan = _trim_to_quota(plan, request, available - plan.group_count())
+                if sum(len(pod.slots) for pod in plan.pods) + plan.group_count() > available:
+                    continue
+            self._commit(request, class_name, plan)
+            return True
+        self.log.outcomes[request.id] = Outcome(request)
+        return False
+
+    def grouped_plan(self, request: Request, class_name: str, access: Access, excluded=frozenset()):
+        return group_claims.GroupPlacer(self, request, access, excluded).place(class_name)
+
+    def group_why_not(self, request: Request) -> tuple[str, str]:
+        """(reason code, message): why a gang with group claims finds no place now, naming the claim."""
+        placer = group_claims.GroupPlacer(self, request, request.default_access, NOTHING)
+        return placer.why_not(request.classes[0])
+
     @property
     def ledger(self) -> sharing.Ledger:
         """What is left on devices several allocations may share; made at the first time-sliced request
@@ -513,7 +550,7 @@ class Cycle:
             self._charge(request.queue.name, class_name, self.consumption.of_devices([s.id for s in slots], consumed))
             admission = made(
                 Admission, workload_id=request.id, device_class=class_name, pods=pods, domain=self.common_domain(plan),
-                request_classes=(),
+                request_classes=(), group_requests=(),
             )  # fmt: skip
             # Not among admitted_plans: a simulated end of it must not free devices others share.
             self.log.admitted[request.id] = admission
@@ -603,18 +640,31 @@ class Cycle:
                 ]
             )  # fmt: skip
         request_classes = ()
+        group_requests = ()
+        group = []
+        if workload.group_claims:  # allocated once for the gang, charged with it to its class
+            group = [slot for _, claim_slots in plan.group for slot in claim_slots]
+            state.hold(group, request_id)
+            group_requests = tuple((label, tuple(slot.id for slot in claim_slots)) for label, claim_slots in plan.group)
         if request.claimed:  # each request's devices under its own class
             labels = {label: device_class for pod in planned for label, device_class, _ in pod.requests}
             request_classes = tuple(labels.items())
             for device_class, amount in request_charges(planned, self.consumption, class_name).items():
                 self._charge(request.queue.name, device_class, amount)
+            if group:
+                self._charge(request.queue.name, class_name, self.consumption.of_devices([s.id for s in group]))
         elif self.consumption.whole:
-            self._charge(request.queue.name, class_name, len(slots))
+            self._charge(request.queue.name, class_name, len(slots) + len(group))
         else:
-            self._charge(request.queue.name, class_name, self.consumption.of_devices([s.id for s in slots]))
+            self._charge(request.queue.name, class_name, self.consumption.of_devices([s.id for s in [*slots, *group]]))
         admission = object.__new__(Admission)
         admission.__dict__.update(
-            workload_id=request_id, device_class=class_name, pods=pods, domain=domain, request_classes=request_classes
+            workload_id=request_id,
+            device_class=class_name,
+            pods=pods,
+            domain=domain,
+            request_classes=request_classes,
+            group_requests=group_requests,
         )
         log = self.log
         log.admitted[request_id] = admission
@@ -648,7 +698,7 @@ class Cycle:
     def _after_failure(self, request: Request) -> None:
         if self.gate_problem(request):
             return
-        if request.claimed or request.shared_amounts is not None:
+        if request.claimed or request.shared_amounts is not None or request.workload.group_claims:
             # Victim searches and protected starts count whole devices of one class; a several-request
             # claim or a time-sliced request waits for free devices (or capacity) instead.
             self.log.outcomes[request.id].unprotectable = True
@@ -696,7 +746,7 @@ class Cycle:
         return tuple(
             class_name
             for class_name in request.classes
-            if self.quota.fits(request.queue.name, class_name, request.needed)
+            if self.quota.fits(request.queue.name, class_name, request.quota_needed)
         )
 
     def entitled_classes(self, request: Request) -> tuple[str, ...]:
@@ -835,6 +885,9 @@ class Cycle:
         """Placement of `request` with one class on the current free state; failures are memoised
         because free capacity only shrinks during a cycle."""
         access = access or request.default_access
+        if request.workload.group_claims:
+            # Its own answer: the claims' devices are the workload's own, not its shape's.
+            return self.grouped_plan(request, class_name, access, excluded)
         if request.claimed:
             key = (None, request.demands, request.required, request.preferred, self.access_key(access), excluded)
             if key in self._failed:
@@ -883,6 +936,8 @@ class Cycle:
     def plan_now(self, request: Request, class_name: str, access: Access, excluded=frozenset()):
         """Placement of `request` with one class on the current free state, remembering nothing (for
         callers during whose questions free capacity also grows, like the estimated-start simulation)."""
+        if request.workload.group_claims:
+            return self.grouped_plan(request, class_name, access, excluded)
         if request.claimed:
             return self._claim_plan(request, access, excluded)
         if request.shared_amounts is not None:
@@ -1033,4 +1088,6 @@ def _trim_to_quota(
         last = max(optional, key=lambda pod: (pod.index, pod.pod_set))
         pods.remove(last)
         total -= charge(last)
+    if isinstance(plan, group_claims.GroupedPlan):
+        return plan._replace(pods=tuple(pods))
     return GangPlan(plan.class_index, plan.scope, tuple(pods))

@@ -150,6 +150,7 @@ class Assessor:
             workload.priority,  # named in the lent-out message
             self.cycle.excluded_for(request),  # from the expected duration and the head's protection
             request.id if self._verifies_by_rerun else None,
+            workload.group_claims,
         )
 
     def _decide(self, outcome) -> PendingDecision:
@@ -276,7 +277,14 @@ class Assessor:
 
     def _invalid_message(self, request: Request) -> str | None:
         amounts = request.shared_amounts and tuple(sorted(request.shared_amounts.items()))
-        key = (request.classes, request.demands, request.required, request.preferred, amounts)
+        key = (
+            request.classes,
+            request.demands,
+            request.required,
+            request.preferred,
+            amounts,
+            request.workload.group_claims,
+        )
         if key not in self._invalid_cache:
             self._invalid_cache[key] = self._compute_invalid(request)
         return self._invalid_cache[key]
@@ -324,6 +332,7 @@ class Assessor:
             self.cycle.access_key(request.default_access),
             excluded,
             request.team,  # the Reserved message names it, though the access key may leave it out
+            request.workload.group_claims,
         )
         cached = self._capacity_cache.get(key)
         if cached is None:
@@ -397,6 +406,23 @@ class Assessor:
             codes["Priority"] = f"{needs}; it fits now, but {described}{more}"
             details["held_for"] = holding[0].workload_id
             details["held_for_all"] = [protection.workload_id for protection in holding]
+        if request.workload.group_claims and ("InsufficientCapacity" in codes or "TopologyFragmented" in codes):
+            # The gang alone would fit: name the group claim whose devices no region of room reaches.
+            short = "InsufficientCapacity" in codes
+            codes.pop("InsufficientCapacity", None)
+            codes.pop("TopologyFragmented", None)
+            if not short and self._fits_any(request.with_group_claims(()), classes, access):
+                code, message = self.cycle.group_why_not(request)
+                codes[code] = message
+            else:
+                codes["InsufficientCapacity" if short else "TopologyFragmented"] = (
+                    claims.why_not(self.cycle.claim_planner(request), request.required)
+                    if request.claimed
+                    else _fragmented_text(request, needs, focus)
+                    if not short
+                    else f"{needs}; {_free_text(focus, 'only ')} free in the cluster"
+                )
+            return {"codes": codes, "details": details}
         if request.claimed and ("InsufficientCapacity" in codes or "TopologyFragmented" in codes):
             # Name the request that cannot be met, rather than a count of one of its classes; too few
             # free devices in all is told by each class's own need, not by the claim's total.
@@ -450,7 +476,7 @@ class Assessor:
         }
 
     def _needed(self, request: Request) -> dict:
-        return {
+        needed = {
             "devices": request.needed,
             "pods": [
                 # A several-request claim's devices per pod are its fewest; `claim` says what it asks.
@@ -461,6 +487,13 @@ class Assessor:
             "device_classes": list(request.classes),
             "topology_required": request.required,
         }
+        if request.workload.group_claims:
+            # Allocated once for the gang, beside `devices` (its pods'): claim name -> what it asks.
+            needed["group_claims"] = {
+                claim.name: claims.claim_text(claims.Claim(claim.requests, claim.constraints))
+                for claim in request.workload.group_claims
+            }
+        return needed
 
     # --- suggestions ---
 

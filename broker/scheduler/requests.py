@@ -6,11 +6,12 @@ Defaults from the resource class are filled in here once, and anything that can 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from operator import attrgetter
 
 from broker.scheduler.capacity import NODE_LEVEL, Access
 from broker.scheduler.claims import Claim, claim_problem
+from broker.scheduler.group_claims import group_problem
 from broker.scheduler.placement import PodDemand, minimum_devices
 from broker.scheduler.snapshot import PendingWorkload, PodSet, Queue, ResourceClass, Snapshot
 
@@ -55,6 +56,14 @@ class Request:
         return minimum_devices(self.demands)
 
     @_once
+    def quota_needed(self) -> int:
+        """Devices it charges at least: its gang's and, once, its group claims' (the fewest of each)."""
+        group = self.workload.group_claims
+        if not group:
+            return self.needed
+        return self.needed + sum(Claim(claim.requests, claim.constraints).fewest_devices() for claim in group)
+
+    @_once
     def simple(self) -> bool:
         """One pod set whose pods all must start, no matchAttribute, no topology: placement's common case."""
         demands = self.demands
@@ -95,6 +104,10 @@ class Request:
 
     def with_classes(self, classes) -> Request:
         return _replace(self, classes=tuple(classes))
+
+    def with_group_claims(self, group_claims) -> Request:
+        """The same request as if its workload had these group claims (explanations ask without)."""
+        return _replace(self, workload=replace(self.workload, group_claims=tuple(group_claims)))
 
     def with_topology(self, required, preferred) -> Request:
         return _replace(self, required=required, preferred=preferred)
@@ -154,6 +167,7 @@ def _shape_key(workload: PendingWorkload, pod_sets: tuple) -> tuple:
         workload.topology_preferred,
         workload.preemptible,
         workload.team,
+        workload.group_claims,
     )
 
 
@@ -168,8 +182,15 @@ def _shape(workload: PendingWorkload, snapshot: Snapshot, lookups: dict, memo: d
         return _resolve(workload, snapshot, lookups)
     if shape is None:
         shape = memo[key] = _resolve(workload, snapshot, lookups)
-        if not isinstance(shape, str):
-            _ = (shape.needed, shape.simple, shape.claimed, shape.shared_amounts, shape.default_access)  # shared
+        if not isinstance(shape, str):  # computed once per shape: its copies share them
+            _ = (
+                shape.needed,
+                shape.quota_needed,
+                shape.simple,
+                shape.claimed,
+                shape.shared_amounts,
+                shape.default_access,
+            )
     return shape
 
 
@@ -185,6 +206,12 @@ def _resolve(workload: PendingWorkload, snapshot: Snapshot, lookups: dict) -> Re
     problem = _pod_set_problem(workload)
     if problem:
         return problem
+    if workload.group_claims:
+        problem = group_problem(workload.group_claims, lookups["device_classes"])
+        if problem:
+            return problem
+        if resource_class is not None and resource_class.sharing == "TimeSliced":
+            return f"group claims go with whole devices; resource class '{resource_class.name}' shares them"
     asked = {pod_set.capacity for pod_set in workload.pod_sets}
     if len(asked) > 1:
         return "all pod sets must ask the same capacity amounts of their devices"

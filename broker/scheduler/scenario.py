@@ -37,6 +37,23 @@ makes devices "<node>/<kind>-<index>" carrying `kind: <kind>`. A request naming 
 selecting no device of the cluster, or a constraint naming an unknown request is an error. In `--json`
 such a pod's placement gains `requests`: {request (a firstAvailable one as "<request>/<way>"): [devices]}.
 
+Group claims (Kubernetes 1.36 PodGroup resourceClaims, issue 26): a pending workload's `group_claims`
+lists claims the whole gang owns, each allocated once and used by every pod:
+
+    group_claims:
+      - name: scratch
+        requests: [{name: data, device_class: scratch}]
+        constraints: []
+
+with `requests` and `constraints` as a pod's claim above. The pods may only go where every device of its
+group claims is reachable: a device is node-local unless its attribute `reach` names a topology level
+(`reach: rack`: every node of its node's rack reaches it, as a network-attached device DRA publishes for
+a rack's nodeSelector) or is `cluster` (every node, DRA allNodes); so a GPU in a group claim pins the gang
+to its node, a rack's storage to its rack. A running workload names its group claims' devices as
+`group_claims: {scratch: [n1/scratch-0]}`. In `--json` every entry has `group_requests`: for an admitted
+workload {"<claim>/<request>": [devices]}, once for the gang (its pods' `devices` do not repeat them; they
+count once in its `details.devices`), else {}.
+
 Shared devices (DRA consumable capacity, issue 26): a node with `shared: true` has devices that allow
 several allocations of their `capacity`; a resource class with `sharing: TimeSliced` lets work share
 them, each pod taking its pod set's `capacity` amounts (e.g. `capacity: {memory: 20}`) of each of its
@@ -56,11 +73,13 @@ from dataclasses import replace
 import yaml
 
 from broker.scheduler.claims import Claim, claim_problem
+from broker.scheduler.group_claims import group_problem
 from broker.scheduler.selectors import ClassMatcher, validate_selector
 from broker.scheduler.sharing import SHARING_MODES
 from broker.scheduler.snapshot import (
     DISRUPTION_MODES,
     DRIVER,
+    GROUP_POD_SET,
     RECLAIM_POLICIES,
     WITHIN_QUEUE_POLICIES,
     Cohort,
@@ -71,6 +90,7 @@ from broker.scheduler.snapshot import (
     DeviceConstraint,
     DeviceRequest,
     DeviceSubRequest,
+    GroupClaim,
     Node,
     PendingWorkload,
     PodSet,
@@ -483,7 +503,7 @@ class _Reader:
         used: set[str] = set()
         allowed = {
             "name", "queue", "priority", "disruption", "device_class", "pods", "started", "expected_end",
-            "duration", "evicting", "evicted_for", "preemptible", "min_count", "evicting_pods",
+            "duration", "evicting", "evicted_for", "preemptible", "min_count", "evicting_pods", "group_claims",
         }  # fmt: skip
         for index, spec in enumerate(_list(self.data.get("running") or [], "running")):
             where = f"running[{index}]"
@@ -494,6 +514,7 @@ class _Reader:
             if queue not in lookups["queues"]:
                 raise ScenarioError(f"{where}.queue: unknown queue '{queue}'")
             pods = self.running_pods(spec.get("pods") or [], where + ".pods", lookups, used)
+            pods += self.running_group_devices(spec.get("group_claims") or {}, where + ".group_claims", lookups, used)
             device_class = _optional_str(spec.get("device_class"))
             if device_class is None:
                 device_class = _inferred_class(pods, lookups, matcher, where)
@@ -578,6 +599,42 @@ class _Reader:
             pods.append(RunningPod(str(spec.get("pod_set", "main")), index, node, tuple(ids)))
         return tuple(pods)
 
+    def running_group_devices(self, raw, where, lookups, used: set[str]) -> tuple[RunningPod, ...]:
+        """A running gang's group-claim devices as the pseudo-pods RunningWorkload holds them by: one
+        per claim and node, pod set GROUP_POD_SET + the claim's name."""
+        pods = []
+        for name, ids in _mapping(raw, where).items():
+            here = f"{where}.{name}"
+            ids = [str(device_id) for device_id in _list(ids, here)]
+            by_node: dict[str, list[str]] = {}
+            for device_id in ids:
+                device = lookups["devices"].get(device_id)
+                if device is None:
+                    raise ScenarioError(f"{here}: no device {device_id}")
+                if device_id in used:
+                    raise ScenarioError(f"{here}: {device_id} is already held by another running pod")
+                used.add(device_id)
+                by_node.setdefault(device.node, []).append(device_id)
+            for index, node in enumerate(sorted(by_node, key=_natural)):
+                pods.append(RunningPod(GROUP_POD_SET + str(name), index, node, tuple(by_node[node])))
+        return tuple(pods)
+
+    def group_claims(self, raw, where, lookups) -> tuple[GroupClaim, ...]:
+        claims = []
+        for index, spec in enumerate(_list(raw, where)):
+            here = f"{where}[{index}]"
+            spec = _mapping(spec, here)
+            _keys(here, spec, {"name", "requests", "constraints"})
+            name = _required_str(spec, "name", here)
+            if spec.get("requests") is None:
+                raise ScenarioError(f"{here}.requests: a group claim needs requests")
+            claim = self.claim(spec, here, lookups)
+            claims.append(GroupClaim(name, claim["requests"], claim["constraints"]))
+        problem = group_problem(tuple(claims), lookups["classes"])
+        if problem:
+            raise ScenarioError(f"{where}: {problem}")
+        return tuple(claims)
+
     def pending(self, lookups) -> tuple[PendingWorkload, ...]:
         pending = []
         names = set()
@@ -585,7 +642,7 @@ class _Reader:
             "name", "queue", "team", "resource_class", "device_class", "device_classes", "topology", "pods",
             "min_count", "devices_per_pod", "match_attribute", "priority", "disruption", "submitted",
             "approved", "duration", "preemptible", "tolerations", "pod_sets", "nominated", "requests", "constraints",
-            "capacity",
+            "capacity", "group_claims",
         }  # fmt: skip
         for index, spec in enumerate(_list(self.data.get("pending") or [], "pending")):
             where = f"pending[{index}]"
@@ -625,6 +682,7 @@ class _Reader:
                     else _number(spec["duration"], where + ".duration"),
                     preemptible=None if spec.get("preemptible") is None else bool(spec["preemptible"]),
                     nominated_devices=self.nominated(spec.get("nominated") or [], where + ".nominated", lookups),
+                    group_claims=self.group_claims(spec.get("group_claims") or [], where + ".group_claims", lookups),
                 )
             )
         return tuple(pending)
@@ -966,8 +1024,10 @@ def _admitted_json(workload: PendingWorkload, admission) -> dict:
             entry["consumed"] = dict(pod.consumed)
     where = ", ".join(f"{level} {name}" for level, name in admission.domain.items()) or "the cluster"
     devices = sum(len(pod.device_ids) for pod in pods)
+    group = admission.group_requests
+    devices += sum(len(device_ids) for _, device_ids in group)
     # A several-request claim's devices are of several classes: `requests` in placement says which.
-    what = "devices" if any(pod.requests for pod in pods) else admission.device_class
+    what = "devices" if any(pod.requests for pod in pods) or group else admission.device_class
     return {
         "name": workload.id,
         "status": "admitted",
@@ -980,6 +1040,7 @@ def _admitted_json(workload: PendingWorkload, admission) -> dict:
         "position": None,
         "estimated_start": None,
         "suggestions": [],
+        "group_requests": {label: list(device_ids) for label, device_ids in group},
     }
 
 
@@ -998,6 +1059,7 @@ def _pending_json(decision) -> dict:
         "suggestions": [
             {"kind": s.kind, "description": s.description, "change": _plain(s.change)} for s in decision.suggestions
         ],
+        "group_requests": {},
     }
 
 
@@ -1017,6 +1079,7 @@ def _preempted_json(preemption) -> dict:
         "position": None,
         "estimated_start": None,
         "suggestions": [],
+        "group_requests": {},
     }
 
 

@@ -30,6 +30,15 @@ WITHIN_QUEUE_POLICIES = ("Never", "LowerPriority", "LowerOrNewerEqualPriority")
 RECLAIM_POLICIES = ("Never", "LowerPriority", "Any")
 DISRUPTION_MODES = ("Pod", "PodGroup")
 
+# Where a device can be used from (group claims, broker.scheduler.group_claims): the device attribute
+# naming the topology level of its node whose whole domain reaches it (e.g. "rack" for storage on the
+# rack's network), or REACH_CLUSTER for every node (DRA allNodes). Without it a device is node-local.
+REACH_ATTRIBUTE = "reach"
+REACH_CLUSTER = "cluster"
+# A running workload's group-claim devices are held by pseudo-pods of this pod-set prefix plus the claim's
+# name (RunningWorkload), so holding, quota, releases and failures count them as its own, once.
+GROUP_POD_SET = "podgroup:"
+
 
 def made(cls, **values):
     """`cls(**values)` for a frozen dataclass without __post_init__, every field given: the same record,
@@ -299,6 +308,20 @@ class DeviceConstraint:
 
 
 @dataclass(frozen=True)
+class GroupClaim:
+    """A claim the whole gang owns (Kubernetes 1.36 PodGroup spec.resourceClaims, feature
+    DRAWorkloadResourceClaims): allocated once, its devices used by every pod of the gang. `requests` and
+    `constraints` are as a pod's claim (PodSet); the pods may only go where every device of it is
+    reachable (its REACH_ATTRIBUTE), so a node-local device pins the gang to its node.
+
+    name: unique among the workload's group claims (a DNS label, as PodGroupResourceClaim.name)."""
+
+    name: str
+    requests: tuple[DeviceRequest, ...]
+    constraints: tuple[DeviceConstraint, ...] = ()
+
+
+@dataclass(frozen=True)
 class PodSet:
     """A group of identical pods of one workload.
 
@@ -346,6 +369,7 @@ class PendingWorkload:
       node, Kueue's preemptor): while free they are held for it until its turn in the cycle, so work
       ordered before it cannot take them; at its turn they are free for anyone, itself first.
     name: what messages call it, e.g. "team-a/train-7" ("" = its id): people know names, not ids.
+    group_claims: claims owned by the whole gang (GroupClaim), each allocated once for all its pods.
     """
 
     id: str
@@ -363,6 +387,7 @@ class PendingWorkload:
     preemptible: bool | None = None
     nominated_devices: tuple[str, ...] = ()
     name: str = ""
+    group_claims: tuple[GroupClaim, ...] = ()
 
 
 def label(workload) -> str:
@@ -401,6 +426,8 @@ class RunningWorkload:
     name: what messages call it ("" = its id); the pods split off it keep it.
     device_classes: (device id, class) of the devices allocated under another class than `device_class`
       (a several-request claim's, each request's class); quota counts each device under its own.
+    Its group claims' devices are pods too, of pod set GROUP_POD_SET + the claim's name (one per node of
+    its devices): held, charged and freed with it, once; a failure of one stops the whole gang.
     """
 
     id: str
@@ -592,6 +619,9 @@ class Admission:
     pods: tuple[PodPlacement, ...]
     domain: Mapping[str, str] = field(default_factory=dict)
     request_classes: tuple[tuple[str, str], ...] = ()
+    # Its group claims' devices, allocated once for the gang: ("<claim>/<request>", device ids) pairs in
+    # the claims' order (a firstAvailable request as "<claim>/<request>/<sub-request>").
+    group_requests: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
+from django import forms
 from django.contrib import admin
 
 from broker.audit.admin_mixins import AuditedAdminMixin
 from broker.limits import BoundedFieldsAdminMixin
+from broker.workloads import services
 from broker.workloads.models import (
     Allocation,
     Explanation,
@@ -28,8 +30,36 @@ class TransitionInline(admin.TabularInline):
         return False
 
 
+class WorkloadAdminForm(forms.ModelForm):
+    """Group claims are checked as the API checks them: a malformed one is refused with its reasons."""
+
+    class Meta:
+        model = Workload
+        fields = ["resource_class", "group_claims"]  # the admin adds the others it shows
+
+    def clean(self):
+        cleaned = super().clean()
+        group_claims = cleaned.get("group_claims") or []
+        resource_class = cleaned.get("resource_class")
+        if not isinstance(group_claims, list) or not all(isinstance(claim, dict) for claim in group_claims):
+            self.add_error("group_claims", "A list of {name, requests, constraints} objects.")
+        elif group_claims and resource_class is not None:
+            problems = [
+                f"{claim.get('name', index)}: {message}"
+                for index, (claim, errors) in enumerate(
+                    zip(group_claims, services.group_claim_errors(group_claims, resource_class), strict=True)
+                )
+                for messages in errors.values()
+                for message in messages
+            ]
+            if problems:
+                self.add_error("group_claims", problems)
+        return cleaned
+
+
 @admin.register(Workload)
 class WorkloadAdmin(BoundedFieldsAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
+    form = WorkloadAdminForm
     # A workload changed by hand (its priority, its pod sets) is an intervention like one in the dashboard,
     # and moves the cluster's generation: a cycle that read it before is refused, and the dashboard's
     # state (which reads pending pod sets) is read again.

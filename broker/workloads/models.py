@@ -4,6 +4,7 @@ from django.db import models
 from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
+from broker.scheduler.claims import Claim, claim_from_dra
 from broker.workloads.fields import StoredJSONField
 from broker.workloads.states import HOLDING_STATES, WAITING_STATES, InvalidTransition, State, can_transition
 
@@ -18,6 +19,21 @@ class ApprovalState(models.TextChoices):
     REQUESTED = "Requested"
     APPROVED = "Approved"
     REJECTED = "Rejected"
+
+
+GROUP_CLAIMS_HELP = (
+    "Claims the whole gang owns (PodGroup resourceClaims): [{name, requests, constraints}], requests and "
+    "constraints as resource.k8s.io/v1 writes a claim's devices; each allocated once for all its pods."
+)
+
+
+def group_claim_devices(claim):
+    """The fewest devices a stored group claim takes; 0 for a malformed one (the cycle calls it invalid)."""
+    try:
+        body = {key: value for key, value in claim.items() if key != "name"}
+        return Claim(*claim_from_dra(body)).fewest_devices()
+    except (ValueError, AttributeError):
+        return 0
 
 
 class Workload(models.Model):
@@ -97,6 +113,13 @@ class Workload(models.Model):
     nominated_devices = models.JSONField(
         default=list, blank=True, help_text="Device pks its victims free for it; held for it until it is admitted."
     )
+    # Kubernetes 1.36 PodGroup spec.resourceClaims (issue 26): claims the whole gang owns, each allocated
+    # once (its allocations have pod set "podgroup:<name>") and reachable from every pod.
+    group_claims = models.JSONField(
+        default=list,
+        blank=True,
+        help_text=GROUP_CLAIMS_HELP,
+    )
 
     class Meta:
         ordering = ["submitted_at", "id"]
@@ -131,7 +154,9 @@ class Workload(models.Model):
 
     @property
     def total_devices(self):
-        return sum(pod_set.replicas * pod_set.devices_per_pod for pod_set in self.pod_sets.all())
+        """Devices its pods ask, plus its group claims' devices once (the fewest each can take)."""
+        pods = sum(pod_set.replicas * pod_set.devices_per_pod for pod_set in self.pod_sets.all())
+        return pods + sum(group_claim_devices(claim) for claim in self.group_claims or ())
 
     @property
     def holds_devices(self):

@@ -21,7 +21,7 @@ from broker.limits import PRIORITY_MAX, PRIORITY_MIN
 from broker.policy import roles
 from broker.policy.models import DeviceClass, Queue, ResourceClass, SharingRule
 from broker.scheduler.claims import Claim, claim_from_dra, claim_problem
-from broker.workloads.models import Allocation, ApprovalState, PodSet, Workload
+from broker.workloads.models import Allocation, ApprovalState, PodSet, Workload, group_claim_devices
 from broker.workloads.states import FINAL_STATES, State
 
 
@@ -73,10 +73,19 @@ class Submission:
     topology_required: str | None = None
     topology_preferred: str | None = None
     expected_duration_seconds: int | None = None
+    # Claims the whole gang owns (PodGroup resourceClaims): [{name, requests, constraints}], requests and
+    # constraints as a pod set's claim; each allocated once for all its pods.
+    group_claims: tuple = field(default_factory=tuple, hash=False)
 
     @property
     def total_devices(self):
-        return sum(pod_set.devices for pod_set in self.pod_sets)
+        return sum(pod_set.devices for pod_set in self.pod_sets) + sum(
+            group_claim_devices(claim) for claim in self.group_claims
+        )
+
+
+def _claim_body(claim):
+    return {key: value for key, value in claim.items() if key != "name"}
 
 
 def default_queue(user):
@@ -170,6 +179,50 @@ def claim_errors(pod_set, resource_class, offered):
     return None
 
 
+def group_claim_errors(group_claims, resource_class):
+    """What makes a workload's group claims malformed: [{field: [messages]}] by index (all empty when
+    they are fine). A claim whose request no device of the cluster as built could ever meet is refused
+    too: it would wait forever."""
+    per_claim, seen = [], set()
+    as_built = guidance.ClusterAsBuilt()
+    for claim in group_claims:
+        errors = {}
+        name = claim.get("name")
+        if name in seen:
+            errors["name"] = [f"Group claim names must be unique; {name} is used twice."]
+        seen.add(name)
+        if resource_class.sharing == "TimeSliced":
+            errors["requests"] = [f"{resource_class} shares devices by time-slicing; group claims take whole devices."]
+        problem = None
+        try:
+            parsed = Claim(*claim_from_dra(_claim_body(claim)))
+        except ValueError as error:
+            problem = f"Invalid claim: {error}."
+        else:
+            names = parsed.classes()
+            known = set(DeviceClass.objects.filter(name__in=names).values_list("name", flat=True))
+            found = claim_problem(parsed, known)
+            if found:
+                problem = f"Invalid claim: {found}."
+            else:
+                problem = never_met(parsed, as_built)
+        if problem:
+            field_name = "constraints" if "constraint" in problem else "requests"
+            errors.setdefault(field_name, []).append(problem)
+        per_claim.append(errors)
+    return per_claim
+
+
+def never_met(claim, as_built):
+    """The first request of `claim` that no device of the cluster as built could meet, said so, or None."""
+    for request in claim.requests:
+        ways = request.alternatives
+        if not any(as_built.devices_of(way.device_class, way.selectors) >= way.count for way in ways):
+            wanted = " or ".join(f"{way.count} {way.device_class}" for way in ways)
+            return f"Request {request.name}: no device class can ever meet it; the cluster has not {wanted}."
+    return None
+
+
 def submission_errors(submission, actor):
     """Everything that makes a request malformed for its class, as {field: [messages]}. Entitlement is
     not here: a team not entitled to the class gets a NotEntitled explanation from the cycle."""
@@ -199,6 +252,11 @@ def submission_errors(submission, actor):
                 f"The request asks for {submission.total_devices} devices; {resource_class} allows at most "
                 f"{resource_class.max_devices}. Choose a larger class."
             ]
+
+    if submission.group_claims:
+        per_claim = group_claim_errors(submission.group_claims, resource_class)
+        if any(per_claim):
+            errors["group_claims"] = per_claim
 
     levels = topology_levels()
     for name in ("topology_required", "topology_preferred"):
@@ -247,6 +305,7 @@ def submit_workload(submission, actor):
             ),
             expected_duration_seconds=submission.expected_duration_seconds,
             approval=ApprovalState.REQUESTED if needs_approval else ApprovalState.NOT_REQUIRED,
+            group_claims=[dict(claim) for claim in submission.group_claims],
         )
         for pod_set in submission.pod_sets:
             PodSet.objects.create(

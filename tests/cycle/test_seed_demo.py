@@ -213,6 +213,15 @@ def test_it_places_the_partition_and_claim_workloads_without_a_gpu_beside_its_pa
             drivers = Counter(driver for driver, _ in devices)
             assert drivers == {demo.DRIVER: gpus_per_pod, demo.NIC_DRIVER: 1}
             assert len({attributes[attribute] for _, attributes in devices}) == 1, f"{name}: one {attribute}"
+    # The gang owning a group claim: the rack's scratch volume once, and both pods in that rack.
+    gang = Workload.objects.get(name="shared-dataset-prep")
+    assert gang.state == "Admitted"
+    mine = held.filter(workload=gang)
+    (volume,) = mine.filter(pod_set="podgroup:dataset")
+    assert volume.device.driver == demo.STORAGE_DRIVER and volume.device.attributes["reach"] == "rack"
+    racks = set(mine.exclude(pod_set="podgroup:dataset").values_list("device__node__domain__name", flat=True))
+    assert racks == {volume.device.node.domain.name}
+    assert mine.count() == 2 * demo.GPUS_PER_PCIE_ROOT + 1
     taken = set(held.values_list("device_id", flat=True))
     parents_of_taken = set(Device.objects.filter(pk__in=taken).exclude(parent=None).values_list("parent_id", flat=True))
     assert parents_of_taken, "the partitions are in use"

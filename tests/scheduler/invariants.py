@@ -4,7 +4,7 @@ from collections import Counter
 
 from broker.scheduler.capacity import natural_key
 from broker.scheduler.selectors import ClassMatcher, SelectorCache
-from broker.scheduler.snapshot import NO_SCHEDULE_EFFECTS
+from broker.scheduler.snapshot import NO_SCHEDULE_EFFECTS, REACH_ATTRIBUTE, REACH_CLUSTER
 
 
 def assert_valid_result(snapshot, result):
@@ -45,8 +45,13 @@ def assert_valid_result(snapshot, result):
                 for taint in device.taints:
                     if taint.effect in NO_SCHEDULE_EFFECTS:
                         assert any(t.key == taint.key for t in tolerations), f"{device_id} is tainted"
+        for _, device_ids in admission.group_requests:
+            for device_id in device_ids:
+                held[device_id] += 1
+                assert devices[device_id].healthy, f"{device_id} is unhealthy"
         assert_gang_complete(workload, admission)
         assert_claims_hold(snapshot, workload, admission)
+        assert_group_claims_hold(snapshot, workload, admission)
     doubled = [device_id for device_id, count in held.items() if count > 1]
     assert not doubled, f"devices allocated twice: {sorted(doubled, key=natural_key)}"
     for device_id, amounts in taken.items():
@@ -134,6 +139,58 @@ def assert_claims_hold(snapshot, workload, admission):
             assert all(attribute in devices[device_id].attributes for device_id in ids), f"{workload.id}: {attribute}"
             values = {str(devices[device_id].attributes[attribute]) for device_id in ids}
             assert len(values) == 1, f"{workload.id}: {attribute} differs across {ids}"
+
+
+def reaches(snapshot, device, node_name) -> bool:
+    """Whether the pods of node `node_name` can use `device` (broker.scheduler.group_claims)."""
+    level = device.attributes.get(REACH_ATTRIBUTE)
+    if level == REACH_CLUSTER:
+        return True
+    if level not in snapshot.levels:
+        return device.node == node_name
+    nodes = {node.name: node for node in snapshot.nodes}
+    path = snapshot.levels[: snapshot.levels.index(level) + 1]
+    return all(nodes[device.node].domains.get(lv) == nodes[node_name].domains.get(lv) for lv in path)
+
+
+def assert_group_claims_hold(snapshot, workload, admission):
+    """Each group claim is allocated exactly once for the gang: every request of it served once with
+    the count of one of its ways, of its class, each constraint holding; every pod reaches every device."""
+    labels = [label for label, _ in admission.group_requests]
+    assert len(set(labels)) == len(labels), f"{workload.id}: a group request allocated twice: {labels}"
+    if not workload.group_claims:
+        assert not labels, f"{workload.id}: group requests without group claims"
+        return
+    devices = {device.id: device for device in snapshot.devices}
+    matcher = ClassMatcher(snapshot.device_classes)
+    given = dict(admission.group_requests)
+    pod_devices = {device_id for pod in admission.pods for device_id in pod.device_ids}
+    for claim in workload.group_claims:
+        by_request = {}
+        for request in claim.requests:
+            mine = [label for label in given if label.split("/")[:2] == [claim.name, request.name]]
+            assert len(mine) == 1, f"{workload.id}: {claim.name}/{request.name} allocated {len(mine)} times"
+            way = request.exactly or next(
+                way for way in request.first_available if mine[0] == f"{claim.name}/{request.name}/{way.name}"
+            )
+            ids = given[mine[0]]
+            assert len(ids) == way.count, f"{workload.id}: {mine[0]} got {ids}"
+            for device_id in ids:
+                assert way.device_class in matcher.classes_of(devices[device_id]), (
+                    f"{device_id} is no {way.device_class}"
+                )
+                assert device_id not in pod_devices, f"{workload.id}: {device_id} both a pod's and the group's"
+                for pod in admission.pods:
+                    assert reaches(snapshot, devices[device_id], pod.node), f"{pod.node} cannot reach {device_id}"
+            by_request[request.name] = ids
+        for constraint in claim.constraints:
+            names = constraint.requests or tuple(by_request)
+            ids = [device_id for name in names for device_id in by_request[name.split("/", 1)[0]]]
+            values = {str(devices[device_id].attributes.get(constraint.match_attribute)) for device_id in ids}
+            assert len(values) == 1, f"{workload.id}: {constraint.match_attribute} differs across {ids}"
+    served = {"/".join(label.split("/")[:2]) for label in given}
+    asked = {f"{claim.name}/{request.name}" for claim in workload.group_claims for request in claim.requests}
+    assert served == asked, f"{workload.id}: group requests {sorted(served)} for {sorted(asked)}"
 
 
 def assert_counters_hold(snapshot, held):

@@ -21,6 +21,7 @@ EXAMPLES = {
         "pods": (PodPlacement("main", 0, "n1", ("n1/0",)),),
         "domain": {"rack": "r1"},
         "request_classes": (("gpu", "h100"), ("nic", "efa")),
+        "group_requests": (("scratch/volume", ("n1/scratch-0",)),),
     },
     PendingDecision: {
         "workload_id": "job-2",

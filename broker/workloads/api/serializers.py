@@ -96,6 +96,7 @@ class WorkloadSerializer(serializers.ModelSerializer):
             "chosen_device_class",
             "total_devices",
             "pod_sets",
+            "group_claims",
             "explanation",
             "trace_id",
         ]
@@ -181,6 +182,30 @@ class PodSetRequestSerializer(StrictSerializer):
         return attrs
 
 
+class GroupClaimRequestSerializer(StrictSerializer):
+    """A claim the whole gang owns (Kubernetes 1.36 PodGroup spec.resourceClaims): allocated once, its
+    devices used by every pod, which may only go where they are reachable (a node-local device pins the
+    gang to its node; one with the attribute `reach: rack` to its rack)."""
+
+    name = serializers.RegexField(
+        r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63, help_text="A DNS label, unique in the workload."
+    )
+    requests = serializers.ListField(
+        child=serializers.JSONField(),
+        allow_empty=False,
+        max_length=limits.POD_SETS_MAX,
+        help_text="As a ResourceClaim's spec.devices.requests: each `exactly` {deviceClassName, count, "
+        "selectors} or `firstAvailable` sub-requests.",
+    )
+    constraints = serializers.ListField(
+        child=serializers.JSONField(),
+        required=False,
+        default=list,
+        max_length=limits.POD_SETS_MAX,
+        help_text="As spec.devices.constraints: {requests, matchAttribute} across its requests.",
+    )
+
+
 class WorkloadSubmissionSerializer(StrictSerializer):
     """A request for capacity: a gang of pod sets in a resource class, submitted to a queue."""
 
@@ -207,6 +232,10 @@ class WorkloadSubmissionSerializer(StrictSerializer):
     expected_duration_seconds = serializers.IntegerField(
         min_value=1, max_value=limits.EXPECTED_DURATION_MAX_SECONDS, required=False, allow_null=True
     )
+    group_claims = GroupClaimRequestSerializer(
+        many=True, required=False, default=list, max_length=limits.GROUP_CLAIMS_MAX,
+        help_text="Claims the whole gang owns, each allocated once for all its pods.",
+    )  # fmt: skip
 
     def validate(self, attrs):
         actor = self.context["request"].user
@@ -226,6 +255,10 @@ class WorkloadSubmissionSerializer(StrictSerializer):
             topology_required=attrs.get("topology_required"),
             topology_preferred=attrs.get("topology_preferred"),
             expected_duration_seconds=attrs.get("expected_duration_seconds"),
+            group_claims=tuple(
+                {"name": claim["name"], "requests": claim["requests"], "constraints": claim["constraints"]}
+                for claim in attrs.get("group_claims", ())
+            ),
         )
         errors = services.submission_errors(submission, actor)
         if errors:
