@@ -243,7 +243,9 @@ def _assign_slots(finder: Search, found: dict, node_slots, attribute) -> dict:
         counts = [0] * len(finder.kinds)
         for index, count in taken:
             counts[finder.kind_of[index]] += count
-        values = finder._matched_fit(nodes[node], tuple(counts)) if attribute else None
+        # A copy: the answer is memoised for every node alike to this one, and its lists are popped here.
+        fit = finder._matched_fit(nodes[node], tuple(counts)) if attribute else None
+        values = {kind: list(chosen) for kind, chosen in fit.items()} if fit is not None else None
         left = list(node_slots[node])
         pods = []
         for index, count in sorted(taken, key=lambda entry: not finder.matched[finder.kind_of[entry[0]]]):

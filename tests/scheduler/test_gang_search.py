@@ -166,6 +166,24 @@ def test_it_answers_the_issue_example_with_both_workers_on_one_node():
     assert placed == {("workers", "a"), ("helpers", "b")}
 
 
+def test_it_hands_each_of_two_alike_nodes_its_own_matched_devices():
+    # Two nodes alike to the search (the same free devices per PCIe root) share one memoised answer of
+    # which root each matched pod takes; handing out the first node's pods must not use up the second's.
+    class Slot:
+        def __init__(self, name, root):
+            self.id, self.attributes = name, {"root": root}
+
+    node_slots = {node: [Slot(f"{node}/{i}", i % 2) for i in range(4)] for node in (1, 2)}
+    demands = (PodDemand("workers", 4, 4, 2, "root"),)
+    found = gang_search.search(demands, node_slots, {1: (0,), 2: (1,)})
+    assert sorted(found) == [1, 2]
+    for node, pods in found.items():
+        assert len(pods) == 2
+        for _, slots in pods:
+            assert len(slots) == 2 and len({slot.attributes["root"] for slot in slots}) == 1
+            assert all(slot.id.startswith(f"{node}/") for slot in slots)
+
+
 def random_view(rng, nodes, sizes=(4, 8)):
     devices = []
     held = []
