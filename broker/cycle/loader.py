@@ -887,6 +887,7 @@ def fetch_pending_rows(loaded, pks=None):
             as_text("nominated_devices"),
             "name",
             as_text("group_claims"),  # "[]" on nearly every row, parsed once
+            "preemption_policy",
         )
     )
     return rows, load_pod_set_rows(WAITING, pks)
@@ -966,7 +967,7 @@ def pending_records(loaded, approval_rules, rows, pod_set_rows, scope, pks):
 def pending_workload(row, pod_set_rows, approved, loaded, executor, parse):
     """One PendingWorkload from its workload row and its pod set rows."""
     pk, _, queue, team, rc, required, preferred, priority, disruption, submitted, _, duration = row[:12]
-    preemptible, nominated, name, group_claims = row[12], row[13], row[14], row[15]
+    preemptible, nominated, name, group_claims, preemption_policy = row[12], row[13], row[14], row[15], row[16]
     return s.PendingWorkload(
         id=str(pk),
         queue=queue,
@@ -984,6 +985,7 @@ def pending_workload(row, pod_set_rows, approved, loaded, executor, parse):
         nominated_devices=nominated_ids(parse(nominated, ()), loaded),
         name=f"{team}/{name}",
         group_claims=() if group_claims == "[]" else group_claims_from_rows(parse(group_claims, ())),
+        preemption_policy=preemption_policy,
     )
 
 

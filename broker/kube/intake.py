@@ -27,10 +27,10 @@ mirrored for this. A class the group names that does not exist refuses it (Unkno
 the class is created. The priority is resolved once, when the broker takes the group: as in Kubernetes,
 where priority is fixed at admission, a PriorityClass deleted and created again with another value
 (its value cannot be updated) does not re-rank the groups already taken. A PriorityClass with
-`preemptionPolicy: Never` means its groups never preempt others (they may still be preempted); the
-cycle has no such promise per workload yet, so the broker refuses those groups
-(UnsupportedPreemptionPolicy) rather than preempt on their behalf, and never reads Never as "not
-preemptible", which is a different promise.
+`preemptionPolicy: Never` means its groups never preempt others (they may still be preempted): the
+workload keeps it (Workload.preemption_policy) and the cycle never looks for victims for it. Never is
+not read as "not preemptible", which is a different promise (Workload.preemptible, the resource
+class's).
 
 A PodGroup the broker cannot take keeps a reason code and message (`refused`), which the applier writes
 as the PodGroup's condition: an unknown queue, class or PriorityClass, a claim the broker cannot read.
@@ -440,7 +440,7 @@ def reconcile_named(cluster, namespace, name):
 # --- PriorityClasses -----------------------------------------------------------------------------------
 
 # Why a group may wait on its PriorityClass: looked at again whenever PriorityClasses change.
-PRIORITY_REFUSALS = ("UnknownPriorityClass", "UnsupportedPreemptionPolicy")
+PRIORITY_REFUSALS = ("UnknownPriorityClass",)
 
 
 def priority_classes_changed(cluster, objs):
@@ -630,15 +630,7 @@ def submission_for(group, pods):
             f"label {settings.KUBE_RESOURCE_CLASS_LABEL} must name a resource class"
             + (f"; there is none named {class_name!r}" if class_name else ""),
         )
-    priority, priority_class, preemption_policy = resolved_priority(group.cluster, group.spec, template, where)
-    if preemption_policy == PreemptionPolicy.NEVER:
-        # Never means "does not preempt others", not "may not be preempted" (Workload.preemptible, which
-        # stays the resource class's): the cycle cannot promise the former per workload, so the group waits.
-        raise Refused(
-            "UnsupportedPreemptionPolicy",
-            f"PriorityClass {priority_class} has preemptionPolicy Never; the broker cannot yet keep a group from "
-            "preempting lower-priority work, so it takes only groups whose class is PreemptLowerPriority",
-        )
+    priority, _, preemption_policy = resolved_priority(group.cluster, group.spec, template, where)
     topology = ""
     if spec.get("topology_key"):
         topology = level_for_label(spec["topology_key"])
@@ -689,6 +681,7 @@ def submission_for(group, pods):
             ),
             priority=priority,
             disruption_mode=spec.get("disruption_mode") if spec.get("disruption_mode") in DisruptionMode.values else "",
+            preemption_policy=preemption_policy,
             topology_required=topology or None,
         ),
         claims,

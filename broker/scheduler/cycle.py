@@ -368,7 +368,7 @@ class Cycle:
         at_limit = self.preemptions_by_queue.get(queue.name, 0) >= self.config.preemptions_per_queue_per_cycle
         return (
             request.classes, request.demands, request.required, request.preferred, queue.name, request.team,
-            request.preemptible, request.tolerations, workload.priority,
+            request.preemptible, request.tolerations, workload.priority, workload.preemption_policy,
             workload.submitted if queue.within_queue == "LowerOrNewerEqualPriority" else None,
             self.excluded_for(request), at_limit,
             # ShorterRemaining's victims depend on its expected duration (preemption.find_victims).

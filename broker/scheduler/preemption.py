@@ -47,7 +47,7 @@ from operator import attrgetter
 
 from broker.scheduler.capacity import COUNTERS, PLAIN, RANK_PLAIN, ROOT
 from broker.scheduler.placement import place_within_scope
-from broker.scheduler.snapshot import RunningWorkload, label, leaving_id
+from broker.scheduler.snapshot import NEVER_PREEMPT, RunningWorkload, label, leaving_id
 
 
 @dataclass(frozen=True)
@@ -162,6 +162,8 @@ def _reclaims_above_own_priority(cycle, request) -> bool:
 
 
 def _may_preempt(cycle, request) -> bool:
+    if request.workload.preemption_policy == NEVER_PREEMPT:
+        return False
     queue = request.queue
     return (
         queue.within_queue != "Never"

@@ -80,6 +80,8 @@ from broker.scheduler.snapshot import (
     DISRUPTION_MODES,
     DRIVER,
     GROUP_POD_SET,
+    PREEMPT_LOWER_PRIORITY,
+    PREEMPTION_POLICIES,
     RECLAIM_POLICIES,
     WITHIN_QUEUE_POLICIES,
     Cohort,
@@ -642,7 +644,7 @@ class _Reader:
             "name", "queue", "team", "resource_class", "device_class", "device_classes", "topology", "pods",
             "min_count", "devices_per_pod", "match_attribute", "priority", "disruption", "submitted",
             "approved", "duration", "preemptible", "tolerations", "pod_sets", "nominated", "requests", "constraints",
-            "capacity", "group_claims",
+            "capacity", "group_claims", "preemption_policy",
         }  # fmt: skip
         for index, spec in enumerate(_list(self.data.get("pending") or [], "pending")):
             where = f"pending[{index}]"
@@ -663,6 +665,9 @@ class _Reader:
             disruption = str(spec.get("disruption", "PodGroup"))
             if disruption not in DISRUPTION_MODES:
                 raise ScenarioError(f"{where}.disruption: must be Pod or PodGroup")
+            preemption_policy = str(spec.get("preemption_policy", PREEMPT_LOWER_PRIORITY))
+            if preemption_policy not in PREEMPTION_POLICIES:
+                raise ScenarioError(f"{where}.preemption_policy: must be PreemptLowerPriority or Never")
             approved = spec.get("approved")
             pending.append(
                 PendingWorkload(
@@ -683,6 +688,7 @@ class _Reader:
                     preemptible=None if spec.get("preemptible") is None else bool(spec["preemptible"]),
                     nominated_devices=self.nominated(spec.get("nominated") or [], where + ".nominated", lookups),
                     group_claims=self.group_claims(spec.get("group_claims") or [], where + ".group_claims", lookups),
+                    preemption_policy=preemption_policy,
                 )
             )
         return tuple(pending)

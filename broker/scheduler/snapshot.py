@@ -29,6 +29,10 @@ def held_outside(taints) -> bool:
 WITHIN_QUEUE_POLICIES = ("Never", "LowerPriority", "LowerOrNewerEqualPriority")
 RECLAIM_POLICIES = ("Never", "LowerPriority", "Any")
 DISRUPTION_MODES = ("Pod", "PodGroup")
+# Kubernetes PriorityClass preemptionPolicy: whether a workload may preempt others to start (Never: it
+# waits for room instead; it may still be preempted itself, which `preemptible` says).
+PREEMPT_LOWER_PRIORITY, NEVER_PREEMPT = "PreemptLowerPriority", "Never"
+PREEMPTION_POLICIES = (PREEMPT_LOWER_PRIORITY, NEVER_PREEMPT)
 
 # Where a device can be used from (group claims, broker.scheduler.group_claims): the device attribute
 # naming the topology level of its node whose whole domain reaches it (e.g. "rack" for storage on the
@@ -370,6 +374,8 @@ class PendingWorkload:
       ordered before it cannot take them; at its turn they are free for anyone, itself first.
     name: what messages call it, e.g. "team-a/train-7" ("" = its id): people know names, not ids.
     group_claims: claims owned by the whole gang (GroupClaim), each allocated once for all its pods.
+    preemption_policy: PREEMPT_LOWER_PRIORITY, or NEVER_PREEMPT for work that never preempts others
+      (Kubernetes PriorityClass preemptionPolicy: Never): it waits for room and takes no one's devices.
     """
 
     id: str
@@ -388,6 +394,7 @@ class PendingWorkload:
     nominated_devices: tuple[str, ...] = ()
     name: str = ""
     group_claims: tuple[GroupClaim, ...] = ()
+    preemption_policy: str = PREEMPT_LOWER_PRIORITY
 
 
 def label(workload) -> str:

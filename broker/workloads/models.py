@@ -14,6 +14,13 @@ class DisruptionMode(models.TextChoices):
     POD_GROUP = "PodGroup", "The group is evicted whole"
 
 
+class PreemptionPolicy(models.TextChoices):
+    """Kubernetes PriorityClass preemptionPolicy, kept on the workload (its PodGroup's class, or as asked)."""
+
+    PREEMPT_LOWER_PRIORITY = "PreemptLowerPriority", "May preempt lower-priority work"
+    NEVER = "Never", "Never preempts; waits for room"
+
+
 class ApprovalState(models.TextChoices):
     NOT_REQUIRED = "NotRequired"
     REQUESTED = "Requested"
@@ -60,6 +67,12 @@ class Workload(models.Model):
     priority = models.IntegerField(default=0)
     disruption_mode = models.CharField(max_length=8, choices=DisruptionMode.choices, default=DisruptionMode.POD_GROUP)
     preemptible = models.BooleanField(default=True)
+    preemption_policy = models.CharField(
+        max_length=24,
+        choices=PreemptionPolicy.choices,
+        default=PreemptionPolicy.PREEMPT_LOWER_PRIORITY,
+        help_text="Never: it never preempts others to start (it may still be preempted, as `preemptible` says).",
+    )
     topology_required = models.CharField(max_length=50, blank=True)
     topology_preferred = models.CharField(max_length=50, blank=True)
     expected_duration_seconds = models.PositiveIntegerField(null=True, blank=True)

@@ -21,7 +21,14 @@ from broker.limits import PRIORITY_MAX, PRIORITY_MIN
 from broker.policy import roles
 from broker.policy.models import DeviceClass, Queue, ResourceClass, SharingRule
 from broker.scheduler.claims import Claim, claim_from_dra, claim_problem
-from broker.workloads.models import Allocation, ApprovalState, PodSet, Workload, group_claim_devices
+from broker.workloads.models import (
+    Allocation,
+    ApprovalState,
+    PodSet,
+    PreemptionPolicy,
+    Workload,
+    group_claim_devices,
+)
 from broker.workloads.states import FINAL_STATES, State
 
 
@@ -70,6 +77,7 @@ class Submission:
     pod_sets: tuple = field(default_factory=tuple)
     priority: int | None = None
     disruption_mode: str = ""
+    preemption_policy: str = ""  # "" = PreemptLowerPriority
     topology_required: str | None = None
     topology_preferred: str | None = None
     expected_duration_seconds: int | None = None
@@ -292,6 +300,7 @@ def submit_workload(submission, actor):
             submitted_by=actor,
             priority=resource_class.priority_class.value if submission.priority is None else submission.priority,
             disruption_mode=submission.disruption_mode or Workload._meta.get_field("disruption_mode").default,
+            preemption_policy=submission.preemption_policy or PreemptionPolicy.PREEMPT_LOWER_PRIORITY,
             preemptible=resource_class.preemptible and resource_class.priority_class.preemptible,
             topology_required=(
                 resource_class.topology_required

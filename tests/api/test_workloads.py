@@ -48,6 +48,7 @@ class TestSubmission:
         assert (workload.queue, workload.team, workload.submitted_by) == (cluster.queue_a, cluster.team_a, alice)
         assert (workload.state, workload.approval) == (State.PENDING, ApprovalState.NOT_REQUIRED)
         assert workload.priority == cluster.training.priority_class.value
+        assert workload.preemption_policy == "PreemptLowerPriority"
         assert workload.topology_required == "rack"
         assert workload.total_devices == 8
         assert response.data["pod_sets"][0]["gang_size"] == 2
@@ -60,6 +61,7 @@ class TestSubmission:
             queue="team-a",
             priority=50,
             disruption_mode="Pod",
+            preemption_policy="Never",
             topology_required="block",
             expected_duration_seconds=3600,
         )
@@ -68,6 +70,7 @@ class TestSubmission:
         assert response.status_code == 201, response.data
         workload = Workload.objects.get(pk=response.data["id"])
         assert (workload.priority, workload.disruption_mode, workload.topology_required) == (50, "Pod", "block")
+        assert (workload.preemption_policy, response.data["preemption_policy"]) == ("Never", "Never")
         assert workload.pod_sets.get().device_classes == ["h100"]
 
     def test_it_sends_a_class_needing_approval_to_await_approval(self, cluster, api_client, alice):
@@ -127,6 +130,7 @@ class TestSubmission:
             ({"resource_class": "no-such-class"}, "resource_class"),
             ({"pod_sets": []}, "pod_sets"),
             ({"disruption_mode": "Whenever"}, "disruption_mode"),
+            ({"preemption_policy": "Sometimes"}, "preemption_policy"),
             ({"name": "Not A Slug"}, "name"),
             ({"priority": 5000}, "priority"),
         ],

@@ -62,6 +62,7 @@ def test_it_maps_pending_and_running_work(cluster):
         resource_class=cluster.reserved,
         state=State.AWAITING_APPROVAL,
         approval=ApprovalState.REQUESTED,
+        preemption_policy="Never",
     )
     pending(cluster.queue_a, "done", state=State.SUCCEEDED)
     devices = list(Device.objects.filter(node__name__in=["n3", "n4"]).order_by("node__name", "name"))
@@ -80,6 +81,7 @@ def test_it_maps_pending_and_running_work(cluster):
     assert mapped.pod_sets[0].devices_per_pod == 4
     assert mapped.pod_sets[0].tolerations[0].key == "maintenance"
     assert by_id[str(waiting.pk)].approved is None
+    assert (mapped.preemption_policy, by_id[str(waiting.pk)].preemption_policy) == ("PreemptLowerPriority", "Never")
     assert loaded.pending_states == {gang.pk: State.PENDING, waiting.pk: State.AWAITING_APPROVAL}
 
     (held,) = snapshot.running

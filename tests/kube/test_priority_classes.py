@@ -140,26 +140,20 @@ def test_it_watches_priority_classes_added_and_deleted_without_reranking_groups_
     assert taken("fresh").priority == 10
 
 
-def test_it_refuses_a_group_whose_class_never_preempts_rather_than_preempt_for_it(sync, lab):
+def test_it_takes_a_group_whose_class_never_preempts_as_work_that_never_preempts(sync, lab):
     lab.create(objects.priority_class("polite", 1000, preemption_policy="Never"))
     lab.create(objects.priority_class("polite-default", 20, global_default=True, preemption_policy="Never"))
+    lab.create(objects.priority_class("pushy", 900))
     group(lab, "named", priority_class="polite")
     group(lab, "defaulted")
+    group(lab, "preempting", priority_class="pushy")
     sync.list_all(WORK)
-    refusals = dict(MirroredPodGroup.objects.values_list("name", "refused"))
-    assert refusals == {"named": "UnsupportedPreemptionPolicy", "defaulted": "UnsupportedPreemptionPolicy"}
-    assert not Workload.objects.exists()
-    assert (
-        "PriorityClass polite has preemptionPolicy Never" in MirroredPodGroup.objects.get(name="named").refused_message
-    )
-
-    lab.delete("PriorityClass", "polite")
-    lab.create(objects.priority_class("polite", 1000, preemption_policy="PreemptLowerPriority"))
-    watch(sync, PRIORITY_CLASSES)
-    named = taken("named")
-    assert named.priority == 1000
+    assert not MirroredPodGroup.objects.exclude(refused="").exists()
+    named, defaulted, preempting = taken("named"), taken("defaulted"), taken("preempting")
+    assert (named.priority, named.preemption_policy) == (1000, "Never")
+    assert (defaulted.priority, defaulted.preemption_policy) == (20, "Never")
+    assert (preempting.priority, preempting.preemption_policy) == (900, "PreemptLowerPriority")
     assert named.preemptible, "its victim side stays the resource class's: Never never meant 'not preemptible'"
-    assert MirroredPodGroup.objects.get(name="defaulted").refused == "UnsupportedPreemptionPolicy"
 
 
 def test_it_lists_priority_classes_again_after_410_gone_and_forgets_those_deleted_meanwhile(sync, lab):

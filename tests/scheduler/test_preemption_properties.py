@@ -80,6 +80,10 @@ def arrivals(draw, count, long_first=0):
                 expected_duration=float(
                     draw(st.sampled_from((14_400, 36_000) if index < long_first else (120, 300, 900, 3600, 14_400)))
                 ),
+                # Some short work of a PriorityClass that never preempts (Kubernetes preemptionPolicy).
+                preemption_policy="PreemptLowerPriority"
+                if index < long_first
+                else draw(st.sampled_from(("PreemptLowerPriority", "PreemptLowerPriority", "Never"))),
             )
         )
     return sorted(jobs, key=lambda job: (job.submitted, job.id))
@@ -164,6 +168,7 @@ def check_allowed(preemption, snapshot, config, within):
     victims = {workload.id: workload for workload in snapshot.running}
     preemptors = {workload.id: workload for workload in snapshot.pending}
     victim, preemptor = victims[preemption.victim_id], preemptors[preemption.preemptor_id]
+    assert preemptor.preemption_policy != "Never", "work whose class never preempts made room by preempting"
     cohort = {queue.name: queue.cohort for queue in snapshot.queues}
     now = snapshot.now
     assert victim.preemptible and not victim.evicting

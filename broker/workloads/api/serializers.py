@@ -8,7 +8,15 @@ from broker import limits
 from broker.api.serializers import StrictSerializer
 from broker.policy.models import Queue, ResourceClass
 from broker.workloads import services
-from broker.workloads.models import Allocation, DisruptionMode, Explanation, PodSet, SchedulingCycle, Workload
+from broker.workloads.models import (
+    Allocation,
+    DisruptionMode,
+    Explanation,
+    PodSet,
+    PreemptionPolicy,
+    SchedulingCycle,
+    Workload,
+)
 
 
 class PodSetSerializer(serializers.ModelSerializer):
@@ -78,6 +86,7 @@ class WorkloadSerializer(serializers.ModelSerializer):
             "submitted_by",
             "priority",
             "disruption_mode",
+            "preemption_policy",
             "preemptible",
             "preemption_count",
             "topology_required",
@@ -227,6 +236,11 @@ class WorkloadSubmissionSerializer(StrictSerializer):
         help_text="Default: the class's priority.",
     )
     disruption_mode = serializers.ChoiceField(choices=DisruptionMode.choices, required=False)
+    preemption_policy = serializers.ChoiceField(
+        choices=PreemptionPolicy.choices,
+        required=False,
+        help_text="Never: it never preempts others to start and waits for room instead. Default: PreemptLowerPriority.",
+    )
     topology_required = serializers.CharField(max_length=50, required=False, allow_blank=True)
     topology_preferred = serializers.CharField(max_length=50, required=False, allow_blank=True)
     expected_duration_seconds = serializers.IntegerField(
@@ -252,6 +266,7 @@ class WorkloadSubmissionSerializer(StrictSerializer):
             ),
             priority=attrs.get("priority"),
             disruption_mode=attrs.get("disruption_mode", ""),
+            preemption_policy=attrs.get("preemption_policy", ""),
             topology_required=attrs.get("topology_required"),
             topology_preferred=attrs.get("topology_preferred"),
             expected_duration_seconds=attrs.get("expected_duration_seconds"),
