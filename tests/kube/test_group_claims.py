@@ -5,7 +5,7 @@ before its pods are bound where the claim's device reaches, and are deallocated 
 import pytest
 
 from broker.cycle.runner import run_once
-from broker.kube.applier import CONDITION, Applier
+from broker.kube.applier import CONDITION, Applier, ApplyFailed, group_results
 from broker.kube.models import MirroredClaim, MirroredPodGroup, OutboxEntry
 from broker.kube.sync import INVENTORY, WORK
 from broker.workloads.models import Allocation
@@ -163,3 +163,39 @@ def test_it_deallocates_the_group_claim_once_the_pods_are_gone(sync, storage):
     assert "ml/train-scratch" in released and len(released) == 5
     assert not storage.get("ResourceClaim", "train-scratch", "ml").get("status")
     assert Applier().release_claims() == []
+
+
+def test_it_refuses_a_group_claim_no_device_could_ever_meet(sync, storage):
+    storage.create(objects.claim("train-scratch", device_class_name="scratch", count=2, request="scratch"))
+    group = gang_with_scratch(sync, storage, create_claim=False)
+    assert group.workload is None and group.refused == "InvalidRequest"
+    assert group.refused_message.startswith("group_claims: requests: Request scratch: no device class can ever")
+
+
+def test_it_names_each_allocated_device_by_the_request_the_cycle_chose_it_for():
+    devices = {
+        "requests": [
+            {"name": "gpus", "exactly": {"deviceClassName": "h100", "count": 2}},
+            {
+                "name": "volume",
+                "firstAvailable": [
+                    {"name": "fast", "deviceClassName": "nvme", "count": 1},
+                    {"name": "slow", "deviceClassName": "scratch", "count": 2},
+                ],
+            },
+        ]
+    }
+    rows = [
+        ("gpu.example.com", "k2", "gpu-0", "h100"),
+        ("gpu.example.com", "k2", "gpu-1", "h100"),
+        (objects.STORAGE, "k2-scratch", "scratch-0", "scratch"),
+        (objects.STORAGE, "k2-scratch", "scratch-1", "scratch"),
+    ]
+    assert [(result["request"], result["device"]) for result in group_results(devices, rows)] == [
+        ("gpus", "gpu-0"),
+        ("gpus", "gpu-1"),
+        ("volume/slow", "scratch-0"),
+        ("volume/slow", "scratch-1"),
+    ]
+    with pytest.raises(ApplyFailed, match="1 allocated devices belong to no request"):
+        group_results(devices, [*rows, rows[-1]])
