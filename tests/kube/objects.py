@@ -99,24 +99,27 @@ def partitioned_slice(node_name, gpus=1):
     )
 
 
-def storage_slice(node_name, devices=1, reach="rack"):
-    """Network-attached scratch volumes published with one node of a rack, usable from the whole rack:
-    the attribute `reach` names the topology level whose domain reaches them (docs/whatif.md, Reach)."""
+def storage_slice(rack, devices=1):
+    """Network-attached scratch volumes published for every node of a rack (a nodeSelector on its rack
+    label), as a DRA driver publishes devices no single node holds."""
     return client.V1ResourceSlice(
         api_version="resource.k8s.io/v1",
         kind="ResourceSlice",
-        metadata=meta(f"{node_name}-{STORAGE}"),
+        metadata=meta(f"{rack}-{STORAGE}"),
         spec=client.V1ResourceSliceSpec(
             driver=STORAGE,
-            node_name=node_name,
-            pool=client.V1ResourcePool(name=f"{node_name}-scratch", generation=1, resource_slice_count=1),
+            node_selector=client.V1NodeSelector(
+                node_selector_terms=[
+                    client.V1NodeSelectorTerm(
+                        match_expressions=[client.V1NodeSelectorRequirement(key=RACK, operator="In", values=[rack])]
+                    )
+                ]
+            ),
+            pool=client.V1ResourcePool(name=f"{rack}-scratch", generation=1, resource_slice_count=1),
             devices=[
                 client.V1Device(
                     name=f"scratch-{i}",
-                    attributes={
-                        "model": client.V1DeviceAttribute(string="scratch"),
-                        "reach": client.V1DeviceAttribute(string=reach),
-                    },
+                    attributes={"model": client.V1DeviceAttribute(string="scratch")},
                     capacity={"size": client.V1DeviceCapacity(value="10Ti")},
                 )
                 for i in range(devices)

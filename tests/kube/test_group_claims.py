@@ -5,7 +5,9 @@ before its pods are bound where the claim's device reaches, and are deallocated 
 import pytest
 
 from broker.cycle.runner import run_once
+from broker.inventory.models import Device
 from broker.kube.applier import CONDITION, Applier, ApplyFailed, group_results
+from broker.kube.mirror import shared_home
 from broker.kube.models import MirroredClaim, MirroredPodGroup, OutboxEntry
 from broker.kube.sync import INVENTORY, WORK
 from broker.workloads.models import Allocation
@@ -20,8 +22,8 @@ RACK_R1 = {"k2"}  # without the claim, a gang of 4 goes to k0 (rack r0)
 
 @pytest.fixture
 def storage(sync, lab):
-    """The lab, plus one scratch volume published with k2 and reachable from its whole rack, r1."""
-    lab.create(objects.storage_slice("k2"))
+    """The lab, plus one scratch volume published for the nodes of rack r1 (k2)."""
+    lab.create(objects.storage_slice("r1"))
     lab.create(objects.device_class("scratch", objects.SCRATCH, driver=objects.STORAGE))
     sync.list_all(INVENTORY)
     return lab
@@ -57,7 +59,7 @@ def test_it_allocates_a_pod_groups_claim_once_and_binds_its_pods_where_the_devic
     assert len(nodes) == 4 and set(nodes.values()) == RACK_R1, "the scratch volume reaches rack r1 only"
     status = storage.get("ResourceClaim", "train-scratch", "ml")["status"]
     assert status["allocation"]["devices"]["results"] == [
-        {"request": "scratch", "driver": objects.STORAGE, "pool": "k2-scratch", "device": "scratch-0"}
+        {"request": "scratch", "driver": objects.STORAGE, "pool": "r1-scratch", "device": "scratch-0"}
     ]
     assert status["reservedFor"] == [
         {"apiGroup": "scheduling.k8s.io", "resource": "podgroups", "name": "train", "uid": group.uid}
@@ -188,8 +190,8 @@ def test_it_names_each_allocated_device_by_the_request_the_cycle_chose_it_for():
     rows = [
         ("gpu.example.com", "k2", "gpu-0", "h100"),
         ("gpu.example.com", "k2", "gpu-1", "h100"),
-        (objects.STORAGE, "k2-scratch", "scratch-0", "scratch"),
-        (objects.STORAGE, "k2-scratch", "scratch-1", "scratch"),
+        (objects.STORAGE, "r1-scratch", "scratch-0", "scratch"),
+        (objects.STORAGE, "r1-scratch", "scratch-1", "scratch"),
     ]
     assert [(result["request"], result["device"]) for result in group_results(devices, rows)] == [
         ("gpus", "gpu-0"),
@@ -199,3 +201,33 @@ def test_it_names_each_allocated_device_by_the_request_the_cycle_chose_it_for():
     ]
     with pytest.raises(ApplyFailed, match="1 allocated devices belong to no request"):
         group_results(devices, [*rows, rows[-1]])
+
+
+def test_it_keeps_the_devices_of_a_rack_on_one_node_of_it_reaching_the_rack(sync, storage):
+    device = Device.objects.select_related("node").get(name="scratch-0")
+    assert (device.node.name, device.pool, device.attributes) == (
+        "k2",
+        "r1-scratch",
+        {"model": "scratch", "reach": "rack"},
+    )
+    storage.delete("ResourceSlice", f"r1-{objects.STORAGE}")
+    sync.list_all(INVENTORY)
+    assert not Device.objects.filter(name="scratch-0").exists()
+
+
+def test_it_finds_the_domain_a_shared_slice_serves():
+    nodes = [("k2", {objects.RACK: "r1"}), ("k0", {objects.RACK: "r0"}), ("k1", {objects.RACK: "r0"})]
+
+    def selector(*expressions, fields=None):
+        term = {"matchExpressions": list(expressions)}
+        if fields:
+            term["matchFields"] = fields
+        return {"nodeSelector": {"nodeSelectorTerms": [term]}}
+
+    rack_r0 = {"key": objects.RACK, "operator": "In", "values": ["r0"]}
+    assert shared_home(selector(rack_r0), nodes) == ("k0", "rack")
+    assert shared_home({"allNodes": True}, nodes) == ("k0", "cluster")
+    assert shared_home(selector({**rack_r0, "values": ["r9"]}), nodes) == (None, "rack"), "no node there yet"
+    assert shared_home(selector({**rack_r0, "operator": "NotIn"}), nodes) == (None, None)
+    assert shared_home(selector({**rack_r0, "key": "example.com/zone"}), nodes) == (None, None)
+    assert shared_home(selector(rack_r0, fields=[{"key": "metadata.name"}]), nodes) == (None, None)

@@ -148,8 +148,8 @@ def test_it_takes_back_the_claims_of_a_group_it_takes_after_seeing_them_allocate
 
 
 def scratch_gang(sync, lab):
-    """A gang of 2 owning a claim of a scratch volume k2 publishes for its rack (a PodGroup claim)."""
-    lab.create(objects.storage_slice("k2"))
+    """A gang of 2 owning a claim of a scratch volume published for rack r1 (a PodGroup claim)."""
+    lab.create(objects.storage_slice("r1"))
     lab.create(objects.device_class("scratch", objects.SCRATCH, driver=objects.STORAGE))
     sync.list_all(INVENTORY)
     lab.create(objects.claim("train-scratch", device_class_name="scratch", request="scratch"))
@@ -169,7 +169,7 @@ def test_it_counts_its_own_group_claims_as_its_own(sync, lab):
 
 def test_it_takes_back_a_group_claim_seen_allocated_before_its_group(sync, lab):
     scratch_gang(sync, lab)
-    status = objects.allocated([("k2-scratch", "scratch-0")])
+    status = objects.allocated([("r1-scratch", "scratch-0")])
     status.allocation.devices.results[0].driver = objects.STORAGE
     lab.set_status("ResourceClaim", "train-scratch", to_dict(status), "ml")
     sync.list_all(WORK)
