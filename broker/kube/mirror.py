@@ -322,13 +322,15 @@ def rule_taint(rule):
     return {**rule.taint, "rule": rule.name}
 
 
-def shared_home(spec, nodes):
+def shared_home(spec, nodes, kept=None):
     """(node name, reach) of a slice of devices not bound to one node: the broker keeps them on one node
-    of the domain they serve (the first by name) with the attribute `reach` naming the domain's level
-    (docs/whatif.md, Reach). `allNodes`: the cluster. A nodeSelector of one term matching one topology
-    label to one value (a rack's network storage): that rack. Another selector: (None, None), left out."""
+    of the domain they serve (`kept`, where they are, while it is in the domain, else the first by name)
+    with the attribute `reach` naming the domain's level (docs/whatif.md, Reach). `allNodes`: the
+    cluster. A nodeSelector of one term matching one topology label to one value (a rack's network
+    storage): that rack. Another selector: (None, None), left out."""
     if spec.get("allNodes"):
-        return (min(nodes)[0] if nodes else None), REACH_CLUSTER
+        names = [name for name, _ in nodes]
+        return (kept if kept in names else min(names, default=None)), REACH_CLUSTER
     terms = (spec.get("nodeSelector") or {}).get("nodeSelectorTerms") or []
     expressions = terms[0].get("matchExpressions") or [] if len(terms) == 1 and not terms[0].get("matchFields") else []
     if len(expressions) != 1:
@@ -338,13 +340,13 @@ def shared_home(spec, nodes):
     values = expression.get("values") or []
     if level is None or expression.get("operator") != "In" or len(values) != 1:
         return None, None
-    home = next((name for name, labels in sorted(nodes) if labels.get(expression["key"]) == values[0]), None)
-    return home, level
+    names = [name for name, labels in nodes if labels.get(expression["key"]) == values[0]]
+    return (kept if kept in names else min(names, default=None)), level
 
 
 def homes_of(cluster, objs):
     """{slice name: (node name, reach or None)} of the slices whose devices the broker keeps."""
-    homes, nodes = {}, None
+    homes, nodes, kept = {}, None, {}
     for obj in objs:
         spec = obj.get("spec") or {}
         if spec.get("nodeName"):
@@ -352,7 +354,12 @@ def homes_of(cluster, objs):
             continue
         if nodes is None:  # read once a batch, and only for the rare slices shared by several nodes
             nodes = list(Node.objects.filter(kube__cluster=cluster).values_list("name", "labels"))
-        home, reach = shared_home(spec, nodes)
+            kept = dict(
+                MirroredSlice.objects.filter(
+                    cluster=cluster, name__in=[o["metadata"]["name"] for o in objs]
+                ).values_list("name", "node__name")
+            )
+        home, reach = shared_home(spec, nodes, kept.get(obj["metadata"]["name"]))
         if home:
             homes[obj["metadata"]["name"]] = (home, reach)
     return homes

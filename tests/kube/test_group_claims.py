@@ -210,6 +210,13 @@ def test_it_keeps_the_devices_of_a_rack_on_one_node_of_it_reaching_the_rack(sync
         "r1-scratch",
         {"model": "scratch", "reach": "rack"},
     )
+    storage.create(objects.node("k10", rack="r1"))  # first by name now: the devices stay on k2
+    storage.apply(objects.storage_slice("r1", devices=2))
+    sync.list_all(INVENTORY)
+    assert sorted(Device.objects.filter(pool="r1-scratch").values_list("node__name", "name")) == [
+        ("k2", "scratch-0"),
+        ("k2", "scratch-1"),
+    ]
     storage.delete("ResourceSlice", f"r1-{objects.STORAGE}")
     sync.list_all(INVENTORY)
     assert not Device.objects.filter(name="scratch-0").exists()
@@ -227,6 +234,8 @@ def test_it_finds_the_domain_a_shared_slice_serves():
     rack_r0 = {"key": objects.RACK, "operator": "In", "values": ["r0"]}
     assert shared_home(selector(rack_r0), nodes) == ("k0", "rack")
     assert shared_home({"allNodes": True}, nodes) == ("k0", "cluster")
+    assert shared_home(selector(rack_r0), nodes, kept="k1") == ("k1", "rack"), "its devices stay where they are"
+    assert shared_home(selector(rack_r0), nodes, kept="k2") == ("k0", "rack"), "k2 left rack r0"
     assert shared_home(selector({**rack_r0, "values": ["r9"]}), nodes) == (None, "rack"), "no node there yet"
     assert shared_home(selector({**rack_r0, "operator": "NotIn"}), nodes) == (None, None)
     assert shared_home(selector({**rack_r0, "key": "example.com/zone"}), nodes) == (None, None)
