@@ -240,3 +240,13 @@ def test_it_finds_the_domain_a_shared_slice_serves():
     assert shared_home(selector({**rack_r0, "operator": "NotIn"}), nodes) == (None, None)
     assert shared_home(selector({**rack_r0, "key": "example.com/zone"}), nodes) == (None, None)
     assert shared_home(selector(rack_r0, fields=[{"key": "metadata.name"}]), nodes) == (None, None)
+
+
+def test_it_rereads_and_retries_the_group_claim_on_409_conflict(sync, storage):
+    gang_with_scratch(sync, storage)
+    storage.fail("PUT", "status", 409, times=2)  # the group claim's write is the applier's first
+    assert Applier().drain()
+    status = storage.get("ResourceClaim", "train-scratch", "ml")["status"]
+    assert [result["device"] for result in status["allocation"]["devices"]["results"]] == ["scratch-0"]
+    assert len(claim_writes(storage, "train-scratch")) == 3, "two conflicts, then the write"
+    assert len(storage.requests("POST", "binding")) == 4
