@@ -20,6 +20,12 @@ counted in its own transaction before any call; a try after the first may follow
 half-way, so it reads every pod and claim first and skips what is already so (a claim allocated with
 these devices, a pod bound to this node): nothing is done twice.
 
+A PodGroup's own claims (group claims, KEP-5729) are allocated before its pods are bound, once for the
+gang: `status.allocation` names the devices the cycle chose for the claim's requests (its allocation rows
+of pod set `podgroup:<claim entry>`, in the requests' order) and the nodes the pods are bound to, and
+`reservedFor` the PodGroup itself (scheduling.k8s.io podgroups), not its pods. They are deallocated once
+none of the gang's pods runs any more, as the pods' own claims are.
+
 Every PodGroup also carries a `PodGroupScheduled` condition with the broker's reason code and message, the
 same words as the dashboard (`write_conditions`).
 """
@@ -37,8 +43,9 @@ from kubernetes.client.rest import ApiException
 
 from broker.cycle.executor import move
 from broker.kube.connection import api_client
-from broker.kube.intake import claim_requests
+from broker.kube.intake import claim_devices, claim_requests
 from broker.kube.models import Action, MirroredClaim, MirroredPod, MirroredPodGroup, OutboxEntry
+from broker.scheduler.snapshot import GROUP_POD_SET
 from broker.workloads.models import Allocation, Explanation
 from broker.workloads.states import HOLDING_STATES, State
 
@@ -63,6 +70,41 @@ def request_name(requests, device_class=None):
 
 class ApplyFailed(Exception):
     pass
+
+
+def group_results(devices, rows):
+    """The allocation results of a group claim whose spec.devices is `devices`, from its allocation rows
+    [(driver, pool, device, device class)] in pod index order: the cycle allocates a claim's requests in
+    their order, `count` devices each; for firstAvailable the sub-request is the first of the chosen
+    device's class (`request/subrequest`)."""
+    results, at = [], 0
+    for request in devices.get("requests") or []:
+        if at >= len(rows):
+            raise ApplyFailed(f"request {request.get('name')}: no device allocated")
+        if request.get("exactly"):
+            label, count = request["name"], request["exactly"].get("count") or 1
+        else:
+            device_class = rows[at][3]
+            sub = next(
+                (sub for sub in request.get("firstAvailable") or [] if sub["deviceClassName"] == device_class), None
+            )
+            if sub is None:
+                raise ApplyFailed(f"request {request['name']}: no sub-request of class {device_class}")
+            label, count = f"{request['name']}/{sub['name']}", sub.get("count") or 1
+        taken = rows[at : at + count]
+        if len(taken) != count:
+            raise ApplyFailed(f"request {request['name']}: {len(taken)} of its {count} devices allocated")
+        results += [{"request": label, "driver": d, "pool": p, "device": n} for d, p, n, _ in taken]
+        at += count
+    if at != len(rows):
+        raise ApplyFailed(f"{len(rows) - at} allocated devices belong to no request")
+    return results
+
+
+def on_nodes(nodes):
+    return {
+        "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": sorted(nodes)}]}]
+    }
 
 
 class Applier:
@@ -119,6 +161,7 @@ class Applier:
         """{pod name: (node, [(driver, pool, device)])} from the workload's active allocations."""
         rows = (
             Allocation.objects.filter(workload_id=group.workload_id, released_at__isnull=True)
+            .exclude(pod_set__startswith=GROUP_POD_SET)
             .order_by("pod_index", "device__name")
             .values_list("pod_index", "device__node__name", "device__driver", "device__pool", "device__name")
         )
@@ -130,6 +173,20 @@ class Applier:
             if out.setdefault(pod, (node, []))[0] != node:
                 raise ApplyFailed(f"pod {pod} has devices on two nodes")
             out[pod][1].append((driver, pool, device))
+        return out
+
+    def group_placement(self, group):
+        """{claim entry: [(driver, pool, device, device class)]} of the group's claims, in request order."""
+        rows = (
+            Allocation.objects.filter(
+                workload_id=group.workload_id, released_at__isnull=True, pod_set__startswith=GROUP_POD_SET
+            )
+            .order_by("pod_set", "pod_index")
+            .values_list("pod_set", "device__driver", "device__pool", "device__name", "device_class__name")
+        )
+        out = {}
+        for pod_set, *device in rows:
+            out.setdefault(pod_set.removeprefix(GROUP_POD_SET), []).append(tuple(device))
         return out
 
     def bind(self, group, careful=False):
@@ -156,6 +213,8 @@ class Applier:
                 cluster=group.cluster_id, namespace=group.namespace, name__in=[group.claims[pod] for pod in placement]
             )
         }
+        # The gang's own claims first: its pods may only start once the devices they share are theirs.
+        self.allocate_group_claims(group, {node for node, _ in placement.values()}, careful)
         jobs = [
             (group.namespace, pods[pod], claims.get(group.claims[pod]), group.claims[pod], node, devices)
             for pod, (node, devices) in placement.items()
@@ -179,9 +238,59 @@ class Applier:
         self.allocate_claim(namespace, claim_name, pod_object, node, devices, device_class, known)
         self.bind_pod(namespace, pod.name, node, pod_object)
 
+    def allocate_group_claims(self, group, nodes, careful=False):
+        """Allocate each claim the group owns, once, reserved for the PodGroup (KEP-5729: a PodGroup's
+        claim is reserved for the group rather than for each of its pods)."""
+        if not group.group_claims:
+            return
+        chosen = self.group_placement(group)
+        mirrored = {
+            claim.name: claim
+            for claim in MirroredClaim.objects.filter(
+                cluster=group.cluster_id, namespace=group.namespace, name__in=list(group.group_claims.values())
+            )
+        }
+        consumer = {"apiGroup": "scheduling.k8s.io", "resource": "podgroups", "name": group.name, "uid": group.uid}
+        for entry, name in sorted(group.group_claims.items()):
+            rows = chosen.get(entry)
+            if not rows:
+                raise ApplyFailed(f"group claim {entry} of {group} has no devices allocated")
+            claim = mirrored.get(name)
+            known = None
+            if claim is not None and not careful and not claim.allocated and claim.resource_version:
+                known = (claim.resource_version, claim.devices)
+
+            def status(devices, rows=rows):
+                return {
+                    "allocation": {
+                        "devices": {"results": group_results(devices, rows)},
+                        "nodeSelector": on_nodes(nodes),
+                    },
+                    "reservedFor": [consumer],
+                }
+
+            self.write_allocation(group.namespace, name, [row[:3] for row in rows], status, claim_devices, known)
+
     def allocate_claim(self, namespace, name, pod, node, devices, device_class=None, known=None):
         """Write the claim's allocation; `known` is (resourceVersion, requests) as the mirror saw them,
         else (or after a 409) the claim is read first. Returns False when it was allocated already."""
+
+        def status(requests):
+            results = [
+                {"request": request_name(requests, device_class), "driver": driver, "pool": pool, "device": device}
+                for driver, pool, device in devices
+            ]
+            return {
+                "allocation": {"devices": {"results": results}, "nodeSelector": on_nodes([node])},
+                "reservedFor": [{"resource": "pods", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}],
+            }
+
+        return self.write_allocation(namespace, name, devices, status, claim_requests, known)
+
+    def write_allocation(self, namespace, name, devices, status_for, spec_of, known=None):
+        """Write a claim's status: `status_for(what spec_of reads of the claim)`, conditional on the
+        claim's resourceVersion; `known` is (resourceVersion, that reading) as the mirror saw them, else
+        (or after a 409) the claim is read first. Returns False when it was allocated `devices` already."""
         for _ in range(settings.KUBE_CONFLICT_RETRIES):
             if known is None:
                 claim = self.read(self.resource.read_namespaced_resource_claim, name, namespace)
@@ -191,24 +300,10 @@ class Applier:
                     if sorted(have) == sorted(devices):
                         return False  # allocated already (by an applier that died before marking its entry done)
                     raise ApplyFailed(f"claim {namespace}/{name} is allocated other devices: {have}")
-                version, requests = claim["metadata"]["resourceVersion"], claim_requests(claim)
+                version, spec = claim["metadata"]["resourceVersion"], spec_of(claim)
             else:
-                version, requests = known
-            results = [
-                {"request": request_name(requests, device_class), "driver": driver, "pool": pool, "device": device}
-                for driver, pool, device in devices
-            ]
-            status = {
-                "allocation": {
-                    "devices": {"results": results},
-                    "nodeSelector": {
-                        "nodeSelectorTerms": [
-                            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
-                        ]
-                    },
-                },
-                "reservedFor": [{"resource": "pods", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}],
-            }
+                version, spec = known
+            status = status_for(spec)
             body = {"metadata": {"name": name, "resourceVersion": version}, "status": status}
             try:
                 self.resource.replace_namespaced_resource_claim_status(name, namespace, body, _preload_content=False)
@@ -299,6 +394,8 @@ class Applier:
                 .values_list("name", flat=True)
             )
             names = [group.claims[pod] for pod in pods if pod not in live]
+            if group.workload_id not in shrunk and not live:
+                names += list(group.group_claims.values())  # the gang's own claims, once none of it runs
             for claim in MirroredClaim.objects.filter(
                 cluster=group.cluster_id, namespace=group.namespace, name__in=names, allocated=True
             ):

@@ -9,13 +9,21 @@ name; the resource class is its resource-class label. Each pod claims its device
 ResourceClaim with one request: `exactly` (a device class and a count) or `firstAvailable` (classes in
 fallback order, one count). The workload is submitted once every pod of the gang and every claim exists.
 
+A PodGroup's own `resourceClaims` (Kubernetes 1.36, KEP-5729) are claims the whole gang owns: each
+becomes one of the workload's group claims (its `spec.devices` requests and constraints as written),
+allocated once for the gang and reachable from every pod; its pods name it too, and that entry is not
+their own claim. An entry names a ResourceClaim, or a ResourceClaimTemplate from which the resourceclaim
+controller makes one claim for the PodGroup and records its name in the PodGroup's
+`status.resourceClaimStatuses`; until that claim is named and mirrored the group waits
+(WaitingForClaims).
+
 A PodGroup made from a Workload's PodGroupTemplate names it (`spec.podGroupTemplateRef.workload`). As in
 Kubernetes 1.36 (KEP-5832, "copy/inline"), the PodGroup carries its own copy of the template's policy and
 that copy is what counts: the template supplies only what the PodGroup leaves unset (a scheduling policy
 naming neither gang nor basic, topology constraints, priority, disruption mode, resource claims). Like
 kube-scheduler, the broker takes such a PodGroup only once its Workload and template exist: until then it
 waits, with a condition saying for what. A template the broker cannot take (a topology key no level
-stands for, group-level resource claims) is kept with why; a Workload has no status, so the PodGroups made
+stands for) is kept with why; a Workload has no status, so the PodGroups made
 from that template carry it as their condition (InvalidWorkload).
 
 Priority, as the Priority admission plugin resolves it for a pod (a PodGroup may carry only the class's
@@ -59,6 +67,7 @@ from broker.kube.models import (
     PreemptionPolicy,
 )
 from broker.policy.models import DeviceClass, Queue, ResourceClass
+from broker.scheduler.snapshot import GROUP_POD_SET
 from broker.workloads.models import Allocation, DisruptionMode, Workload
 from broker.workloads.services import InvalidSubmission, PodSetRequest, Submission, submit_workload
 from broker.workloads.states import FINAL_STATES, HOLDING_STATES, State
@@ -100,9 +109,12 @@ def policy_of(spec):
 def pod_group_spec(obj):
     spec = obj.get("spec") or {}
     reference = (spec.get("podGroupTemplateRef") or {}).get("workload") or {}
+    statuses = (obj.get("status") or {}).get("resourceClaimStatuses") or []
     return {
         **policy_of(spec),
         "labels": (obj["metadata"].get("labels") or {}),
+        # The claims the resourceclaim controller made from the group's templates, by claim entry.
+        "generated_claims": {s["name"]: s["resourceClaimName"] for s in statuses if s.get("resourceClaimName")},
         "template_ref": {"workload": reference["workloadName"], "template": reference["podGroupTemplateName"]}
         if reference.get("workloadName")
         else None,
@@ -115,8 +127,6 @@ def template_of(template):
     refused = ""
     if policy["topology_key"] and level_for_label(policy["topology_key"]) is None:
         refused = f"topology key {policy['topology_key']!r} is no topology level the broker knows"
-    elif policy["resource_claims"]:
-        refused = "PodGroup-level resource claims are not brokered yet; claim devices per pod"
     return {**policy, "refused": refused}
 
 
@@ -247,6 +257,13 @@ def claim_requests(obj):
     return requests
 
 
+def claim_devices(obj):
+    """A claim's spec.devices as a group claim is read (requests and constraints as resource.k8s.io/v1
+    writes them; its config is the driver's business)."""
+    devices = (obj.get("spec") or {}).get("devices") or {}
+    return {"requests": devices.get("requests") or [], "constraints": devices.get("constraints") or []}
+
+
 def allocated_devices(obj):
     """[[driver, pool, device]] of a claim's status.allocation (empty while it is not allocated)."""
     results = (((obj.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
@@ -255,12 +272,12 @@ def allocated_devices(obj):
 
 def brokers_claims(cluster, namespaces):
     """(namespace, name) of the claims of the PodGroups the broker took (only those have `claims`, kept
-    after their workload is gone): the only claims it allocates."""
+    after their workload is gone), their pods' and their own (group claims): the only claims it allocates."""
     groups = MirroredPodGroup.objects.filter(cluster=cluster, namespace__in=namespaces).exclude(claims={})
     return {
         (namespace, claim)
-        for namespace, claims in groups.values_list("namespace", "claims")
-        for claim in claims.values()
+        for namespace, claims, owned in groups.values_list("namespace", "claims", "group_claims")
+        for claim in [*claims.values(), *owned.values()]
     }
 
 
@@ -293,6 +310,7 @@ def claims_changed(cluster, objs):
                 uid=obj["metadata"].get("uid", ""),
                 resource_version=obj["metadata"].get("resourceVersion", ""),
                 requests=claim_requests(obj),
+                devices=claim_devices(obj),
                 allocated=bool((obj.get("status") or {}).get("allocation")),
                 allocated_devices=held.get(key, []),
                 outside=key in outside,
@@ -301,7 +319,15 @@ def claims_changed(cluster, objs):
         ],
         update_conflicts=True,
         unique_fields=["cluster", "namespace", "name"],
-        update_fields=["uid", "resource_version", "requests", "allocated", "allocated_devices", "outside"],
+        update_fields=[
+            "uid",
+            "resource_version",
+            "requests",
+            "devices",
+            "allocated",
+            "allocated_devices",
+            "outside",
+        ],
     )
     if before or outside:
         hold_outside(cluster, before, {f"{namespace}/{name}": held[(namespace, name)] for namespace, name in outside})
@@ -560,7 +586,7 @@ def reconcile_locked(pk):
     if group.workload_id is not None:
         return follow_pods(group, pods)
     try:
-        submission, claims = submission_for(group, pods)
+        submission, claims, owned = submission_for(group, pods)
     except Refused as refusal:
         return refuse(group, refusal.reason, refusal.message)
     if submission is None:
@@ -571,9 +597,10 @@ def reconcile_locked(pk):
             group.workload = workload
             group.pods = [pod.name for pod in sorted(pods, key=lambda pod: pod.name)]
             group.claims = claims
+            group.group_claims = owned
             group.refused = group.refused_message = ""
-            group.save(update_fields=["workload", "pods", "claims", "refused", "refused_message"])
-            take_back(group.cluster, group.namespace, set(claims.values()))
+            group.save(update_fields=["workload", "pods", "claims", "group_claims", "refused", "refused_message"])
+            take_back(group.cluster, group.namespace, set(claims.values()) | set(owned.values()))
     except InvalidSubmission as invalid:
         return refuse(group, "InvalidRequest", "; ".join(flatten(invalid.errors)))
     return 1
@@ -596,7 +623,8 @@ def refuse(group, reason, message):
 
 
 def submission_for(group, pods):
-    """(Submission, {pod: claim}) once the gang is complete; (None, why it waits) before; raises Refused."""
+    """(Submission, {pod: claim}, {group claim entry: claim}) once the gang is complete; (None, why it
+    waits, None) before; raises Refused."""
     spec = group.spec
     reference = spec.get("template_ref")
     template = where = None
@@ -638,13 +666,16 @@ def submission_for(group, pods):
             raise Refused(
                 "InvalidRequest", f"topology key {spec['topology_key']!r} is no topology level the broker knows"
             )
-    if spec.get("resource_claims"):
-        raise Refused("InvalidRequest", "PodGroup-level resource claims are not brokered yet; claim devices per pod")
+    group_claims, owned = group_claims_of(group, spec.get("resource_claims") or [])
     min_count = spec.get("min_count")
     wanted = min_count or 1
     if len(pods) < wanted:
-        return None, f"{len(pods)} of the gang's {wanted} pods exist"
+        return None, f"{len(pods)} of the gang's {wanted} pods exist", None
     claims, shapes = {}, set()
+    # A pod names the group's claims too (KEP-5729: its entry must match the PodGroup's): not its own.
+    shared = set(owned.values())
+    for pod in pods:
+        pod.claims = [name for name in pod.claims if name not in shared]
     named = [name for pod in pods for name in pod.claims]
     known = {
         claim.name: claim
@@ -655,7 +686,7 @@ def submission_for(group, pods):
             raise Refused("InvalidRequest", f"pod {pod.name} must claim its devices through exactly one ResourceClaim")
         claim = known.get(pod.claims[0])
         if claim is None:
-            return None, f"ResourceClaim {pod.claims[0]} of pod {pod.name} does not exist yet"
+            return None, f"ResourceClaim {pod.claims[0]} of pod {pod.name} does not exist yet", None
         if len(claim.requests) != 1 or not claim.requests[0]["count"]:
             raise Refused(
                 "InvalidRequest", f"ResourceClaim {claim.name} must have one request with an exact device count"
@@ -683,9 +714,58 @@ def submission_for(group, pods):
             disruption_mode=spec.get("disruption_mode") if spec.get("disruption_mode") in DisruptionMode.values else "",
             preemption_policy=preemption_policy,
             topology_required=topology or None,
+            group_claims=group_claims,
         ),
         claims,
+        owned,
     )
+
+
+# The longest claim entry name whose allocation rows' pod set (GROUP_POD_SET + name) fits Allocation.pod_set.
+GROUP_CLAIM_NAME_MAX = 63 - len(GROUP_POD_SET)
+
+
+def group_claims_of(group, entries):
+    """([{name, requests, constraints}] for the Submission, {entry: ResourceClaim name}) of a PodGroup's
+    resourceClaims (its own, or its template's). An entry names a ResourceClaim, or a
+    ResourceClaimTemplate from which the resourceclaim controller makes one claim for the PodGroup and
+    records its name in the PodGroup's status.resourceClaimStatuses: until it has, and until the claim
+    is mirrored, the group waits (WaitingForClaims). Raises Refused."""
+    generated = group.spec.get("generated_claims") or {}
+    known = {}
+    owned = {}
+    for entry in entries:
+        name = entry.get("name") or ""
+        if len(name) > GROUP_CLAIM_NAME_MAX:
+            raise Refused(
+                "InvalidRequest", f"resource claim entry {name!r} is longer than {GROUP_CLAIM_NAME_MAX} characters"
+            )
+        if entry.get("resourceClaimName"):
+            owned[name] = entry["resourceClaimName"]
+        elif entry.get("resourceClaimTemplateName"):
+            if not generated.get(name):
+                raise Refused(
+                    "WaitingForClaims",
+                    f"no ResourceClaim made from template {entry['resourceClaimTemplateName']} for claim {name} "
+                    "yet (the PodGroup's status.resourceClaimStatuses names none)",
+                )
+            owned[name] = generated[name]
+        else:
+            raise Refused("InvalidRequest", f"resource claim {name} names neither a claim nor a claim template")
+    if owned:
+        known = {
+            claim.name: claim
+            for claim in MirroredClaim.objects.filter(
+                cluster=group.cluster, namespace=group.namespace, name__in=list(owned.values())
+            )
+        }
+    group_claims = []
+    for name, claim_name in owned.items():
+        claim = known.get(claim_name)
+        if claim is None:
+            raise Refused("WaitingForClaims", f"ResourceClaim {claim_name} (group claim {name}) does not exist yet")
+        group_claims.append({"name": name, **claim.devices})
+    return tuple(group_claims), owned
 
 
 def follow_pods(group, pods):

@@ -9,7 +9,9 @@ list's items) in batches, so the initial list of 10,000 nodes is a few bulk stat
 - ResourceSlices (resource.k8s.io/v1), one node's devices of one pool: each device becomes an inventory
   device with the slice's driver and pool, its attributes (the driver's own domain unqualified, so the
   broker's CEL selectors read `device.attributes["<driver>"].<name>`), its capacities as numbers
-  (quantities parsed: 80Gi is 85899345920) and its taints.
+  (quantities parsed: 80Gi is 85899345920) and its taints. A slice of devices several nodes share
+  (allNodes, a nodeSelector on one topology label's value) is kept on one node of that domain, its
+  devices reaching the domain (attribute `reach`, see shared_home).
 - DeviceTaintRules: their taint added to every device their selector (driver, pool, device) matches.
 - DeviceClasses: their CEL selectors, joined with &&, become the broker's device class of that name.
 - ResourceClaims another scheduler allocated (kube-scheduler, another DRA scheduler): each device of
@@ -35,7 +37,7 @@ from broker.events import request_cycle_after_commit
 from broker.inventory.models import ClusterState, Device, Domain, Health, Node, TopologyLevel
 from broker.kube.models import Cluster, MirroredClaim, MirroredDeviceClass, MirroredNode, MirroredSlice, TaintRule
 from broker.policy.models import DeviceClass
-from broker.scheduler.snapshot import HELD_OUTSIDE_TAINT
+from broker.scheduler.snapshot import HELD_OUTSIDE_TAINT, REACH_ATTRIBUTE, REACH_CLUSTER
 from broker.workloads.models import Allocation
 
 GONE_TAINT = "broker.capacity.io/gone"
@@ -320,12 +322,57 @@ def rule_taint(rule):
     return {**rule.taint, "rule": rule.name}
 
 
+def shared_home(spec, nodes, kept=None):
+    """(node name, reach) of a slice of devices not bound to one node: the broker keeps them on one node
+    of the domain they serve (`kept`, where they are, while it is in the domain, else the first by name)
+    with the attribute `reach` naming the domain's level (docs/whatif.md, Reach). `allNodes`: the
+    cluster. A nodeSelector of one term matching one topology label to one value (a rack's network
+    storage): that rack. Another selector: (None, None), left out."""
+    if spec.get("allNodes"):
+        names = [name for name, _ in nodes]
+        return (kept if kept in names else min(names, default=None)), REACH_CLUSTER
+    terms = (spec.get("nodeSelector") or {}).get("nodeSelectorTerms") or []
+    expressions = terms[0].get("matchExpressions") or [] if len(terms) == 1 and not terms[0].get("matchFields") else []
+    if len(expressions) != 1:
+        return None, None
+    (expression,) = expressions
+    level = level_for_label(expression.get("key", ""))
+    values = expression.get("values") or []
+    if level is None or expression.get("operator") != "In" or len(values) != 1:
+        return None, None
+    names = [name for name, labels in nodes if labels.get(expression["key"]) == values[0]]
+    return (kept if kept in names else min(names, default=None)), level
+
+
+def homes_of(cluster, objs):
+    """{slice name: (node name, reach or None)} of the slices whose devices the broker keeps."""
+    homes, nodes, kept = {}, None, {}
+    for obj in objs:
+        spec = obj.get("spec") or {}
+        if spec.get("nodeName"):
+            homes[obj["metadata"]["name"]] = (spec["nodeName"], None)
+            continue
+        if nodes is None:  # read once a batch, and only for the rare slices shared by several nodes
+            nodes = list(Node.objects.filter(kube__cluster=cluster).values_list("name", "labels"))
+            kept = dict(
+                MirroredSlice.objects.filter(
+                    cluster=cluster, name__in=[o["metadata"]["name"] for o in objs]
+                ).values_list("name", "node__name")
+            )
+        home, reach = shared_home(spec, nodes, kept.get(obj["metadata"]["name"]))
+        if home:
+            homes[obj["metadata"]["name"]] = (home, reach)
+    return homes
+
+
 def slices_changed(cluster, objs):
     """Create or update the devices of ResourceSlices; devices a slice no longer lists go (or vanish, held).
-    Slices of devices not bound to one node (allNodes, a node selector) are left out: the broker's devices
-    sit on nodes. Returns how many device rows changed."""
+    A slice of devices shared by the nodes of a domain (allNodes, a nodeSelector on one topology label's
+    value) is kept on one node of the domain, its devices reaching the domain (shared_home); other
+    selectors are left out: the broker's devices sit on nodes. Returns how many device rows changed."""
     rules = list(TaintRule.objects.filter(cluster=cluster))
-    node_names = {(obj.get("spec") or {}).get("nodeName") for obj in objs} - {None, ""}
+    homes = homes_of(cluster, objs)
+    node_names = {home for home, _ in homes.values()}
     nodes = {node.name: node for node in Node.objects.filter(name__in=node_names)}
     missing = [Node(name=name) for name in node_names if name not in nodes]
     if missing:
@@ -346,7 +393,8 @@ def slices_changed(cluster, objs):
     new, updated, dropped, mirrors = [], [], [], []
     for obj in objs:
         spec = obj.get("spec") or {}
-        node = nodes.get(spec.get("nodeName") or "")
+        home, reach = homes.get(obj["metadata"]["name"], (None, None))
+        node = nodes.get(home or "")
         if node is None:
             continue
         driver, pool = spec["driver"], (spec.get("pool") or {}).get("name", "")
@@ -362,8 +410,11 @@ def slices_changed(cluster, objs):
             own_taints[name] = taints
             row = existing.get((node.pk, driver, pool, name))
             held_outside = [taint for taint in (row.taints if row else []) if taint.get("key") == HELD_OUTSIDE_TAINT]
+            attributes = attributes_of(driver, device)
+            if reach:
+                attributes.setdefault(REACH_ATTRIBUTE, reach)
             fields = {
-                "attributes": attributes_of(driver, device),
+                "attributes": attributes,
                 "capacity": capacity_of(device),
                 "consumes_counters": consumption_of(device, key),
                 # A republished slice leaves the claims of other schedulers where they were.

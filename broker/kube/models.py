@@ -128,6 +128,10 @@ class MirroredPodGroup(models.Model):
     )
     pods = models.JSONField(default=list, blank=True)
     claims = models.JSONField(default=dict, blank=True, help_text="{pod: claim name}")
+    # Kubernetes 1.36 spec.resourceClaims (KEP-5729): claims the whole gang owns, allocated once for it.
+    group_claims = models.JSONField(
+        default=dict, blank=True, help_text="{PodGroup claim entry: ResourceClaim name} of the claims it owns."
+    )
     spec = models.JSONField(default=dict, blank=True, help_text="Its spec, labels and priority as last seen.")
     refused = models.CharField(max_length=32, blank=True, help_text="A reason code when the broker cannot take it.")
     refused_message = models.TextField(blank=True)
@@ -221,6 +225,9 @@ class MirroredClaim(models.Model):
     name = models.CharField(max_length=253)
     uid = models.CharField(max_length=63, blank=True)
     requests = models.JSONField(default=list, blank=True)
+    devices = models.JSONField(
+        default=dict, blank=True, help_text="Its spec.devices requests and constraints, as a group claim is read."
+    )
     allocated = models.BooleanField(default=False)
     allocated_devices = models.JSONField(
         default=list, blank=True, help_text="[[driver, pool, device]] of its status.allocation, as last seen."

@@ -7,6 +7,8 @@ DRIVER = "gpu.example.com"
 BLOCK = "cloud.provider.com/topology-block"
 RACK = "cloud.provider.com/topology-rack"
 SCHEDULER = "capacity-broker"
+STORAGE = "storage.example.com"
+SCRATCH = f'device.attributes["{STORAGE}"].model == "scratch"'
 H100 = f'device.attributes["{DRIVER}"].model == "H100"'
 HALF = "H100-3g.40gb"
 H100_HALF = f'device.attributes["{DRIVER}"].model == "{HALF}"'
@@ -97,14 +99,43 @@ def partitioned_slice(node_name, gpus=1):
     )
 
 
-def device_class(name="h100", expression=H100):
+def storage_slice(rack, devices=1):
+    """Network-attached scratch volumes published for every node of a rack (a nodeSelector on its rack
+    label), as a DRA driver publishes devices no single node holds."""
+    return client.V1ResourceSlice(
+        api_version="resource.k8s.io/v1",
+        kind="ResourceSlice",
+        metadata=meta(f"{rack}-{STORAGE}"),
+        spec=client.V1ResourceSliceSpec(
+            driver=STORAGE,
+            node_selector=client.V1NodeSelector(
+                node_selector_terms=[
+                    client.V1NodeSelectorTerm(
+                        match_expressions=[client.V1NodeSelectorRequirement(key=RACK, operator="In", values=[rack])]
+                    )
+                ]
+            ),
+            pool=client.V1ResourcePool(name=f"{rack}-scratch", generation=1, resource_slice_count=1),
+            devices=[
+                client.V1Device(
+                    name=f"scratch-{i}",
+                    attributes={"model": client.V1DeviceAttribute(string="scratch")},
+                    capacity={"size": client.V1DeviceCapacity(value="10Ti")},
+                )
+                for i in range(devices)
+            ],
+        ),
+    )
+
+
+def device_class(name="h100", expression=H100, driver=DRIVER):
     return client.V1DeviceClass(
         api_version="resource.k8s.io/v1",
         kind="DeviceClass",
         metadata=meta(name),
         spec=client.V1DeviceClassSpec(
             selectors=[
-                client.V1DeviceSelector(cel=client.V1CELDeviceSelector(expression=f'device.driver == "{DRIVER}"')),
+                client.V1DeviceSelector(cel=client.V1CELDeviceSelector(expression=f'device.driver == "{driver}"')),
                 client.V1DeviceSelector(cel=client.V1CELDeviceSelector(expression=expression)),
             ]
         ),
@@ -134,8 +165,10 @@ def pod_group(
     disruption_mode="PodGroup",
     template=None,
     priority_class=None,
+    resource_claims=None,
 ):
-    """A PodGroup; `template` (workload name, template name) makes it one made from a Workload's template."""
+    """A PodGroup; `template` (workload name, template name) makes it one made from a Workload's template;
+    `resource_claims` [(entry, claim name, claim template name)] are the claims the gang owns."""
     labels = {"broker.capacity.io/resource-class": resource_class} if resource_class else {}
     if queue:
         labels["broker.capacity.io/queue"] = queue
@@ -151,9 +184,19 @@ def pod_group(
             )
             if template
             else None,
+            resource_claims=group_claim_entries(resource_claims),
             **policy(min_count, topology, priority, disruption_mode, priority_class),
         ),
     )
+
+
+def group_claim_entries(resource_claims):
+    return [
+        client.V1alpha2PodGroupResourceClaim(
+            name=entry, resource_claim_name=claim_name, resource_claim_template_name=template_name
+        )
+        for entry, claim_name, template_name in resource_claims or []
+    ] or None
 
 
 def policy(min_count, topology, priority, disruption_mode, priority_class=None):
@@ -175,7 +218,8 @@ def policy(min_count, topology, priority, disruption_mode, priority_class=None):
 
 
 def workload(name, namespace="ml", templates=None):
-    """A Workload whose templates are {name: {min_count, topology, priority, disruption_mode, priority_class}}."""
+    """A Workload whose templates are {name: {min_count, topology, priority, disruption_mode, priority_class,
+    resource_claims}}."""
     templates = templates or {"workers": {}}
     return client.V1alpha2Workload(
         api_version="scheduling.k8s.io/v1alpha2",
@@ -185,6 +229,7 @@ def workload(name, namespace="ml", templates=None):
             pod_group_templates=[
                 client.V1alpha2PodGroupTemplate(
                     name=template_name,
+                    resource_claims=group_claim_entries(fields.get("resource_claims")),
                     **policy(
                         fields.get("min_count", 8),
                         fields.get("topology", RACK),
@@ -210,7 +255,7 @@ def priority_class(name, value, global_default=None, preemption_policy=None):
     )
 
 
-def claim(name, namespace="ml", device_class_name="h100", count=1):
+def claim(name, namespace="ml", device_class_name="h100", count=1, request="gpus"):
     return client.ResourceV1ResourceClaim(
         api_version="resource.k8s.io/v1",
         kind="ResourceClaim",
@@ -219,7 +264,7 @@ def claim(name, namespace="ml", device_class_name="h100", count=1):
             devices=client.V1DeviceClaim(
                 requests=[
                     client.V1DeviceRequest(
-                        name="gpus",
+                        name=request,
                         exactly=client.V1ExactDeviceRequest(device_class_name=device_class_name, count=count),
                     )
                 ]
@@ -228,7 +273,13 @@ def claim(name, namespace="ml", device_class_name="h100", count=1):
     )
 
 
-def pod(name, group, namespace="ml", claim_name=None, scheduler=SCHEDULER):
+def pod(name, group, namespace="ml", claim_name=None, scheduler=SCHEDULER, shared=None):
+    """A pod of `group`; `shared` are its group's claim entries, which the pod names as they are (KEP-5729)."""
+    claims = [client.V1PodResourceClaim(name="gpus", resource_claim_name=claim_name)] if claim_name else []
+    claims += [
+        client.V1PodResourceClaim(name=entry, resource_claim_name=claim, resource_claim_template_name=template)
+        for entry, claim, template in shared or []
+    ]
     return client.V1Pod(
         api_version="v1",
         kind="Pod",
@@ -237,9 +288,7 @@ def pod(name, group, namespace="ml", claim_name=None, scheduler=SCHEDULER):
             scheduler_name=scheduler,
             scheduling_group=client.V1PodSchedulingGroup(pod_group_name=group),
             containers=[client.V1Container(name="main", image="trainer:1")],
-            resource_claims=[client.V1PodResourceClaim(name="gpus", resource_claim_name=claim_name)]
-            if claim_name
-            else None,
+            resource_claims=claims or None,
         ),
     )
 
@@ -249,7 +298,9 @@ def gang(cluster, name, pods=8, devices_per_pod=1, namespace="ml", device_class_
     cluster.create(pod_group(name, namespace, **{"min_count": pods, **group}))
     for i in range(pods):
         cluster.create(claim(f"{name}-{i}-gpus", namespace, device_class_name, count=devices_per_pod))
-        cluster.create(pod(f"{name}-{i}", name, namespace, claim_name=f"{name}-{i}-gpus"))
+        cluster.create(
+            pod(f"{name}-{i}", name, namespace, claim_name=f"{name}-{i}-gpus", shared=group.get("resource_claims"))
+        )
 
 
 def allocated(claim_devices):

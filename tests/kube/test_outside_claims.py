@@ -9,7 +9,7 @@ from broker.cycle.runner import run_once
 from broker.inventory.models import Device, Node
 from broker.kube.applier import Applier
 from broker.kube.models import MirroredClaim
-from broker.kube.sync import WORK
+from broker.kube.sync import INVENTORY, WORK
 from broker.scheduler.accounting import capacity_by_class
 from broker.scheduler.capacity import TAINTED, Access, Slot
 from broker.scheduler.snapshot import HELD_OUTSIDE_TAINT, CycleResult, Taint, Toleration
@@ -144,4 +144,34 @@ def test_it_takes_back_the_claims_of_a_group_it_takes_after_seeing_them_allocate
         lab.set_status("ResourceClaim", f"train-{i}-gpus", to_dict(objects.allocated([("k2", f"gpu-{i}")])), "ml")
     sync.list_all(WORK)
     assert MirroredClaim.objects.filter(outside=False, allocated=True).count() == 2
+    assert outside_holders() == {}
+
+
+def scratch_gang(sync, lab):
+    """A gang of 2 owning a claim of a scratch volume published for rack r1 (a PodGroup claim)."""
+    lab.create(objects.storage_slice("r1"))
+    lab.create(objects.device_class("scratch", objects.SCRATCH, driver=objects.STORAGE))
+    sync.list_all(INVENTORY)
+    lab.create(objects.claim("train-scratch", device_class_name="scratch", request="scratch"))
+    objects.gang(lab, "train", pods=2, topology=None, resource_claims=[("scratch", "train-scratch", None)])
+
+
+def test_it_counts_its_own_group_claims_as_its_own(sync, lab):
+    scratch_gang(sync, lab)
+    sync.list_all(WORK)
+    run_once()
+    Applier().drain()
+    sync.list_all(WORK)  # the group claim comes back allocated, by the broker
+    claim = MirroredClaim.objects.get(name="train-scratch")
+    assert claim.allocated and not claim.outside
+    assert outside_holders() == {}
+
+
+def test_it_takes_back_a_group_claim_seen_allocated_before_its_group(sync, lab):
+    scratch_gang(sync, lab)
+    status = objects.allocated([("r1-scratch", "scratch-0")])
+    status.allocation.devices.results[0].driver = objects.STORAGE
+    lab.set_status("ResourceClaim", "train-scratch", to_dict(status), "ml")
+    sync.list_all(WORK)
+    assert not MirroredClaim.objects.get(name="train-scratch").outside
     assert outside_holders() == {}
