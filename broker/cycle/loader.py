@@ -211,6 +211,10 @@ class Counters:
     counter_sets: tuple = ()  # s.CounterSet records
     values: dict = field(default_factory=dict)  # (node, counter set, counter) -> value
     consumed: dict = field(default_factory=dict)  # Device pk -> (((node, counter set, counter), amount), ...)
+    # What they were made from, for patches (patched_nodes, patched_devices): node name -> its
+    # sharedCounters as stored, and Device pk -> (its consumesCounters as stored, its parent's pk).
+    node_counters: dict = field(default_factory=dict)
+    families: dict = field(default_factory=dict)
 
 
 NO_COUNTERS = Counters()
@@ -337,7 +341,10 @@ def patched_inventory(previous, token, levels, domain_paths):
     """`previous` with the node and device rows written since it was read put in their places, or None
     when the inventory's structure changed and it has to be read whole: a topology level or domain
     changed, a node or device was added or deleted, renamed or moved (to another domain, to another
-    node). Health, taints, attributes, capacity, driver, labels and cordons are patched.
+    node), or a write changed what counters a node publishes or a device consumes, whether a device is
+    shared or its shared capacity, or whether a counted device is held outside the broker. Health,
+    taints, attributes, capacity, driver, labels and cordons are patched, on partitioned and shared
+    devices too (their counters and shared capacities are kept as read).
 
     Unchanged records stay the very same objects, in the same order (the decision core patches its
     index by comparing the old and new tuples element by element with `is`), and the device names and
@@ -345,12 +352,6 @@ def patched_inventory(previous, token, levels, domain_paths):
     index = previous.rows
     if index is None or levels != previous.levels or domain_paths != previous.domain_paths:
         return None
-    if previous.counters.counter_sets:
-        # Partitionable devices: their counters and who consumes them are made from all of a node's rows
-        # at once (see counters_of); a full read is the one way that stays right.
-        return None
-    if previous.shared_capacity:
-        return None  # shared devices: their capacities are read whole too, for the commit's check
     nodes_written = rows_written_since(Node, index.revision)
     devices_written = rows_written_since(Device, index.revision)
     # Deleted rows leave no revision behind: the counts tell (an inserted row is written, and unknown).
@@ -376,7 +377,9 @@ def patched_inventory(previous, token, levels, domain_paths):
         previous.devices_by_pk,
         device_taints,
         RowIndex(revision, index.node_slots, index.device_slots, descriptions),
-        NO_COUNTERS,
+        # Kept as read: a patch refuses any write that would change them (see patched_devices).
+        previous.counters,
+        previous.shared_capacity,
     )
 
 
@@ -451,8 +454,11 @@ def patched_nodes(previous, pks):
         slot = slots.get(pk)
         if slot is None or slot[1] != domain_id or nodes[slot[0]].name != name:
             return None
-        if shared is not None and shared != "{}":
-            return None  # a node that now publishes counters: read whole (see counters_of)
+        # Counters are made from all of a node's rows at once (counters_of): a node whose own changed is
+        # read whole with the rest; one written with the same (a health flap, a cordon) is patched.
+        stated = parse(shared, {}) or {} if shared is not None and shared != "{}" else None
+        if stated != previous.counters.node_counters.get(name):
+            return None
         node = node_record(name, previous.domain_paths.get(domain_id, {}), cordoned, labels, parse)
         if node != nodes[slot[0]]:  # a row written again unchanged keeps its record
             nodes[slot[0]] = node
@@ -549,11 +555,13 @@ def patched_devices(previous, pks):
     descriptions = dict(index.descriptions) if len(index.descriptions) < MAX_KEPT_DESCRIPTIONS else {}
     parse = JsonCache()
     replaced = False
+    families, counted = previous.counters.families, previous.counters.consumed
     for pk, node_id, name, driver, attributes, capacity, health, taints, _, consumes, parent, shared in rows:
-        if parent is not None or (consumes is not None and consumes != "{}"):
-            return None  # a device that now consumes counters: read whole (see counters_of)
-        if shared:
-            return None  # a device now shared: read whole (see patched_inventory)
+        # What counters a device consumes, or whether it is shared, is made from every row at once
+        # (counters_of, load_devices): a device whose own changed is read whole with the rest.
+        family = (parse(consumes, {}) or {}, parent) if parent is not None or consumes not in (None, "{}") else None
+        if family != families.get(pk) or bool(shared) != (pk in previous.shared_capacity):
+            return None
         position, node = index.device_slots.get(pk), node_names.get(node_id)
         if position is None or node is None:
             return None
@@ -566,9 +574,14 @@ def patched_devices(previous, pks):
         if description is None:
             description = descriptions[text] = device_description(parse, attributes, capacity, taints)
         attribute_values, capacity_values, taint_list, taint_records = description
+        if shared and capacity_values != previous.shared_capacity[pk]:
+            return None  # the commit checks shares against the capacity read: read whole
+        if pk in counted and held_outside(taint_list) != held_outside(previous.device_taints.get(pk)):
+            return None  # what is held outside is taken off its counters (counters_of)
         device = s.Device(
-            device_id, node, driver, attribute_values, capacity_values, health == Health.HEALTHY, taint_records
-        )
+            device_id, node, driver, attribute_values, capacity_values, health == Health.HEALTHY, taint_records,
+            consumes_counters=known.consumes_counters, allow_multiple_allocations=bool(shared),
+        )  # fmt: skip
         # Taints as stored, even under an equal record: the commit compares them with the rows.
         device_taints[pk] = taint_list
         if device != known:  # a row written again unchanged keeps its record
@@ -578,6 +591,11 @@ def patched_devices(previous, pks):
 
 
 LEGACY_COUNTER = "partitions"
+
+
+def held_outside(taints) -> bool:
+    """Whether stored taints say another scheduler allocated the device (see counters_of)."""
+    return any(taint.get("key") == s.HELD_OUTSIDE_TAINT for taint in taints or ())
 
 
 def counters_of(node_counters, devices):
@@ -617,7 +635,7 @@ def counters_of(node_counters, devices):
             consumption[pk] = {set_name: {LEGACY_COUNTER: 1}}
     # What devices another scheduler allocated consume is taken already: the broker sees only the rest.
     for pk, consumes in consumption.items():
-        if any(taint.get("key") == s.HELD_OUTSIDE_TAINT for taint in devices.device_taints.get(pk) or ()):
+        if held_outside(devices.device_taints.get(pk)):
             node = devices.devices_by_pk[pk][1]
             for set_name, counters in consumes.items():
                 for counter, amount in counters.items():
@@ -641,7 +659,9 @@ def counters_of(node_counters, devices):
             for set_name, counters in consumes.items()
             for counter, amount in counters.items()
         )
-    counters = Counters(tuple(sorted(counter_sets, key=lambda c: (c.node, c.name))), values, consumed)
+    counters = Counters(
+        tuple(sorted(counter_sets, key=lambda c: (c.node, c.name))), values, consumed, node_counters, devices.families
+    )
     return counters, tuple(records)
 
 

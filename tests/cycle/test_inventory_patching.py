@@ -232,3 +232,77 @@ def test_it_reads_the_inventory_whole_when_the_revisions_went_back_in_time(clust
     assert loaded.devices_by_pk is not first_loaded.devices_by_pk, "read whole"
     assert not next(d for d in snapshot.devices if d.id == "n2/1").healthy
     assert_same_inventory(snapshot, loaded, *read_afresh())
+
+
+def partitioned_and_shared(cluster):
+    """Node g: GPU g/0 with DRA counters and two partitions, GPU g/1 cut by parent only, and a shared GPU
+    g/2 (allowMultipleAllocations, 80 memory)."""
+    node = Node.objects.create(
+        name="g", domain=Domain.objects.get(name="r1"), shared_counters={"gpu-0": {"memory": "80Gi"}}
+    )
+    whole = Device.objects.create(node=node, name="0", consumes_counters={"gpu-0": {"memory": "80Gi"}})
+    for index in range(2):
+        Device.objects.create(
+            node=node, name=f"0-p{index}", parent=whole, consumes_counters={"gpu-0": {"memory": "40Gi"}}
+        )
+    legacy = Device.objects.create(node=node, name="1")
+    for index in range(2):
+        Device.objects.create(node=node, name=f"1-p{index}", parent=legacy)
+    Device.objects.create(node=node, name="2", capacity={"memory": 80}, allow_multiple_allocations=True)
+
+
+COUNTED_IN_PLACE = {
+    "partition health": lambda: device("g", "0-p1").update(health=Health.UNHEALTHY),
+    "whole taints": lambda: device("g", "0").update(taints=MAINTENANCE),
+    "legacy partition health": lambda: device("g", "1-p0").update(health=Health.UNHEALTHY),
+    "shared health": lambda: device("g", "2").update(health=Health.UNHEALTHY),
+    "counted node cordon": lambda: Node.objects.filter(name="g").update(cordoned=True),
+}
+
+COUNTED_WHOLE = {
+    "node counters": lambda: Node.objects.filter(name="g").update(shared_counters={"gpu-0": {"memory": "96Gi"}}),
+    "device consumption": lambda: device("g", "0-p0").update(consumes_counters={"gpu-0": {"memory": "20Gi"}}),
+    "shared capacity": lambda: device("g", "2").update(capacity={"memory": 40}),
+    "no longer shared": lambda: device("g", "2").update(allow_multiple_allocations=False),
+    "counted device held outside": lambda: device("g", "0-p0").update(
+        taints=[{"key": "broker.capacity.io/allocated-outside", "value": "ns/claim", "effect": "NoSchedule"}]
+    ),
+}
+
+
+def assert_same_counters(snapshot, loaded, fresh, fresh_loaded):
+    assert_same_inventory(snapshot, loaded, fresh, fresh_loaded)
+    assert snapshot.counter_sets == fresh.counter_sets
+    assert loaded.counters.values == fresh_loaded.counters.values
+    assert loaded.counters.consumed == fresh_loaded.counters.consumed
+    assert loaded.shared_capacity == fresh_loaded.shared_capacity
+
+
+@requires_postgresql
+@pytest.mark.parametrize("change", COUNTED_IN_PLACE)
+def test_it_patches_a_health_or_taint_write_on_partitioned_and_shared_devices(cluster, change):
+    partitioned_and_shared(cluster)
+    first, first_loaded = load_snapshot(timezone.now())
+    COUNTED_IN_PLACE[change]()
+
+    snapshot, loaded = load_snapshot(timezone.now())
+
+    assert loaded.devices_by_pk is first_loaded.devices_by_pk, "patched, not read whole"
+    assert (snapshot.nodes, snapshot.devices) != (first.nodes, first.devices)
+    by_id = {d.id: d for d in snapshot.devices}
+    assert by_id["g/0-p0"].consumes_counters and by_id["g/1-p1"].consumes_counters
+    assert by_id["g/2"].allow_multiple_allocations
+    assert_same_counters(snapshot, loaded, *read_afresh())
+
+
+@requires_postgresql
+@pytest.mark.parametrize("change", COUNTED_WHOLE)
+def test_it_reads_whole_a_write_that_changes_counters_or_shares(cluster, change):
+    partitioned_and_shared(cluster)
+    _, first_loaded = load_snapshot(timezone.now())
+    COUNTED_WHOLE[change]()
+
+    snapshot, loaded = load_snapshot(timezone.now())
+
+    assert loaded.devices_by_pk is not first_loaded.devices_by_pk, "a patch would have kept the very dict"
+    assert_same_counters(snapshot, loaded, *read_afresh())
