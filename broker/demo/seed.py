@@ -432,77 +432,35 @@ def group_claim_requests(inventory):
 
 
 def add_demo_requests(inventory, teams, report):
-    from broker.workloads import services
-
     ranked = sorted((team for team, nodes in teams.values() if nodes), key=lambda t: (-teams[t.name][1], t.name))
+
+    def submit(name, rank, class_name, hours, pod_set, **fields):
+        """One demo request from the `rank`-th team's member, as the submit form would send it."""
+        from broker.workloads import services
+
+        team = ranked[rank]
+        submission = services.Submission(
+            name=name,
+            queue=Queue.objects.get(name=team.name),
+            resource_class=ResourceClass.objects.get(name=class_name),
+            pod_sets=(services.PodSetRequest(name="main", **pod_set),),
+            expected_duration_seconds=hours * 3600,
+            **fields,
+        )
+        services.submit_workload(submission, User.objects.get(username=f"member-{team.name}"))
+        report.created["demo requests"] += 1
+
     for name, rank, class_name, pods, per_pod in DEMO_REQUESTS:
-        team = ranked[rank]
-        queue = Queue.objects.get(name=team.name)
-        member = User.objects.get(username=f"member-{team.name}")
-        submission = services.Submission(
-            name=name,
-            queue=queue,
-            resource_class=ResourceClass.objects.get(name=class_name),
-            pod_sets=(services.PodSetRequest(name="main", replicas=pods, devices_per_pod=per_pod, min_count=pods),),
-            expected_duration_seconds=6 * 3600,
-        )
-        services.submit_workload(submission, member)
-        report.created["demo requests"] += 1
+        submit(name, rank, class_name, 6, {"replicas": pods, "devices_per_pod": per_pod, "min_count": pods})
     for name, rank, class_name, pods, per_pod, min_count in ELASTIC_REQUESTS:
-        team = ranked[rank]
-        submission = services.Submission(
-            name=name,
-            queue=Queue.objects.get(name=team.name),
-            resource_class=ResourceClass.objects.get(name=class_name),
-            pod_sets=(
-                services.PodSetRequest(name="main", replicas=pods, devices_per_pod=per_pod, min_count=min_count),
-            ),
-            expected_duration_seconds=12 * 3600,
-            disruption_mode="Pod",
-        )
-        services.submit_workload(submission, User.objects.get(username=f"member-{team.name}"))
-        report.created["demo requests"] += 1
+        pod_set = {"replicas": pods, "devices_per_pod": per_pod, "min_count": min_count}
+        submit(name, rank, class_name, 12, pod_set, disruption_mode="Pod")
     for name, rank, device_class, pods in PARTITION_REQUESTS:
-        team = ranked[rank]
-        submission = services.Submission(
-            name=name,
-            queue=Queue.objects.get(name=team.name),
-            resource_class=ResourceClass.objects.get(name="gpu-slice"),
-            pod_sets=(
-                services.PodSetRequest(
-                    name="main", replicas=pods, devices_per_pod=1, min_count=pods, device_classes=(device_class,)
-                ),
-            ),
-            expected_duration_seconds=4 * 3600,
-        )
-        services.submit_workload(submission, User.objects.get(username=f"member-{team.name}"))
-        report.created["demo requests"] += 1
+        pod_set = {"replicas": pods, "devices_per_pod": 1, "min_count": pods, "device_classes": (device_class,)}
+        submit(name, rank, "gpu-slice", 4, pod_set)
     for name, rank, pods, per_pod, gpus, group_claims in group_claim_requests(inventory):
-        team = ranked[rank]
-        submission = services.Submission(
-            name=name,
-            queue=Queue.objects.get(name=team.name),
-            resource_class=ResourceClass.objects.get(name="networked-training"),
-            pod_sets=(
-                services.PodSetRequest(
-                    name="main", replicas=pods, devices_per_pod=per_pod, min_count=pods, device_classes=(gpus,)
-                ),
-            ),
-            expected_duration_seconds=8 * 3600,
-            group_claims=group_claims,
-        )
-        services.submit_workload(submission, User.objects.get(username=f"member-{team.name}"))
-        report.created["demo requests"] += 1
+        pod_set = {"replicas": pods, "devices_per_pod": per_pod, "min_count": pods, "device_classes": (gpus,)}
+        submit(name, rank, "networked-training", 8, pod_set, group_claims=group_claims)
     for name, rank, pods, claim in claim_requests(inventory):
-        team = ranked[rank]
-        submission = services.Submission(
-            name=name,
-            queue=Queue.objects.get(name=team.name),
-            resource_class=ResourceClass.objects.get(name="networked-training"),
-            pod_sets=(
-                services.PodSetRequest(name="main", replicas=pods, devices_per_pod=1, min_count=pods, claim=claim),
-            ),
-            expected_duration_seconds=8 * 3600,
-        )
-        services.submit_workload(submission, User.objects.get(username=f"member-{team.name}"))
-        report.created["demo requests"] += 1
+        pod_set = {"replicas": pods, "devices_per_pod": 1, "min_count": pods, "claim": claim}
+        submit(name, rank, "networked-training", 8, pod_set)
