@@ -456,7 +456,7 @@ def patched_nodes(previous, pks):
             return None
         # Counters are made from all of a node's rows at once (counters_of): a node whose own changed is
         # read whole with the rest; one written with the same (a health flap, a cordon) is patched.
-        stated = parse(shared, {}) or {} if shared is not None and shared != "{}" else None
+        stated = (parse(shared, {}) or {}) if shared is not None and shared != "{}" else None
         if stated != previous.counters.node_counters.get(name):
             return None
         node = node_record(name, previous.domain_paths.get(domain_id, {}), cordoned, labels, parse)

@@ -64,11 +64,10 @@ from broker.kube.models import (
     MirroredPodGroup,
     MirroredPriorityClass,
     MirroredWorkload,
-    PreemptionPolicy,
 )
 from broker.policy.models import DeviceClass, Queue, ResourceClass
 from broker.scheduler.snapshot import GROUP_POD_SET
-from broker.workloads.models import Allocation, DisruptionMode, Workload
+from broker.workloads.models import Allocation, DisruptionMode, PreemptionPolicy, Workload
 from broker.workloads.services import InvalidSubmission, PodSetRequest, Submission, submit_workload
 from broker.workloads.states import FINAL_STATES, HOLDING_STATES, State
 

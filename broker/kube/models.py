@@ -11,6 +11,8 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from broker.workloads.models import PreemptionPolicy
+
 
 class Cluster(models.Model):
     """A Kubernetes cluster the broker mirrors, and the health of its sync."""
@@ -244,11 +246,6 @@ class MirroredClaim(models.Model):
 
     def __str__(self):
         return f"{self.namespace}/{self.name}"
-
-
-class PreemptionPolicy(models.TextChoices):
-    PREEMPT_LOWER_PRIORITY = "PreemptLowerPriority", "may preempt lower-priority work"
-    NEVER = "Never", "never preempts; may still be preempted"
 
 
 class MirroredPriorityClass(models.Model):

@@ -17,8 +17,8 @@ class DisruptionMode(models.TextChoices):
 class PreemptionPolicy(models.TextChoices):
     """Kubernetes PriorityClass preemptionPolicy, kept on the workload (its PodGroup's class, or as asked)."""
 
-    PREEMPT_LOWER_PRIORITY = "PreemptLowerPriority", "May preempt lower-priority work"
-    NEVER = "Never", "Never preempts; waits for room"
+    PREEMPT_LOWER_PRIORITY = "PreemptLowerPriority", "may preempt lower-priority work"
+    NEVER = "Never", "never preempts; may still be preempted"
 
 
 class ApprovalState(models.TextChoices):

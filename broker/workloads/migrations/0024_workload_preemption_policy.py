@@ -10,8 +10,8 @@ from django.db import migrations, models
 FIELD = models.CharField(
     max_length=24,
     choices=[
-        ("PreemptLowerPriority", "May preempt lower-priority work"),
-        ("Never", "Never preempts; waits for room"),
+        ("PreemptLowerPriority", "may preempt lower-priority work"),
+        ("Never", "never preempts; may still be preempted"),
     ],
     default="PreemptLowerPriority",
     help_text="Never: it never preempts others to start (it may still be preempted, as `preemptible` says).",
