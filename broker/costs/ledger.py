@@ -84,6 +84,12 @@ class StepLedger:
     allocated: dict = field(default_factory=lambda: defaultdict(Amount))
     capacity: dict = field(default_factory=lambda: defaultdict(Amount))
 
+    def drop_empty_lines(self):
+        """Forget allocated lines whose amounts cancelled out: intervals taken out and put back (the
+        checkpoint's corrections) leave a line of zeros where the history has none."""
+        for key in [key for key, amount in self.allocated.items() if not amount.device_us and not amount.raw]:
+            del self.allocated[key]
+
     def total(self):
         out = Amount()
         for amount in (*self.allocated.values(), *self.capacity.values()):

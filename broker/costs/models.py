@@ -74,7 +74,7 @@ class RollupRow(models.Model):
         abstract = True
 
 
-class CostRollup(RollupRow):
+class CostGroupRow(RollupRow):
     """Capacity cost: `category` allocated (per team, queue and resource class of the holding workloads),
     or idle, stranded, unhealthy, reserved_unused (per reserving team)."""
 
@@ -85,15 +85,29 @@ class CostRollup(RollupRow):
     reserved_team = models.CharField(max_length=100, blank=True)
 
     class Meta:
-        indexes = [models.Index(fields=["hour"])]
+        abstract = True
 
 
-class PendingRollup(RollupRow):
+class PendingGroupRow(RollupRow):
     """Cost of pending: requested devices x time waiting, per team, queue and reason."""
 
     team_id = models.BigIntegerField()
     queue_id = models.BigIntegerField()
     reason = models.CharField(max_length=64)
+
+    class Meta:
+        abstract = True
+
+
+class CostRollup(CostGroupRow):
+    """The capacity cost of one whole past hour (broker/costs/rollup.py)."""
+
+    class Meta:
+        indexes = [models.Index(fields=["hour"])]
+
+
+class PendingRollup(PendingGroupRow):
+    """The cost of pending of one whole past hour (broker/costs/rollup.py)."""
 
     class Meta:
         indexes = [models.Index(fields=["hour"])]
@@ -103,4 +117,36 @@ class RollupProgress(models.Model):
     """Every hour before `until` is rolled up (an hour without a row had nothing to bill)."""
 
     name = models.CharField(max_length=16, primary_key=True)
+    until = models.DateTimeField()
+
+
+class CostCheckpointRow(CostGroupRow):
+    """The capacity cost of the hours between the rollup's `until` and the checkpoint's (Checkpoint), each
+    row [hour, min(hour + 1 h, checkpoint)): rewritten whole at every checkpoint (broker/costs/checkpoint.py)."""
+
+
+class PendingCheckpointRow(PendingGroupRow):
+    """The cost of pending of the same stretch as CostCheckpointRow."""
+
+
+class CheckpointOpen(models.Model):
+    """What was still open at a checkpoint, per group: devices held (kind "costs": team, queue and resource
+    class ids) or requested by waiting work (kind "pending": team, queue and reason). A report bills it on
+    from the checkpoint to now, as the history would, unless a workload of the group changed since."""
+
+    kind = models.CharField(max_length=16)
+    device_class_id = models.BigIntegerField()
+    team_id = models.BigIntegerField(null=True)
+    queue_id = models.BigIntegerField(null=True)
+    resource_class_id = models.BigIntegerField(null=True)
+    reason = models.CharField(max_length=64, blank=True)
+    devices = models.BigIntegerField()
+
+
+class Checkpoint(models.Model):
+    """The rollups' checkpoint of kind `name`: CostCheckpointRow or PendingCheckpointRow hold [base, until)
+    and CheckpointOpen what was open at `until`. Valid while `base` is the hourly rollup's `until`."""
+
+    name = models.CharField(max_length=16, primary_key=True)
+    base = models.DateTimeField()
     until = models.DateTimeField()

@@ -16,7 +16,8 @@ from django.db.models.fields.json import KeyTextTransform
 from django.utils import timezone
 
 from broker import clock
-from broker.costs import ledger, rollup
+from broker.costs import checkpoint, ledger, rollup
+from broker.costs.models import PendingCheckpointRow
 from broker.costs.prices import price_timelines
 from broker.costs.report import entry, round_leaves
 from broker.costs.windows import from_us, steps_of, to_us
@@ -91,14 +92,17 @@ def first_class_requests(workloads):
     return out
 
 
-def pending_intervals(start, end, now, team_ids=None, listed=True):
+def pending_intervals(start, end, now, team_ids=None, listed=True, only=None, names=None):
     """Ledger intervals of waiting, line = (workload id, reason), one per pod set's first-choice class;
     and the names of the workloads: with `listed`, of every workload not finished before `start` (a
     report by workload lists them). Without, only the workloads that may have waited in the window are
-    read, and the lines are ((rollup.GROUP, team id, queue id), reason), named by group."""
+    read, and the lines are ((rollup.GROUP, team id, queue id), reason), named by group. `only`: a
+    filter of the workloads to read (checkpoint.waiters_changed_since)."""
     workloads = Workload.objects.filter(submitted_at__lt=min(end, now)).filter(
         Q(finished_at__isnull=True) | Q(finished_at__gt=start) | Q(state__in=WAITING_STATES)
     )
+    if only is not None:
+        workloads = workloads.filter(only)
     if not listed:
         # Waiting at some moment of the window means waiting now, or submitted in it, or a transition
         # since its start (into waiting, or out of it): on a full cluster the tens of thousands running
@@ -146,7 +150,7 @@ def pending_intervals(start, end, now, team_ids=None, listed=True):
                 held[(a, b, class_id, (owner, reason))] += devices
     intervals = [ledger.Interval(a, b, class_id, line, devices) for (a, b, class_id, line), devices in held.items()]
     if not listed:
-        names = rollup.GroupNames()
+        names = names or rollup.GroupNames()
         meta = {
             (rollup.GROUP, team_id, queue_id): names.pending_meta(team_id, queue_id)
             for team_id, queue_id in {(row["team_id"], row["queue_id"]) for row in meta.values()}
@@ -158,22 +162,34 @@ def pending_report(start, end, aggregate=("team",), step="day", now=None, team_i
     """Per step, aggregate -> {device_hours (requested devices x hours waiting), cost}, and totals."""
     now = now or timezone.now()
     steps = steps_of(start, end, step)
-    prices = {pk: [(to_us(at), units) for at, units in rows] for pk, rows in price_timelines().items()}
-    ledgers = [ledger.StepLedger(to_us(a), to_us(b)) for a, b in steps]
-    # A report by workload names workloads: the rollup only knows their groups.
-    span = None if "workload" in aggregate else rollup.covered(rollup.PENDING, start, end, now)
-    meta = {}
-    for p, q in rollup.direct_pieces(start, end, span):
-        clipped = rollup.clip_steps(steps, p, q)
-        piece, piece_meta = direct_ledger(
-            [window for _, window in clipped], now, prices, team_ids, listed="workload" in aggregate
-        )
-        for (index, _), piece_ledger in zip(clipped, piece, strict=True):
-            rollup.merge(ledgers[index], piece_ledger)
-        meta.update(piece_meta)
-    if span is not None:
-        meta.update(rollup.add_pending(ledgers, span, step, rollup.GroupNames(), team_ids))
-    class_names = dict(DeviceClass.objects.values_list("pk", "name"))
+    listed = "workload" in aggregate
+    with checkpoint.one_snapshot():
+        prices = {pk: [(to_us(at), units) for at, units in rows] for pk, rows in price_timelines().items()}
+        ledgers = [ledger.StepLedger(to_us(a), to_us(b)) for a, b in steps]
+        # A report by workload names workloads: the rollup and the checkpoint only know their groups.
+        span = None if listed else rollup.covered(rollup.PENDING, start, end, now)
+        names = None if listed else rollup.GroupNames()
+        meta = {}
+        for p, q in rollup.direct_pieces(start, end, span):
+            found = None if listed else checkpoint.usable(rollup.PENDING, p, q, now)
+            if found is not None:
+                window = (found.base, found.until)
+                meta.update(rollup.add_pending(ledgers, window, step, names, team_ids, PendingCheckpointRow))
+                p = found.until
+            clipped = rollup.clip_steps(steps, p, q)
+            if not clipped:
+                continue
+            windows = [window for _, window in clipped]
+            if found is not None:
+                piece, piece_meta = tail_ledger(windows, now, prices, found, names, team_ids)
+            else:
+                piece, piece_meta = direct_ledger(windows, now, prices, team_ids, listed=listed, names=names)
+            for (index, _), piece_ledger in zip(clipped, piece, strict=True):
+                rollup.merge(ledgers[index], piece_ledger)
+            meta.update(piece_meta)
+        if span is not None:
+            meta.update(rollup.add_pending(ledgers, span, step, names, team_ids))
+        class_names = dict(DeviceClass.objects.values_list("pk", "name"))
     steps_out, totals, total_sum = [], defaultdict(lambda: [0, 0]), [0, 0]
     for step_ledger in ledgers:
         leaves = defaultdict(ledger.Amount)
@@ -214,13 +230,52 @@ def pending_report(start, end, aggregate=("team",), step="day", now=None, team_i
     return report
 
 
-def direct_ledger(steps, now, prices, team_ids=None, listed=False):
+def direct_ledger(steps, now, prices, team_ids=None, listed=False, names=None):
     """(StepLedgers of the contiguous `steps` [(start, end)] from the workloads' own history, {workload
     id: names}, see pending_intervals); the lines of `allocated` are (workload id, reason)."""
+    steps_ledger, meta, _ = direct_intervals_ledger(steps, now, prices, team_ids, listed, names)
+    return steps_ledger, meta
+
+
+def direct_intervals_ledger(steps, now, prices, team_ids=None, listed=False, names=None):
+    """direct_ledger's (StepLedgers, names), and the intervals billed."""
     start, end = steps[0][0], steps[-1][1]
-    intervals, meta = pending_intervals(start, end, now, team_ids, listed)
+    intervals, meta = pending_intervals(start, end, now, team_ids, listed, names=names)
     us_steps = [(to_us(a), to_us(b)) for a, b in steps]
-    return ledger.build_ledger(us_steps, to_us(now), prices, {}, intervals, clock.billing_scale()), meta
+    steps_ledger = ledger.build_ledger(us_steps, to_us(now), prices, {}, intervals, clock.billing_scale())
+    return steps_ledger, meta, intervals
+
+
+def tail_ledger(steps, now, prices, found, names, team_ids=None):
+    """direct_ledger(steps, now, prices, team_ids) by group, for the `steps` from the Checkpoint `found`'s
+    `until` on: the waiting open at `until` billed on, except for the workloads submitted, moved or
+    explained anew since, whose own waiting at `until` is taken out and whose waiting since is read
+    from their history instead (report.tail_ledger says why this is exact)."""
+    start, end = steps[0][0], steps[-1][1]
+    until = to_us(found.until)
+    changed = checkpoint.waiters_changed_since(found.until)
+    intervals, meta = [], {}
+    for class_id, team_id, queue_id, _, reason, devices in checkpoint.open_groups(rollup.PENDING, team_ids):
+        group = (rollup.GROUP, team_id, queue_id)
+        meta.setdefault(group, names.pending_meta(team_id, queue_id))
+        intervals.append(ledger.Interval(until, None, class_id, (group, reason), devices))
+    if changed:
+        only = Q(pk__in=changed)
+        waiting_then, then_meta = pending_intervals(
+            found.base, found.until, found.until, team_ids, listed=False, only=only, names=names
+        )
+        for interval in waiting_then:
+            if interval.end is None:  # still waiting at `until`: in the checkpoint's open groups
+                intervals.append(ledger.Interval(until, None, interval.device_class, interval.line, -interval.devices))
+        since, since_meta = pending_intervals(start, end, now, team_ids, listed=False, only=only, names=names)
+        intervals.extend(since)
+        meta.update(then_meta)
+        meta.update(since_meta)
+    us_steps = [(to_us(a), to_us(b)) for a, b in steps]
+    steps_ledger = ledger.build_ledger(us_steps, to_us(now), prices, {}, intervals, clock.billing_scale())
+    for step_ledger in steps_ledger:
+        step_ledger.drop_empty_lines()
+    return steps_ledger, meta
 
 
 def _key(row, reason, class_name, aggregate):

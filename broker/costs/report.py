@@ -10,8 +10,8 @@ from django.db.models import Case, Count, DateTimeField, F, Q, Value, When
 from django.utils import timezone
 
 from broker import clock
-from broker.costs import ledger, rollup
-from broker.costs.models import CapacitySample
+from broker.costs import checkpoint, ledger, rollup
+from broker.costs.models import CapacitySample, CostCheckpointRow
 from broker.costs.prices import price_timelines
 from broker.costs.windows import from_us, steps_of, to_us
 from broker.flat_rows import fetch_rows
@@ -38,36 +38,56 @@ class Loaded:
 
 def load(start, end, step, now=None, by_workload=True):
     """The exact ledger of [start, end) in `step` steps, with what aggregation needs to name lines.
-    Unless `by_workload`, the whole hours the rollup covers come from it (rollup.py): their lines are
-    groups of workloads, named as their workloads are."""
+    Unless `by_workload`, the whole hours the rollup covers come from it (rollup.py), and the stretch
+    after them up to the checkpoint from the checkpoint (checkpoint.py): their lines are groups of
+    workloads, named as their workloads are."""
     now = now or timezone.now()
     steps = steps_of(start, end, step)
-    prices = {pk: [(to_us(at), units) for at, units in rows] for pk, rows in price_timelines().items()}
-    ledgers = [ledger.StepLedger(to_us(a), to_us(b)) for a, b in steps]
-    span = None if by_workload else rollup.covered(rollup.COSTS, start, end, now)
-    meta = {}
-    for p, q in rollup.direct_pieces(start, end, span):
-        clipped = rollup.clip_steps(steps, p, q)
-        piece, piece_meta = direct_ledger([window for _, window in clipped], now, prices, grouped=not by_workload)
-        for (index, _), piece_ledger in zip(clipped, piece, strict=True):
-            rollup.merge(ledgers[index], piece_ledger)
-        meta.update(piece_meta)
-    if span is not None:
-        meta.update(rollup.add_costs(ledgers, span, step, rollup.GroupNames()))
-    return Loaded(ledgers, meta, dict(DeviceClass.objects.values_list("pk", "name")))
+    with checkpoint.one_snapshot():
+        prices = {pk: [(to_us(at), units) for at, units in rows] for pk, rows in price_timelines().items()}
+        ledgers = [ledger.StepLedger(to_us(a), to_us(b)) for a, b in steps]
+        span = None if by_workload else rollup.covered(rollup.COSTS, start, end, now)
+        names = None if by_workload else rollup.GroupNames()
+        meta = {}
+        for p, q in rollup.direct_pieces(start, end, span):
+            found = None if by_workload else checkpoint.usable(rollup.COSTS, p, q, now)
+            if found is not None:
+                meta.update(rollup.add_costs(ledgers, (found.base, found.until), step, names, CostCheckpointRow))
+                p = found.until
+            clipped = rollup.clip_steps(steps, p, q)
+            if not clipped:
+                continue
+            windows = [window for _, window in clipped]
+            if found is not None:
+                piece, piece_meta = tail_ledger(windows, now, prices, found, names)
+            else:
+                piece, piece_meta = direct_ledger(windows, now, prices, grouped=not by_workload, names=names)
+            for (index, _), piece_ledger in zip(clipped, piece, strict=True):
+                rollup.merge(ledgers[index], piece_ledger)
+            meta.update(piece_meta)
+        if span is not None:
+            meta.update(rollup.add_costs(ledgers, span, step, names))
+        class_names = dict(DeviceClass.objects.values_list("pk", "name"))
+    return Loaded(ledgers, meta, class_names)
 
 
-def direct_ledger(steps, now, prices, grouped=False):
+def direct_ledger(steps, now, prices, grouped=False, names=None):
     """(StepLedgers of the contiguous `steps` [(start, end)] from the allocations and samples themselves,
     {line: names} of their lines). Lines are workload ids; with `grouped`, allocations are summed per
     group of workloads (rollup.GROUP lines) and per start and end: the same amounts, in far fewer
     intervals (a cycle admits thousands at one time, and most of a full cluster is held all along)."""
+    steps_ledger, meta, _ = direct_intervals_ledger(steps, now, prices, grouped, names)
+    return steps_ledger, meta
+
+
+def direct_intervals_ledger(steps, now, prices, grouped=False, names=None):
+    """direct_ledger's (StepLedgers, {line: names}), and the intervals billed."""
     start, end = steps[0][0], steps[-1][1]
     billed_until = min(end, now)
     within = overlapping(start, billed_until)
     intervals, meta = [], {}
     if grouped:
-        intervals, meta = group_intervals(within, start, billed_until)
+        intervals, meta = group_intervals(within, start, billed_until, names)
     else:
         intervals = allocation_intervals(within)
     us_steps = [(to_us(a), to_us(b)) for a, b in steps]
@@ -78,13 +98,49 @@ def direct_ledger(steps, now, prices, grouped=False):
         if workload_ids:
             rows = workload_meta(within.values("workload_id"))
             meta = {pk: row for pk, row in rows.items() if pk in workload_ids}
+    return steps_ledger, meta, intervals
+
+
+def tail_ledger(steps, now, prices, found, names):
+    """direct_ledger(steps, now, prices, grouped=True) for the `steps` from the Checkpoint `found`'s
+    `until` on, from the checkpoint: what was held at `until` billed on, except for the workloads whose
+    allocations changed since (a stamp at or after `until`), whose own holding at `until` is taken out
+    and whose intervals since are read instead. The ledger is linear in its intervals (a negative count
+    takes devices out, in the bill and in what is left free), so this is the direct ledger exactly."""
+    start, end = steps[0][0], steps[-1][1]
+    billed_until = min(end, now)
+    until = to_us(found.until)
+    changed = checkpoint.holders_changed_since(found.until)
+    intervals, meta = [], {}
+    for class_id, team_id, queue_id, resource_class_id, _, devices in checkpoint.open_groups(rollup.COSTS):
+        line = (rollup.GROUP, team_id, queue_id, resource_class_id)
+        meta.setdefault(line, names.allocated_meta(team_id, queue_id, resource_class_id))
+        intervals.append(ledger.Interval(until, None, class_id, line, devices))
+    if changed:
+        held_then, held_meta = group_intervals(
+            overlapping(found.base, found.until).filter(workload_id__in=changed), found.base, found.until, names
+        )
+        for interval in held_then:
+            if interval.end is None:  # still held at `until`: in the checkpoint's open groups
+                intervals.append(ledger.Interval(until, None, interval.device_class, interval.line, -interval.devices))
+        since, since_meta = group_intervals(
+            overlapping(start, billed_until).filter(workload_id__in=changed), start, billed_until, names
+        )
+        intervals.extend(since)
+        meta.update(held_meta)
+        meta.update(since_meta)
+    us_steps = [(to_us(a), to_us(b)) for a, b in steps]
+    samples = capacity_samples(start, end)
+    steps_ledger = ledger.build_ledger(us_steps, to_us(now), prices, samples, intervals, clock.billing_scale())
+    for step_ledger in steps_ledger:
+        step_ledger.drop_empty_lines()
     return steps_ledger, meta
 
 
 GROUP_FIELDS = ("workload__team_id", "workload__queue_id", "workload__resource_class_id", "device_class_id")
 
 
-def group_intervals(allocations, start, end):
+def group_intervals(allocations, start, end, names=None):
     """`allocations`, all overlapping [start, end), as intervals per group, device class, start and end,
     their times clipped to the window first: a cycle admits thousands at one time, and most of a full
     cluster is held all through the window."""
@@ -100,7 +156,7 @@ def group_intervals(allocations, start, end):
         .annotate(devices=Count("id"))
         .values_list(*GROUP_FIELDS, "begins", "ends", "devices")
     )
-    names = rollup.GroupNames()
+    names = names or rollup.GroupNames()
     intervals, meta = [], {}
     for team_id, queue_id, resource_class_id, class_id, held_from, held_to, devices in fetch_rows(rows):
         line = (rollup.GROUP, team_id, queue_id, resource_class_id)

@@ -15,8 +15,15 @@ from datetime import timedelta
 from django.db import transaction
 from django.db.models import Min
 
-from broker.costs import pending, report, rollup
-from broker.costs.models import CapacitySample, RollupProgress
+from broker.costs import checkpoint, pending, report, rollup
+from broker.costs.models import (
+    CapacitySample,
+    Checkpoint,
+    CheckpointOpen,
+    CostCheckpointRow,
+    PendingCheckpointRow,
+    RollupProgress,
+)
 from broker.costs.prices import price_timelines
 from broker.costs.windows import to_us
 from broker.workloads.models import Allocation, Workload
@@ -109,3 +116,61 @@ def roll_pending(start, end, now):
     ledgers, _ = pending.direct_ledger(steps, now, _prices())
     for (hour, _), step_ledger in zip(steps, ledgers, strict=True):
         rollup.write_pending(hour, step_ledger)
+
+
+# --- the checkpoint inside the current hour (checkpoint.py) -------------------------------------------------
+
+
+def take_checkpoint(now, until=None):
+    """Store the amounts from each kind's hourly `until` to `until` (default checkpoint.safe_until(now)) and
+    what is open then, replacing the last checkpoint; returns {kind: the checkpoint's until, or None when
+    there is nothing after the hourly rollup yet}. Run after catch_up, off the cycle's path: at 100k devices
+    it reads what a report used to read on every request (about a second of the cost of pending)."""
+    done = {}
+    for name, write in ((rollup.COSTS, _checkpoint_costs), (rollup.PENDING, _checkpoint_pending)):
+        with transaction.atomic():
+            # Locked: catch_up moves the base, and two processes would write the rows twice.
+            progress = RollupProgress.objects.select_for_update().filter(name=name).first()
+            at = until or checkpoint.safe_until(now, LATE_WRITES)
+            CheckpointOpen.objects.filter(kind=name).delete()
+            {rollup.COSTS: CostCheckpointRow, rollup.PENDING: PendingCheckpointRow}[name].objects.all().delete()
+            if progress is None or at <= progress.until:
+                Checkpoint.objects.filter(name=name).delete()
+                done[name] = None
+                continue
+            checkpoint.replace(name, progress.until, at, write(progress.until, at))
+            done[name] = at
+    return done
+
+
+def _partial_hours(start, end):
+    """[(hour, hour + 1 h clipped to end)] from the whole hour `start` to `end`."""
+    return [(a, min(b, end)) for a, b in _hours(start, rollup.hour_ceil(end))]
+
+
+def _checkpoint_costs(base, until):
+    steps = _partial_hours(base, until)
+    ledgers, meta, intervals = report.direct_intervals_ledger(steps, until, _prices(), grouped=True)
+    for (hour, _), step_ledger in zip(steps, ledgers, strict=True):
+        rollup.write_costs(hour, step_ledger, {}, CostCheckpointRow)
+    held = {}
+    for interval in intervals:
+        if interval.end is None:  # held at `until` (the ledger bills it up to there)
+            _, team_id, queue_id, resource_class_id = interval.line
+            key = (interval.device_class, team_id, queue_id, resource_class_id, "")
+            held[key] = held.get(key, 0) + interval.devices
+    return held
+
+
+def _checkpoint_pending(base, until):
+    steps = _partial_hours(base, until)
+    ledgers, _, intervals = pending.direct_intervals_ledger(steps, until, _prices())
+    for (hour, _), step_ledger in zip(steps, ledgers, strict=True):
+        rollup.write_pending(hour, step_ledger, PendingCheckpointRow)
+    waiting = {}
+    for interval in intervals:
+        if interval.end is None:  # waiting at `until`
+            (_, team_id, queue_id), reason = interval.line
+            key = (interval.device_class, team_id, queue_id, None, reason)
+            waiting[key] = waiting.get(key, 0) + interval.devices
+    return waiting

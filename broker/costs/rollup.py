@@ -101,12 +101,13 @@ def _bucketed(model, span, step, step_starts, keys, **filters):
     return out
 
 
-def add_costs(ledgers, span, step, names):
+def add_costs(ledgers, span, step, names, model=CostRollup):
     """Add the capacity rollup of `span` to the report's StepLedgers; returns {group line: names} for
-    the allocated groups. `names`: team, queue and resource class names by id (see group_names)."""
+    the allocated groups. `names`: team, queue and resource class names by id (see group_names).
+    `model`: CostRollup, or CostCheckpointRow for the stretch after it (broker/costs/checkpoint.py)."""
     meta = {}
     keys = ("category", "device_class_id", "team_id", "queue_id", "resource_class_id", "reserved_team")
-    for index, row, amount in _bucketed(CostRollup, span, step, [s.start for s in ledgers], keys):
+    for index, row, amount in _bucketed(model, span, step, [s.start for s in ledgers], keys):
         if row["category"] == "allocated":
             line = (GROUP, row["team_id"], row["queue_id"], row["resource_class_id"])
             meta.setdefault(line, names.allocated_meta(*line[1:]))
@@ -119,12 +120,13 @@ def add_costs(ledgers, span, step, names):
     return meta
 
 
-def add_pending(ledgers, span, step, names, team_ids=None):
-    """Add the pending rollup of `span` to the pending report's StepLedgers; returns {group: names}."""
+def add_pending(ledgers, span, step, names, team_ids=None, model=PendingRollup):
+    """Add the pending rollup of `span` to the pending report's StepLedgers; returns {group: names}.
+    `model`: PendingRollup, or PendingCheckpointRow for the stretch after it."""
     meta = {}
     filters = {} if team_ids is None else {"team_id__in": team_ids}
     keys = ("device_class_id", "team_id", "queue_id", "reason")
-    for index, row, amount in _bucketed(PendingRollup, span, step, [s.start for s in ledgers], keys, **filters):
+    for index, row, amount in _bucketed(model, span, step, [s.start for s in ledgers], keys, **filters):
         group = (GROUP, row["team_id"], row["queue_id"])
         meta.setdefault(group, names.pending_meta(*group[1:]))
         target = ledgers[index].allocated[((group, row["reason"]), row["device_class_id"])]
@@ -133,9 +135,9 @@ def add_pending(ledgers, span, step, names, team_ids=None):
     return meta
 
 
-def write_costs(hour, step_ledger, workload_groups):
-    """CostRollup rows of one hour from its StepLedger, whose lines are workload ids or GROUP lines;
-    `workload_groups`: {workload id: (team id, queue id, resource class id)}."""
+def write_costs(hour, step_ledger, workload_groups, model=CostRollup):
+    """CostRollup rows (or `model`'s) of one hour from its StepLedger, whose lines are workload ids or
+    GROUP lines; `workload_groups`: {workload id: (team id, queue id, resource class id)}."""
     sums = {}
     for (line, class_id), amount in step_ledger.allocated.items():
         group = line[1:] if isinstance(line, tuple) else workload_groups[line]
@@ -143,8 +145,8 @@ def write_costs(hour, step_ledger, workload_groups):
         _add(sums, key, amount)
     for (category, class_id, team), amount in step_ledger.capacity.items():
         _add(sums, (category, class_id, None, None, None, team or ""), amount)
-    CostRollup.objects.bulk_create(
-        CostRollup(
+    model.objects.bulk_create(
+        model(
             hour=hour,
             category=category,
             device_class_id=class_id,
@@ -158,13 +160,14 @@ def write_costs(hour, step_ledger, workload_groups):
     )
 
 
-def write_pending(hour, step_ledger):
-    """PendingRollup rows of one hour from its StepLedger, whose lines are (GROUP line, reason)."""
+def write_pending(hour, step_ledger, model=PendingRollup):
+    """PendingRollup rows (or `model`'s) of one hour from its StepLedger, whose lines are (GROUP line,
+    reason)."""
     sums = {}
     for ((group, reason), class_id), amount in step_ledger.allocated.items():
         _add(sums, (class_id, *group[1:], reason), amount)
-    PendingRollup.objects.bulk_create(
-        PendingRollup(
+    model.objects.bulk_create(
+        model(
             hour=hour, device_class_id=class_id, team_id=team_id, queue_id=queue_id, reason=reason, **_amount_fields(a)
         )
         for (class_id, team_id, queue_id, reason), a in sums.items()

@@ -70,13 +70,17 @@ def test_it_reports_the_same_from_rolled_up_hours_as_from_the_history(cluster, m
     one_line_per_workload = report.direct_ledger
     with monkeypatch.context() as patched:
         patched.setattr(
-            report, "direct_ledger", lambda steps, now, prices, grouped: one_line_per_workload(steps, now, prices)
+            report,
+            "direct_ledger",
+            lambda steps, now, prices, grouped, names=None: one_line_per_workload(steps, now, prices),
         )
         every_workload = pending.direct_ledger
         patched.setattr(
             pending,
             "direct_ledger",
-            lambda steps, now, prices, team_ids, listed: every_workload(steps, now, prices, team_ids, listed=True),
+            lambda steps, now, prices, team_ids, listed, names=None: every_workload(
+                steps, now, prices, team_ids, listed=True
+            ),
         )
         direct = reports(cluster)
     assert reports(cluster) == direct, "work held all along, summed per group, costs the same"

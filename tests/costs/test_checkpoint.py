@@ -1,0 +1,294 @@
+"""The checkpoint inside the current hour (issue 29, reports as fast as pages): a report that reads the
+checkpoint's stretch and bills what was open at it on, correcting the workloads changed since, is the
+report computed from the allocations, samples and transitions themselves, to the cent and the
+ten-thousandth of a device-hour."""
+
+import random
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+
+from broker.costs import checkpoint, rolling, rollup
+from broker.costs.models import (
+    Checkpoint,
+    CheckpointOpen,
+    CostCheckpointRow,
+    DeviceClassPrice,
+    PendingCheckpointRow,
+)
+from broker.costs.pending import pending_report
+from broker.costs.report import allocation_report
+from broker.costs.ticker import running_cost
+from broker.policy.models import DeviceClass
+from broker.workloads.models import ExplanationChange
+from broker.workloads.states import State
+from tests.costs.helpers import NOV, hold, release, sample, submit
+from tests.costs.test_lifecycle import devices
+from tests.costs.test_rollup import busy_history
+
+H = timedelta(hours=1)
+M = timedelta(minutes=1)
+BASE = NOV + 9 * H  # the hourly rollup's `until` in these tests
+UNTIL = BASE + 20 * M  # the checkpoint's
+
+
+def reports(cluster, now):
+    out = []
+    for start, end in ((NOV - 3 * H, now), (NOV + 2 * H, NOV + 40 * H), (BASE - 30 * M, now + 2 * H)):
+        for step in ("hour", "day"):
+            for aggregate in (("team",), ("queue",), ("resource_class",), ("team", "device_class")):
+                out.append(allocation_report(start, end, aggregate=aggregate, step=step, now=now, share_idle=True))
+            out.append(allocation_report(start, end, aggregate=("queue",), step=step, now=now, top=1))
+            for aggregate in (("team",), ("queue",), ("reason",), ("device_class", "reason")):
+                out.append(pending_report(start, end, aggregate=aggregate, step=step, now=now))
+            out.append(pending_report(start, end, step=step, now=now, team_ids=[cluster.team_b.pk]))
+    out.append(running_cost(now))
+    return out
+
+
+def direct_reports(cluster, now, monkeypatch):
+    """The same reports from the history alone: neither the hourly rollup nor the checkpoint is read."""
+    with monkeypatch.context() as patched:
+        patched.setattr(rollup, "covered", lambda *args: None)
+        patched.setattr(checkpoint, "usable", lambda *args: None)
+        return reports(cluster, now)
+
+
+def differences(got, wanted, path=""):
+    """Where two reports differ, as paths with both values: a readable failure for a long report."""
+    if isinstance(got, dict) and isinstance(wanted, dict):
+        out = []
+        for key in sorted(set(got) | set(wanted), key=str):
+            out += differences(got.get(key), wanted.get(key), f"{path}/{key}")
+        return out
+    if isinstance(got, list) and isinstance(wanted, list) and len(got) == len(wanted):
+        return [
+            line for i, (a, b) in enumerate(zip(got, wanted, strict=True)) for line in differences(a, b, f"{path}[{i}]")
+        ]
+    return [] if got == wanted else [f"{path}: {got!r} != {wanted!r}"]
+
+
+def assert_same(got, wanted):
+    found = differences(got, wanted)
+    assert not found, "\n".join(found[:20])
+
+
+def roll_up_to_the_checkpoint(until=UNTIL):
+    assert rolling.catch_up(BASE + 6 * M, batches=8)["costs"] > 0
+    assert rollup.rolled_until(rollup.COSTS) == rollup.rolled_until(rollup.PENDING) == BASE
+    assert rolling.take_checkpoint(until + 10 * M, until=until) == {"costs": until, "pending": until}
+
+
+def test_it_reports_the_same_from_a_checkpoint_as_from_the_history(cluster, monkeypatch):
+    """busy_history's long job is released at 9:50, after the checkpoint's 9:20 but written before it
+    was taken; after it: a workload admitted, one explained anew, one submitted, one leaving the queue,
+    a sample and a price change."""
+    busy_history(cluster)
+    leaving = submit(
+        cluster.queue_b, name="leaving", devices_per_pod=3, resource_class=cluster.training, at=BASE - 40 * M
+    )
+    leaving.transition(State.PENDING, at=BASE - 40 * M)
+    roll_up_to_the_checkpoint()
+    assert CheckpointOpen.objects.filter(kind=rollup.COSTS).exists()
+    assert CheckpointOpen.objects.get(kind=rollup.PENDING, team_id=cluster.team_b.pk).devices == 3
+
+    late = submit(cluster.queue_a, name="late", replicas=2, resource_class=cluster.inference, at=UNTIL + 5 * M)
+    late.transition(State.PENDING, at=UNTIL + 5 * M)
+    ExplanationChange.objects.create(workload=late, reason="InsufficientCapacity", message="full", at=UNTIL + 6 * M)
+    late.transition(State.ADMITTED, at=UNTIL + 12 * M)
+    held = hold(late, devices(cluster, 1, 2), cluster.h100, UNTIL + 12 * M)
+    late.transition(State.RUNNING, at=UNTIL + 12 * M)
+    release(held[:1], UNTIL + 30 * M)
+    waiter = cluster.queue_b.workloads.get(name="waiter")
+    ExplanationChange.objects.create(workload=waiter, reason="DeviceUnhealthy", message="sick", at=UNTIL + 8 * M)
+    leaving.transition(State.CANCELLED, at=UNTIL + 9 * M)
+    sample(cluster.h100, UNTIL + 15 * M, total=16, unhealthy=2, stranded=1, reserved={"team-a": 1})
+    DeviceClassPrice.objects.create(device_class=cluster.h100, price_per_hour="6.2500", effective_from=UNTIL + 20 * M)
+
+    for now in (UNTIL + 45 * M, BASE + 2 * H + 7 * M):
+        assert_same(reports(cluster, now), direct_reports(cluster, now, monkeypatch))
+
+
+def test_it_reads_the_checkpoint_not_the_history_before_it(cluster):
+    """Not a second direct computation: the checkpoint's rows and open groups are what the report bills."""
+    busy_history(cluster)
+    stuck = submit(cluster.queue_b, name="stuck", devices_per_pod=2, resource_class=cluster.training, at=BASE - 30 * M)
+    stuck.transition(State.PENDING, at=BASE - 30 * M)
+    roll_up_to_the_checkpoint()
+    now = UNTIL + 40 * M
+    by_class = {"aggregate": ("resource_class",), "step": "hour", "now": now}
+    before = allocation_report(NOV, NOV + 12 * H, **by_class)
+    inference = before["steps"][9]["allocations"]["small-inference"]
+    assert inference["device_hours"] == Decimal("1.0000")  # the server's device, held all hour
+    CheckpointOpen.objects.filter(kind=rollup.COSTS, resource_class_id=cluster.inference.pk).delete()
+    after = allocation_report(NOV, NOV + 12 * H, **by_class)
+    assert after["steps"][9]["allocations"]["small-inference"]["device_hours"] == Decimal("0.3333")
+    CostCheckpointRow.objects.all().delete()
+    assert "small-inference" not in allocation_report(NOV, NOV + 12 * H, **by_class)["steps"][9]["allocations"]
+
+    waiting = pending_report(NOV, NOV + 12 * H, aggregate=("reason",), step="hour", now=now)
+    PendingCheckpointRow.objects.all().delete()
+    CheckpointOpen.objects.filter(kind=rollup.PENDING).delete()
+    assert pending_report(NOV, NOV + 12 * H, aggregate=("reason",), step="hour", now=now) != waiting
+
+
+def test_it_ignores_a_checkpoint_the_hourly_rollup_has_moved_past(cluster, monkeypatch):
+    busy_history(cluster)
+    roll_up_to_the_checkpoint()
+    now = BASE + H + 8 * M
+    assert rolling.catch_up(now) == {"costs": 1, "pending": 1}
+    assert checkpoint.usable(rollup.COSTS, BASE + H, now, now) is None
+    CostCheckpointRow.objects.update(device_us=0, raw_high=0, raw_low=0)  # would show if it were read
+    assert_same(reports(cluster, now), direct_reports(cluster, now, monkeypatch))
+
+
+def test_it_ignores_the_checkpoint_for_a_report_ending_before_it(cluster):
+    busy_history(cluster)
+    roll_up_to_the_checkpoint()
+    assert checkpoint.usable(rollup.COSTS, BASE, UNTIL + M, UNTIL - M) is None  # `now` before it
+    assert checkpoint.usable(rollup.COSTS, BASE, UNTIL - M, UNTIL + M) is None  # the window ends before it
+    assert checkpoint.usable(rollup.COSTS, BASE + M, UNTIL + M, UNTIL + M) is None  # starts after its base
+    assert checkpoint.usable(rollup.COSTS, BASE, UNTIL + M, UNTIL + M).until == UNTIL
+
+
+def test_it_ignores_the_checkpoint_on_a_fractional_billing_scale(cluster, settings):
+    busy_history(cluster)
+    roll_up_to_the_checkpoint()
+    settings.SIMULATION_SPEED = 2.5
+    assert checkpoint.usable(rollup.COSTS, BASE, UNTIL + M, UNTIL + M) is None
+
+
+def test_it_takes_no_checkpoint_before_the_hourly_rollup_has_started(cluster):
+    assert rolling.take_checkpoint(NOV, until=NOV) == {"costs": None, "pending": None}
+    assert not Checkpoint.objects.exists()
+
+
+def test_it_replaces_the_last_checkpoint(cluster):
+    busy_history(cluster)
+    roll_up_to_the_checkpoint()
+    rows = CostCheckpointRow.objects.count()
+    assert rolling.take_checkpoint(UNTIL + 20 * M, until=UNTIL + 10 * M)["costs"] == UNTIL + 10 * M
+    assert CostCheckpointRow.objects.count() == rows
+    assert Checkpoint.objects.get(name=rollup.COSTS).until == UNTIL + 10 * M
+
+
+def test_it_takes_the_checkpoint_before_the_oldest_open_transaction(cluster):
+    """A transaction open elsewhere may still write rows stamped from its start on: the checkpoint stops
+    STAMP_LEAD before it, or at `now` less STAMP_LEAD when none is open."""
+    import psycopg
+    from django.db import connection
+    from django.utils import timezone
+
+    now = timezone.now()
+    assert checkpoint.safe_until(now, rolling.LATE_WRITES) == now - checkpoint.STAMP_LEAD
+    settings_dict = connection.settings_dict
+    with psycopg.connect(
+        dbname=settings_dict["NAME"],
+        user=settings_dict["USER"],
+        host=settings_dict["HOST"],
+        port=settings_dict["PORT"],
+        password=settings_dict["PASSWORD"],
+    ) as other:
+        other.execute("SELECT 1")  # a transaction is open from here on
+        begun = other.execute("SELECT now()").fetchone()[0]
+        later = timezone.now() + H
+        assert checkpoint.safe_until(later, rolling.LATE_WRITES) == begun - checkpoint.STAMP_LEAD
+
+
+def test_it_takes_the_checkpoint_in_the_periodic_task(cluster):
+    from django.utils import timezone
+
+    from broker.costs import tasks
+
+    job = submit(
+        cluster.queue_a, name="earlier", devices_per_pod=2, resource_class=cluster.training, at=timezone.now() - 3 * H
+    )
+    job.transition(State.PENDING, at=timezone.now() - 3 * H)
+    tasks.roll_up()
+    taken = Checkpoint.objects.get(name=rollup.PENDING)
+    assert taken.base == rollup.rolled_until(rollup.PENDING)
+    assert timezone.now() - M < taken.until <= timezone.now() - checkpoint.STAMP_LEAD
+    assert CheckpointOpen.objects.get(kind=rollup.PENDING).devices == 2
+
+
+# --- a property: random histories around the checkpoint --------------------------------------------------
+
+REASONS = ("InsufficientCapacity", "Priority", "QuotaExceeded", "TopologyFragmented")
+
+
+def random_history(cluster, seed):
+    """(events before the checkpoint is taken, events after): closures in time order. Each of 7 workloads
+    is submitted, explained, maybe admitted on devices of its own, and maybe released, at random times
+    from 50 minutes before the hourly rollup's end to 40 minutes after the checkpoint; samples too. The
+    checkpoint is taken late: some rows stamped after it are written before it is."""
+    rng = random.Random(seed)
+    a100 = DeviceClass.objects.create(
+        name="a100", selector='device.attributes["gpu.example.com"].model == "A100"', price_per_hour="2.5000"
+    )
+    sample(cluster.h100, NOV, total=16)
+    sample(a100, BASE - 2 * H, total=8, unhealthy=1)
+    events = []
+
+    def at(low, high):
+        return low + timedelta(seconds=rng.randrange(int((high - low).total_seconds())))
+
+    free = [device for node in range(4) for device in devices(cluster, node, 4)]
+    rng.shuffle(free)
+    for index in range(7):
+        queue = rng.choice([cluster.queue_a, cluster.queue_b])
+        resource_class = rng.choice([None, cluster.training, cluster.training, cluster.inference])
+        device_class = rng.choice([cluster.h100, a100])
+        count = rng.randint(1, 2)
+        submitted = at(BASE - 50 * M, UNTIL + 30 * M)
+        owned = [free.pop() for _ in range(count)]
+        state = {}
+
+        def submit_it(i=index, q=queue, rc=resource_class, n=count, t=submitted, s=state):
+            s["workload"] = submit(q, name=f"w{i}", replicas=n, devices_per_pod=1, resource_class=rc, at=t)
+            s["workload"].transition(State.PENDING, at=t)
+
+        events.append((submitted, submit_it))
+        cursor = submitted
+        for _ in range(rng.randint(0, 3)):
+            cursor = at(cursor, cursor + 25 * M)
+            reason = rng.choice(REASONS)
+            events.append(
+                (cursor, lambda t=cursor, r=reason, s=state: ExplanationChange.objects.create(
+                    workload=s["workload"], reason=r, message=r, at=t))
+            )  # fmt: skip
+        if rng.random() < 0.7:
+            admitted = at(cursor, cursor + 30 * M)
+
+            def admit(t=admitted, s=state, d=owned, dc=device_class):
+                s["workload"].transition(State.ADMITTED, at=t)
+                s["held"] = hold(s["workload"], d, dc, t)
+                s["workload"].transition(State.RUNNING, at=t)
+
+            events.append((admitted, admit))
+            if rng.random() < 0.5:
+                released = at(admitted, admitted + 30 * M)
+
+                def finish(t=released, s=state):
+                    release(s["held"], t)
+                    s["workload"].transition(State.SUCCEEDED, at=t)
+
+                events.append((released, finish))
+    for _ in range(rng.randint(0, 3)):
+        moment = at(BASE - 30 * M, UNTIL + 40 * M)
+        events.append((moment, lambda t=moment: sample(cluster.h100, t, total=16, stranded=rng.randint(0, 3))))
+    events.sort(key=lambda event: event[0])
+    taken_at = UNTIL + timedelta(seconds=rng.choice([0, 0, 90, 600]))
+    return [e for e in events if e[0] < taken_at], [e for e in events if e[0] >= taken_at]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_it_reports_the_same_as_the_history_for_random_histories(cluster, monkeypatch, seed):
+    before, after = random_history(cluster, seed)
+    for _, write in before:
+        write()
+    roll_up_to_the_checkpoint()
+    for _, write in after:
+        write()
+    now = UNTIL + 50 * M
+    assert_same(reports(cluster, now), direct_reports(cluster, now, monkeypatch))
