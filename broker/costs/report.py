@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
+from django.db import connection, transaction
 from django.db.models import Case, Count, DateTimeField, F, Q, Value, When
 from django.utils import timezone
 
@@ -323,11 +325,19 @@ def allocation_report(
     """The OpenCost-shaped report: per step, aggregate -> {device_hours, cost} and the unallocated rows.
     `top`: keep the lines of that many costliest keys over the window, and sum the rest into one
     OTHER_LABEL line (a month of a busy cluster has tens of thousands of workloads)."""
-    loaded = load(start, end, step, now, by_workload="workload" in aggregate)
-    rounded_steps = [round_leaves(step_leaves(step_ledger, loaded, aggregate)) for step_ledger in loaded.steps]
-    kept = None
-    if top is not None:
-        rounded_steps, kept = keep_costliest(rounded_steps, top)
+    fast = (
+        costliest_workloads(start, end, step, now, top)
+        if top is not None and tuple(aggregate) == ("workload",)
+        else None
+    )
+    if fast is not None:
+        loaded, rounded_steps, kept, kept_ids = fast
+    else:
+        loaded = load(start, end, step, now, by_workload="workload" in aggregate)
+        rounded_steps = [round_leaves(step_leaves(step_ledger, loaded, aggregate)) for step_ledger in loaded.steps]
+        kept = None
+        if top is not None:
+            rounded_steps, kept = keep_costliest(rounded_steps, top)
     steps_out = []
     totals = _empty_totals()
     for step_ledger, (rounded, (hours_total, cents_total)) in zip(loaded.steps, rounded_steps, strict=True):
@@ -346,7 +356,9 @@ def allocation_report(
     if top is not None:
         report["top"] = top
         report["other"] = OTHER_LABEL
-    if "workload" in aggregate:
+    if fast is not None:
+        report["workloads"] = _workload_rows(workload_meta(kept_ids) if kept_ids else {}, workload_detail)
+    elif "workload" in aggregate:
         report["workloads"] = _workload_index(loaded, aggregate, workload_detail, kept)
     return report
 
@@ -449,7 +461,6 @@ def _totals_output(totals):
 def _workload_index(loaded, aggregate, detail, kept=None):
     """Who each workload key belongs to (`kept`: only the workloads of those line keys). Finance sees
     name and team only; placement, pod sets and explanations are never part of a cost report."""
-    out = {}
     if kept is None:
         listed = loaded.meta
     else:
@@ -459,9 +470,12 @@ def _workload_index(loaded, aggregate, detail, kept=None):
             for workload_id, class_id in step_ledger.allocated
             if line_key(loaded.meta[workload_id], loaded.class_names[class_id], aggregate) in kept
         }
-    for workload_id, meta in loaded.meta.items():
-        if workload_id not in listed:
-            continue
+    return _workload_rows({pk: meta for pk, meta in loaded.meta.items() if pk in listed}, detail)
+
+
+def _workload_rows(metas, detail):
+    out = {}
+    for workload_id, meta in metas.items():
         key = f"{meta['team']}/{meta['name']}"
         row = {"name": meta["name"], "team": meta["team"]}
         if detail:
@@ -535,3 +549,167 @@ def team_breakdowns(start, end, team, dims_list, now=None):
         cents = ledger.apportion(team_cents, {key: raw[key] for key in keys}) if team_cents else {}
         out[dims] = {key: entry(units.get(key, 0), cents.get(key, 0)) for key in keys}
     return out
+
+
+# --- the costliest workloads in SQL --------------------------------------------------------------------------
+
+# Every workload's exact amount per step, and the one rounding of ledger.py (round_leaves: each step's total
+# rounded half up, shared by largest remainder among all its leaf lines, ties in line order), in one query:
+# the top of a month's tens of thousands of workloads needs each of their remainders, and Python spent
+# seconds on their intervals and divisions. PostgreSQL's numeric is exact at any size.
+COSTLIEST_SQL = """
+WITH steps(i, a, b) AS (SELECT * FROM unnest(%(step_index)s::int[], %(step_start)s::timestamptz[],
+                                            %(step_end)s::timestamptz[])),
+prices(c, pf, pt, p) AS (SELECT * FROM unnest(%(price_class)s::bigint[], %(price_from)s::timestamptz[],
+                                             %(price_to)s::timestamptz[], %(price)s::numeric[])),
+rest(i, o, k, us, raw) AS (SELECT * FROM unnest(%(rest_step)s::int[], %(rest_order)s::int[], %(rest_key)s::text[],
+                                               %(rest_us)s::numeric[], %(rest_raw)s::numeric[])),
+pieces AS (
+    SELECT al.workload_id AS w, s.i, pr.p,
+           (extract(epoch FROM greatest(al.allocated_at, s.a, pr.pf)) * 1000000)::bigint AS x,
+           (extract(epoch FROM least(coalesce(al.released_at, 'infinity'::timestamptz), s.b, pr.pt,
+                                     %(billed_until)s)) * 1000000)::bigint AS y
+    FROM workloads_allocation al
+    JOIN steps s ON al.allocated_at < s.b AND (al.released_at IS NULL OR al.released_at > s.a)
+    JOIN prices pr ON pr.c = al.device_class_id AND al.allocated_at < pr.pt
+                   AND (al.released_at IS NULL OR al.released_at > pr.pf)
+    WHERE al.allocated_at < %(billed_until)s AND (al.released_at IS NULL OR al.released_at > %(window_start)s)
+),
+leaves AS (
+    SELECT s.i, 0 AS o, (t.name || '/' || wl.name) COLLATE "C" AS k, s.us, s.raw, s.w
+    FROM (SELECT w, i, sum((y - x) * %(num)s / %(den)s)::numeric AS us,
+                 sum(((y - x) * %(num)s / %(den)s)::numeric * p) AS raw
+          FROM pieces WHERE y > x GROUP BY w, i) AS s
+    JOIN workloads_workload wl ON wl.id = s.w JOIN policy_team t ON t.id = wl.team_id
+    UNION ALL
+    SELECT i, o, k COLLATE "C", us, raw, NULL FROM rest
+),
+sums AS (
+    SELECT i, sum(us) AS w_us, sum(raw) AS w_raw,
+           div(2 * sum(us) + %(unit_us)s, 2 * %(unit_us)s) AS t_us,
+           div(2 * sum(raw) + %(unit_raw)s, 2 * %(unit_raw)s) AS t_raw
+    FROM leaves GROUP BY i
+),
+shares AS (
+    SELECT l.i, l.o, l.k, l.w,
+           CASE WHEN m.w_us = 0 THEN 0 ELSE div(m.t_us * l.us, m.w_us) END AS su,
+           CASE WHEN m.w_us = 0 THEN 0 ELSE mod(m.t_us * l.us, m.w_us) END AS ru,
+           CASE WHEN m.w_raw = 0 THEN 0 ELSE div(m.t_raw * l.raw, m.w_raw) END AS sc,
+           CASE WHEN m.w_raw = 0 THEN 0 ELSE mod(m.t_raw * l.raw, m.w_raw) END AS rc,
+           m.t_us, m.t_raw
+    FROM leaves l JOIN sums m ON m.i = l.i
+),
+ranked AS (
+    SELECT i, o, k, w, su, sc,
+           row_number() OVER (PARTITION BY i ORDER BY ru DESC, o, k) AS nu,
+           row_number() OVER (PARTITION BY i ORDER BY rc DESC, o, k) AS nc,
+           t_us - sum(su) OVER (PARTITION BY i) AS lu,
+           t_raw - sum(sc) OVER (PARTITION BY i) AS lc
+    FROM shares
+),
+rounded AS (
+    SELECT i, o, k, w, su + (CASE WHEN nu <= lu THEN 1 ELSE 0 END) AS units,
+           sc + (CASE WHEN nc <= lc THEN 1 ELSE 0 END) AS cents
+    FROM ranked
+),
+spent AS (
+    SELECT k, sum(cents) AS cents, sum(units) AS units FROM rounded WHERE o = 0 GROUP BY k
+),
+kept AS (
+    SELECT k FROM spent ORDER BY cents DESC, units DESC, k LIMIT %(top)s
+)
+SELECT 'total', i, NULL, t_us, t_raw, NULL::bigint FROM sums
+UNION ALL
+SELECT 'rest', i, k, units, cents, o FROM rounded WHERE o > 0
+UNION ALL
+SELECT 'kept', i, k, units, cents, w FROM rounded WHERE o = 0 AND k IN (SELECT k FROM kept)
+UNION ALL
+SELECT 'other', i, min(k), sum(units), sum(cents), NULL FROM rounded WHERE o = 0 AND k NOT IN (SELECT k FROM kept)
+GROUP BY i
+"""
+
+
+def costliest_workloads(start, end, step, now, top):
+    """allocation_report's (rounded steps, kept keys or None, kept workload ids) for aggregate=workload
+    with `top`, as round_leaves and keep_costliest make them from the direct ledger by workload: the
+    unallocated leaves from the grouped ledger (rollup and checkpoint), every workload's amounts and the
+    rounding in COSTLIEST_SQL. None where that query cannot run (SQLite)."""
+    if connection.vendor != "postgresql":
+        return None
+    now = now or timezone.now()
+    loaded = load(start, end, step, now, by_workload=False)
+    rest = {"step": [], "order": [], "key": [], "us": [], "raw": []}
+    for index, step_ledger in enumerate(loaded.steps):
+        leaves = {(category,): ledger.Amount() for category in ("idle", "stranded", "unhealthy")}
+        for (category, _class_id, team), amount in step_ledger.capacity.items():
+            leaf = ("reserved_unused", team) if category == "reserved_unused" else (category,)
+            _accumulate(leaves.setdefault(leaf, ledger.Amount()), amount)
+        for order, (leaf, amount) in enumerate(sorted(leaves.items()), start=1):
+            for name, value in (("step", index), ("order", order), ("key", "/".join(leaf)), ("us", amount.device_us)):
+                rest[name].append(value)
+            rest["raw"].append(amount.raw)
+    periods = {"class": [], "from": [], "to": [], "price": []}
+    for class_id, timeline in price_timelines().items():
+        for position, (at, units) in enumerate(timeline):
+            periods["class"].append(class_id)
+            periods["from"].append(at if position else datetime.min.replace(tzinfo=UTC))
+            periods["to"].append(
+                timeline[position + 1][0] if position + 1 < len(timeline) else datetime.max.replace(tzinfo=UTC)
+            )
+            periods["price"].append(units)
+    scale = clock.billing_scale()
+    params = {
+        "step_index": list(range(len(loaded.steps))),
+        "step_start": [from_us(s.start) for s in loaded.steps],
+        "step_end": [from_us(s.end) for s in loaded.steps],
+        "price_class": periods["class"],
+        "price_from": periods["from"],
+        "price_to": periods["to"],
+        "price": periods["price"],
+        "rest_step": rest["step"],
+        "rest_order": rest["order"],
+        "rest_key": rest["key"],
+        "rest_us": rest["us"],
+        "rest_raw": rest["raw"],
+        "billed_until": min(end, now),
+        "window_start": start,
+        "num": scale.numerator,
+        "den": scale.denominator,
+        "unit_us": ledger.MICROS_PER_TEN_THOUSANDTH_HOUR,
+        "unit_raw": ledger.RAW_PER_CENT,
+        "top": top,
+    }
+    with transaction.atomic(), connection.cursor() as cursor:
+        # Its sorts and aggregates of every workload spilled to disk at the default 4 MB.
+        cursor.execute("SET LOCAL work_mem = '64MB'")
+        cursor.execute(COSTLIEST_SQL, params)
+        rows = cursor.fetchall()
+    totals = {i: (int(units), int(cents)) for kind, i, _, units, cents, _ in rows if kind == "total"}
+    kept_rows = defaultdict(list)
+    rest_rows = defaultdict(list)
+    other = {}
+    workload_ids = set()
+    for kind, i, key, units, cents, extra in rows:
+        if kind == "kept":
+            kept_rows[i].append((key, int(units), int(cents)))
+            workload_ids.add(extra)
+        elif kind == "rest":
+            rest_rows[i].append((extra, key, int(units), int(cents)))
+        elif kind == "other":
+            other[i] = (key, int(units), int(cents))
+    kept_keys = {key for entries in kept_rows.values() for key, _, _ in entries}
+    rounded_steps = []
+    for index in range(len(loaded.steps)):
+        merged = {}
+        first_other = other.get(index, (None,))[0]
+        for key, units, cents in sorted(kept_rows[index]):
+            if first_other is not None and first_other < key and ("allocated", OTHER_LABEL) not in merged:
+                merged[("allocated", OTHER_LABEL)] = other[index][1:]
+            merged[("allocated", key)] = (units, cents)
+        if first_other is not None and ("allocated", OTHER_LABEL) not in merged:
+            merged[("allocated", OTHER_LABEL)] = other[index][1:]
+        for _, key, units, cents in sorted(rest_rows[index]):
+            leaf = tuple(key.split("/", 1)) if key.startswith("reserved_unused/") else (key,)
+            merged[leaf] = (units, cents)
+        rounded_steps.append((merged, totals.get(index, (0, 0))))
+    return loaded, rounded_steps, (frozenset(kept_keys) if other else None), workload_ids

@@ -9,7 +9,7 @@ from decimal import Decimal
 
 import pytest
 
-from broker.costs import checkpoint, rolling, rollup
+from broker.costs import checkpoint, report, rolling, rollup
 from broker.costs.models import (
     Checkpoint,
     CheckpointOpen,
@@ -40,6 +40,9 @@ def reports(cluster, now):
             for aggregate in (("team",), ("queue",), ("resource_class",), ("team", "device_class")):
                 out.append(allocation_report(start, end, aggregate=aggregate, step=step, now=now, share_idle=True))
             out.append(allocation_report(start, end, aggregate=("queue",), step=step, now=now, top=1))
+            for top in (1, 2, 50):
+                by_workload = {"aggregate": ("workload",), "step": step, "now": now, "top": top}
+                out.append(allocation_report(start, end, share_idle=True, workload_detail=True, **by_workload))
             for aggregate in (("team",), ("queue",), ("reason",), ("device_class", "reason")):
                 out.append(pending_report(start, end, aggregate=aggregate, step=step, now=now))
             out.append(pending_report(start, end, step=step, now=now, team_ids=[cluster.team_b.pk]))
@@ -52,6 +55,7 @@ def direct_reports(cluster, now, monkeypatch):
     with monkeypatch.context() as patched:
         patched.setattr(rollup, "covered", lambda *args: None)
         patched.setattr(checkpoint, "usable", lambda *args: None)
+        patched.setattr(report, "costliest_workloads", lambda *args: None)
         return reports(cluster, now)
 
 
@@ -292,3 +296,17 @@ def test_it_reports_the_same_as_the_history_for_random_histories(cluster, monkey
         write()
     now = UNTIL + 50 * M
     assert_same(reports(cluster, now), direct_reports(cluster, now, monkeypatch))
+
+
+def test_it_ranks_the_costliest_workloads_in_one_query(cluster, monkeypatch):
+    """The top workloads come from COSTLIEST_SQL, not from a ledger line per workload (the equality with
+    that ledger is held by the tests above, whose direct reports turn the query off)."""
+    busy_history(cluster)
+
+    def per_workload_ledger(*args, **kwargs):
+        raise AssertionError("the top workloads were ranked from the ledger by workload")
+
+    monkeypatch.setattr(report, "keep_costliest", per_workload_ledger)
+    ranked = allocation_report(NOV, NOV + 12 * H, aggregate=("workload",), step="day", now=NOV + 30 * H, top=2)
+    assert list(ranked["totals"]["allocations"]) == ["(other)", "team-a/server", "team-a/trainer"]
+    assert set(ranked["workloads"]) == {"team-a/server", "team-a/trainer"}
