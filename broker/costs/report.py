@@ -637,6 +637,12 @@ def costliest_workloads(start, end, step, now, top):
     if connection.vendor != "postgresql":
         return None
     now = now or timezone.now()
+    # One snapshot for the grouped ledger and the query: their lines must add up to the same capacity.
+    with checkpoint.one_snapshot(), transaction.atomic():
+        return _costliest_workloads(start, end, step, now, top)
+
+
+def _costliest_workloads(start, end, step, now, top):
     loaded = load(start, end, step, now, by_workload=False)
     rest = {"step": [], "order": [], "key": [], "us": [], "raw": []}
     for index, step_ledger in enumerate(loaded.steps):
@@ -679,7 +685,7 @@ def costliest_workloads(start, end, step, now, top):
         "unit_raw": ledger.RAW_PER_CENT,
         "top": top,
     }
-    with transaction.atomic(), connection.cursor() as cursor:
+    with connection.cursor() as cursor:
         # Its sorts and aggregates of every workload spilled to disk at the default 4 MB.
         cursor.execute("SET LOCAL work_mem = '64MB'")
         cursor.execute(COSTLIEST_SQL, params)
