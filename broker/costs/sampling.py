@@ -21,7 +21,7 @@ SAMPLE_FIELDS = ("total", "unhealthy", "reserved_unused", "stranded", "reserved_
 
 def capacity_rows(capacities, class_pks):
     """CapacitySample rows ({device_class_id, total, unhealthy, reserved_unused, stranded,
-    reserved_by_team, shared}) from the core's ClassCapacity tuples; `class_pks`: {class name: DeviceClass pk}."""
+    reserved_by_team, and shared when the class has shared devices}) from the core's ClassCapacity tuples; `class_pks`: {class name: DeviceClass pk}."""
     return [
         {
             "device_class_id": class_pks[row.device_class],
@@ -30,8 +30,8 @@ def capacity_rows(capacities, class_pks):
             "reserved_unused": row.reserved_unused,
             "stranded": row.stranded,
             "reserved_by_team": dict(row.reserved_unused_by_team),
-            "shared": millionths(row.shared),
         }
+        | ({"shared": millionths(row.shared)} if row.shared else {})
         for row in capacities
         if row.device_class in class_pks
     ]
