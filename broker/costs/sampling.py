@@ -21,7 +21,8 @@ SAMPLE_FIELDS = ("total", "unhealthy", "reserved_unused", "stranded", "reserved_
 
 def capacity_rows(capacities, class_pks):
     """CapacitySample rows ({device_class_id, total, unhealthy, reserved_unused, stranded,
-    reserved_by_team, and shared when the class has shared devices}) from the core's ClassCapacity tuples; `class_pks`: {class name: DeviceClass pk}."""
+    reserved_by_team}, and shared when the class has shared devices) from the core's ClassCapacity
+    tuples; `class_pks`: {class name: DeviceClass pk}."""
     return [
         {
             "device_class_id": class_pks[row.device_class],
