@@ -118,10 +118,11 @@ class RequestedShares:
             for pk, name, selector in DeviceClass.objects.values_list("pk", "name", "selector")
         }
         self.devices = [
-            (core.Device(str(pk), str(node_id), driver, attributes or {}), report.numeric(capacity))
+            (core.Device(str(pk), str(node_id), driver, attributes or {}, numeric), numeric)
             for pk, node_id, driver, attributes, capacity in Device.objects.filter(
                 allow_multiple_allocations=True
             ).values_list("pk", "node_id", "driver", "attributes", "capacity")
+            for numeric in (report.numeric(capacity),)
         ]
         self.largest = {}
         self.known = {}

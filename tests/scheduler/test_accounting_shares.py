@@ -4,8 +4,10 @@ it consumes, and what the shares leave of a device is free capacity, placed by t
 from fractions import Fraction
 
 import pytest
+from hypothesis import HealthCheck, given, settings
 
 from broker.scheduler.accounting import SHARE_SCALE, capacity_by_class, device_share
+from broker.scheduler.cycle import decide
 from broker.scheduler.snapshot import (
     Admission,
     CycleResult,
@@ -22,6 +24,7 @@ from broker.scheduler.snapshot import (
     Snapshot,
     Taint,
 )
+from tests.scheduler.test_sharing_properties import scenarios as sharing_scenarios
 
 GPU = DeviceClass("gpu", match={"model": "H100"})
 MEMORY = {"memory": 80, "compute": 100}
@@ -133,3 +136,37 @@ def test_it_bills_shares_dominated_by_different_capacities_past_one_device_as_ov
     row = shared_scene([{"memory": 48, "compute": 10}, {"memory": 8, "compute": 80}])
     assert row.shared == {"over": Fraction(2, 5)}  # 0.6 + 0.8 of one device
     assert billed(row) == 3 + Fraction(2, 5)
+
+
+def allocated_charge(snapshot, result):
+    """What the ledger bills as allocated once `result` applies: 1 per device held alone, each share of
+    a shared device its share (every pod of running work and of the admissions)."""
+    capacity = {device.id: device.capacity for device in snapshot.devices}
+    pods = [pod for workload in snapshot.running for pod in workload.pods]
+    pods += [pod for admission in result.admissions for pod in admission.pods]
+    alone = {device_id for pod in pods if not pod.consumed for device_id in pod.device_ids}
+    shares = sum(
+        (
+            device_share(capacity[device_id], pod.consumed)
+            for pod in pods
+            if pod.consumed
+            for device_id in pod.device_ids
+        ),
+        Fraction(0),
+    )
+    return len(alone) + shares
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sharing_scenarios())
+def test_it_bills_every_shared_device_once_split_between_its_shares_and_what_they_leave(snapshot):
+    result = decide(snapshot)
+    [row] = capacity_by_class(snapshot, result)
+    assert set(row.shared) <= {"over", "unhealthy", "stranded", "idle"}
+    assert all(amount > 0 and (amount * SHARE_SCALE).denominator == 1 for amount in row.shared.values())
+    free = row.unhealthy + row.reserved_unused + row.stranded + row.idle
+    remainders = sum(amount for category, amount in row.shared.items() if category != "over")
+    # The ledger's split: allocated shares, plus the free devices and what shares leave of theirs, is
+    # the capacity billed (the sample's total and what shares bill beyond one device).
+    assert allocated_charge(snapshot, result) + free + remainders == billed(row)
+    assert row.total == len(snapshot.devices)
