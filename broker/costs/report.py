@@ -137,7 +137,9 @@ SHARE_KEYS = {
 class Shares:
     """What the allocations of shared devices count for: `devices(count, device, consumed)` is `count`
     whole devices when `device` is None, else `count` times the share (accounting.device_share) that
-    `consumed` (its JSON text) takes of the device's capacity. `device_pks`: the shared devices met."""
+    `consumed` (its JSON text) takes of the device's capacity. `device_pks`: the shared devices met.
+    The capacity is the device's as published now: a device republished with another capacity changes
+    the shares of the hours not rolled up yet (rolled-up hours keep theirs)."""
 
     def __init__(self, device_pks):
         wanted = {pk for pk in device_pks if pk is not None}

@@ -78,7 +78,6 @@ HELD_BY_POLICY = frozenset({INVALID, "NotEntitled", "AwaitingApproval", "QuotaEx
 # Shares of shared devices are counted in millionths of a device: exact integers for the ledger and
 # its stored rollups, and far finer than any price (a millionth of an 80 GB GPU is 80 KB).
 SHARE_SCALE = 1_000_000
-SHARED_CATEGORIES = ("over", "unhealthy", "stranded", "idle")
 
 
 def device_share(capacity: Mapping[str, float], consumed) -> Fraction:
