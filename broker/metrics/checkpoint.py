@@ -18,6 +18,9 @@ submitted.
 
 `take` runs after the rollup's catch-up (broker/metrics/tasks.py: beat every ROLLUP_INTERVAL_SECONDS,
 or the embedded default's loop), so a scrape computes at most that interval's worth of touched workloads.
+When the last checkpoint holds, `take` brings it forward the same way and rewrites only the touched
+workloads' parts; it starts afresh (about 2 s at 100,000 devices) when it does not hold, which the
+rollup reaching a new hour also causes, once an hour.
 """
 
 from __future__ import annotations
@@ -97,10 +100,12 @@ class Totals:
         self.reasons = Counter()
         self.fallbacks = Counter()
 
-    def add(self, part, sign=1):
+    def add(self, part, sign=1, grown=0):
+        """Add a part (sign -1: take it away); `grown`: microseconds its open stretches have grown since
+        it was computed."""
         for reason, team, resource_class, us, stretches, still in part.get("s", ()):
             entry = self.seconds.setdefault((reason, team, resource_class), [0, 0, 0])
-            entry[0] += sign * us
+            entry[0] += sign * (us + still * grown)
             entry[1] += sign * stretches
             entry[2] += sign * still
         for team, resource_class, outcome, us in part.get("w", ()):
@@ -111,15 +116,14 @@ class Totals:
             self.fallbacks[tuple(part["f"])] += sign
 
     def advance(self, us):
-        """The open stretches `us` microseconds later; they count as closed from here on."""
+        """The open stretches `us` microseconds later."""
         for entry in self.seconds.values():
             entry[0] += entry[2] * us
-            entry[2] = 0
 
     def as_json(self):
         return {
-            "s": [[*key, *entry] for key, entry in self.seconds.items()],
-            "w": [[*key, group.count, group.total_us, group.le] for key, group in self.waits.items()],
+            "s": [[*key, *entry] for key, entry in self.seconds.items() if any(entry)],
+            "w": [[*key, group.count, group.total_us, group.le] for key, group in self.waits.items() if group.count],
             "r": [[*key, count] for key, count in self.reasons.items() if count],
             "f": [[*key, count] for key, count in self.fallbacks.items() if count],
         }
@@ -192,15 +196,24 @@ def history(now):
     touched = Touched(checkpoint)
     if len(touched.ids) > MOST_TOUCHED:
         return direct(now)
+    totals, _ = brought_forward(checkpoint, now, until, touched)
+    return totals.figures(rolled)
+
+
+def brought_forward(checkpoint, now, until, touched):
+    """(the checkpoint's totals at `now`, {workload id: part at `now`} of the workloads touched since)."""
     totals = Totals.from_json(checkpoint.totals)
+    found = {}
     if touched.ids:
-        for part in WorkloadCheckpoint.objects.filter(touched.on("pk")).values_list("part", flat=True):
-            totals.add(part, sign=-1)
+        stored = WorkloadCheckpoint.objects.filter(touched.on("pk")).values_list("part", "taken_at")
+        for part, taken_at in stored:
+            totals.add(part, sign=-1, grown=queries.microseconds(checkpoint.taken_at - taken_at))
     totals.advance(queries.microseconds(now - checkpoint.taken_at))
     if touched.ids:
-        for part in parts(now, until, queries.menu_heads(), touched).values():
+        found = parts(now, until, queries.menu_heads(), touched)
+        for part in found.values():
             totals.add(part)
-    return totals.figures(rolled)
+    return totals, found
 
 
 def fingerprint():
@@ -238,8 +251,10 @@ def holds(checkpoint, now, until):
 
 
 def take(now):
-    """Store every workload's part at `now` and their sum; returns how many parts, or None when another
-    process is taking one or the rollup reaches past `now`."""
+    """Store the checkpoint at `now`: when the last one holds, its totals brought forward and the parts
+    of the workloads touched since (a minute's worth on a running broker), else every workload's part
+    and their sum. Returns how many parts it wrote, or None when another process is taking one or the
+    rollup reaches past `now`."""
     outermost = not connection.in_atomic_block
     with transaction.atomic():
         if connection.vendor == "postgresql":
@@ -255,13 +270,22 @@ def take(now):
             return None
         marks = fingerprint()
         heads = queries.menu_heads()
-        found = parts(now, until, heads)
-        totals = Totals()
-        for part in found.values():
-            totals.add(part)
-        WorkloadCheckpoint.objects.all().delete()
+        last = HistoryCheckpoint.objects.filter(pk=HistoryCheckpoint.ROW).first()
+        touched = Touched(last) if last is not None and holds(last, now, until) else None
+        if touched is not None and len(touched.ids) <= MOST_TOUCHED:
+            totals, found = brought_forward(last, now, until, touched)
+            WorkloadCheckpoint.objects.filter(touched.on("pk")).delete()
+        else:
+            found = parts(now, until, heads)
+            totals = Totals()
+            for part in found.values():
+                totals.add(part)
+            WorkloadCheckpoint.objects.all().delete()
         WorkloadCheckpoint.objects.bulk_create(
-            (WorkloadCheckpoint(workload_id=workload_id, part=part) for workload_id, part in found.items()),
+            (
+                WorkloadCheckpoint(workload_id=workload_id, taken_at=now, part=part)
+                for workload_id, part in found.items()
+            ),
             batch_size=BATCH,
         )
         HistoryCheckpoint.objects.update_or_create(

@@ -57,9 +57,11 @@ class HistoryCheckpoint(models.Model):
 
 
 class WorkloadCheckpoint(models.Model):
-    """One workload's part of HistoryCheckpoint.totals, to take away when it is touched after the
-    checkpoint. An id, not a foreign key: a deleted workload's part stays until the next checkpoint
-    (the checkpoint no longer holds then anyway)."""
+    """One workload's part of HistoryCheckpoint.totals as computed at `taken_at` (the checkpoint's, or an
+    earlier one's for a workload untouched since: its open stretches have grown since by as much), to
+    take away when it is touched after the checkpoint. An id, not a foreign key: a deleted workload's
+    part stays until the next full checkpoint (the checkpoint no longer holds then anyway)."""
 
     workload_id = models.BigIntegerField(primary_key=True)
+    taken_at = models.DateTimeField()
     part = models.JSONField()

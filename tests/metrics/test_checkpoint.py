@@ -9,9 +9,9 @@ from prometheus_client import generate_latest
 
 from broker.cycle.executor import SimulatedExecutor
 from broker.cycle.runner import run_once
-from broker.metrics import checkpoint, rolling
+from broker.metrics import checkpoint, queries, rolling
 from broker.metrics.collector import build_registry
-from broker.metrics.models import HistoryCheckpoint, WorkloadCheckpoint
+from broker.metrics.models import HistoryCheckpoint, PendingSecondsProgress, WorkloadCheckpoint
 from broker.policy.models import ResourceClassDeviceClass
 from broker.workloads.models import ExplanationChange
 from broker.workloads.states import State
@@ -62,6 +62,9 @@ def test_it_gives_the_direct_figures_without_a_rollup(history, checkpoint_only):
 def test_it_stays_exact_while_the_history_grows_past_the_checkpoint(history, cluster, checkpoint_only):
     now = timezone.now()
     rolling.catch_up(now, batches=1000)
+    # Waiting since before the checkpoint and untouched until after the next one.
+    waiting = submitted(cluster.queue_b, "waiting", cluster.training, now - timedelta(minutes=10))
+    explain(waiting, "InsufficientCapacity", now - timedelta(minutes=10))
     checkpoint.take(now)
     stuck, toobig = history.workloads["stuck"], history.workloads["toobig"]
 
@@ -86,10 +89,31 @@ def test_it_stays_exact_while_the_history_grows_past_the_checkpoint(history, clu
     seconds = checkpoint.history(now + timedelta(minutes=50))["seconds_by_reason"]
     assert {"reason": "NotEntitled", "team": "team-b", "resource_class": "small-inference", "seconds": 0.0} in (seconds)
 
-    # A new checkpoint after the changes, then more of them.
-    checkpoint.take(now + timedelta(minutes=45))
+    # A new checkpoint after the changes, brought forward from the last: it computes only the four
+    # workloads touched since and ends where a checkpoint taken afresh would. Then more changes.
+    assert checkpoint.take(now + timedelta(minutes=45)) == 4
+    assert stored_totals() == fresh_totals(now + timedelta(minutes=45))
+    # `waiting`'s part, stored at the first checkpoint, has grown by 45 minutes when it is taken away.
     late.transition(State.CANCELLED, at=now + timedelta(minutes=55))
+    explain(waiting, "Priority", now + timedelta(minutes=50))
     assert checkpoint.history(now + timedelta(minutes=58)) == checkpoint_only(now + timedelta(minutes=58))
+
+
+def stored_totals():
+    return comparable(checkpoint.Totals.from_json(HistoryCheckpoint.objects.get().totals))
+
+
+def fresh_totals(at):
+    """The totals a checkpoint taken afresh at `at` would store."""
+    totals = checkpoint.Totals()
+    for part in checkpoint.parts(at, PendingSecondsProgress.reached(), queries.menu_heads()).values():
+        totals.add(part)
+    return comparable(checkpoint.Totals.from_json(totals.as_json()))
+
+
+def comparable(totals):
+    waits = {key: (group.count, group.total_us, group.le) for key, group in totals.waits.items()}
+    return totals.seconds, waits, totals.reasons, totals.fallbacks
 
 
 def test_it_stays_exact_across_cycles_after_the_checkpoint(cluster, checkpoint_only):
@@ -159,7 +183,6 @@ def test_it_computes_directly_when_the_history_before_it_changed(history, change
     now = timezone.now()
     checkpoint.take(now)
     taken = HistoryCheckpoint.objects.get()
-    from broker.metrics import queries
 
     change(history)
 
@@ -169,8 +192,6 @@ def test_it_computes_directly_when_the_history_before_it_changed(history, change
 
 
 def test_it_computes_directly_before_the_checkpoint_and_after_forget(history):
-    from broker.metrics import queries
-
     now = timezone.now()
     checkpoint.take(now)
 
