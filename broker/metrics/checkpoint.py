@@ -186,18 +186,23 @@ def direct(now):
     }
 
 
-def history(now):
+def history(now, attempts=2):
     """The four figures at `now`: from the checkpoint and the workloads touched since when it holds,
     else directly."""
-    checkpoint = HistoryCheckpoint.objects.filter(pk=HistoryCheckpoint.ROW).first()
-    rolled, until = queries.rolled_pending_us(now)
-    if checkpoint is None or not holds(checkpoint, now, until):
-        return direct(now)
-    touched = Touched(checkpoint)
-    if len(touched.ids) > MOST_TOUCHED:
-        return direct(now)
-    totals, _ = brought_forward(checkpoint, now, until, touched)
-    return totals.figures(rolled)
+    for _ in range(attempts):
+        checkpoint = HistoryCheckpoint.objects.filter(pk=HistoryCheckpoint.ROW).first()
+        rolled, until = queries.rolled_pending_us(now)
+        if checkpoint is None or not holds(checkpoint, now, until):
+            break
+        touched = Touched(checkpoint)
+        if len(touched.ids) > MOST_TOUCHED:
+            break
+        totals, _ = brought_forward(checkpoint, now, until, touched)
+        # A checkpoint taken meanwhile may have rewritten the parts read: they are the one read first's
+        # only if it is still the one stored.
+        if HistoryCheckpoint.objects.filter(pk=HistoryCheckpoint.ROW, taken_at=checkpoint.taken_at).exists():
+            return totals.figures(rolled)
+    return direct(now)
 
 
 def brought_forward(checkpoint, now, until, touched):

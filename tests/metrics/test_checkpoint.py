@@ -201,3 +201,26 @@ def test_it_computes_directly_before_the_checkpoint_and_after_forget(history):
     checkpoint.forget()
     assert not HistoryCheckpoint.objects.exists() and not WorkloadCheckpoint.objects.exists()
     assert checkpoint.history(now) == checkpoint.direct(now)
+
+
+def test_it_reads_again_when_a_checkpoint_is_taken_during_the_scrape(history, monkeypatch, checkpoint_only):
+    now = timezone.now()
+    checkpoint.take(now)
+    stuck = history.workloads["stuck"]
+    late = submitted(stuck.queue, "late", stuck.resource_class, now)
+    explain(late, "InsufficientCapacity", now + timedelta(minutes=1))
+    taken = []
+    touched = checkpoint.Touched
+
+    def another_process_takes_one(last):
+        # Between the scrape's read of the checkpoint and its read of the parts.
+        if not taken:
+            taken.append(None)
+            taken[0] = checkpoint.take(now + timedelta(minutes=2))
+        return touched(last)
+
+    monkeypatch.setattr(checkpoint, "Touched", another_process_takes_one)
+
+    later = now + timedelta(minutes=3)
+    assert checkpoint.history(later) == checkpoint_only(later)
+    assert taken == [1]
