@@ -12,9 +12,9 @@ computed afresh. A stretch still open at the checkpoint grows by the time since,
 The result is the direct computation's, to the microsecond, as long as the checkpoint holds (see
 HistoryCheckpoint): otherwise, or before the first, `history` computes directly. Rows deleted, or
 committed late with an id below the checkpoint's, change the counts it stored, so it stops holding
-until the next one. What it assumes: a workload leaves or re-enters the queue through a transition
-(Workload.transition and the cycle's commit write one), and its team and resource class stay as
-submitted.
+until the next one. What it assumes: a workload leaves or re-enters the queue, and is given the device
+class it runs on, through a transition (Workload.transition and the cycle's commit write one), and its
+team, resource class and pod sets stay as submitted.
 
 `take` runs after the rollup's catch-up (broker/metrics/tasks.py: beat every ROLLUP_INTERVAL_SECONDS,
 or the embedded default's loop), so a scrape computes at most that interval's worth of touched workloads.
@@ -38,7 +38,7 @@ BATCH = 5000
 # Beyond this many touched workloads (a checkpoint long overdue), their ids are too many to pass as
 # parameters (SQLite allows 32,766) and the direct computation costs about as much.
 MOST_TOUCHED = 20_000
-# Two processes taking a checkpoint at once would write the same workloads' parts: the second waits.
+# Two processes taking a checkpoint at once would write the same workloads' parts: the second skips.
 ADVISORY_LOCK = 0x6D657472  # "metr"
 
 
