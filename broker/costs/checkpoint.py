@@ -13,7 +13,7 @@ instant `until`:
 
 A report then computes directly only the tail [until, now): the open groups billed on from `until`, and
 for the workloads whose history has a row stamped at or after `until` (found through the BRIN indexes
-of costs migration 0003), their own open part at `until` taken out again and their tail computed from
+of costs migration 0004), their own open part at `until` taken out again and their tail computed from
 their history. Everything is an exact integer and the ledger is linear in its intervals, so the sum is
 the direct computation's (report.py and pending.py say how, test_checkpoint.py holds it).
 

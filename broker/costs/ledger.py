@@ -4,6 +4,11 @@ Units (all exact integers, so nothing is lost before the final rounding):
   time      microseconds since the Unix epoch;
   price     1/10000 currency units per device-hour (prices have 4 decimal places);
   raw cost  device-microseconds x price units. One cent is RAW_PER_CENT raw units.
+  devices   whole devices, or for an allocation of a shared device its share of the device
+            (broker.scheduler.accounting.device_share: the largest fraction among the capacities it
+            consumes), an exact Fraction in millionths of a device (SHARE_SCALE). Amounts are then
+            exact Fractions of that denominator (integers whenever only whole devices are billed), and
+            the hourly rollups store them as whole units plus millionths (rollup.py).
 
 The capacity bill of a device class over a stretch of time where nothing changes (same allocations,
 same capacity sample, same price) splits as:
@@ -20,6 +25,12 @@ Every category is clamped by what is left, so each is >= 0 and they add up to al
 devices billed in that stretch, by construction. Before a class's first sample its capacity is unknown:
 only allocated devices are billed.
 
+A device several allocations share is one device of the sample's total; its allocations are billed
+their shares, so what they leave of it is free, and the sample's fractional parts say where it goes
+(Sample: shared remainders count in unhealthy and stranded, what shares bill beyond one device in
+total). Half a shared GPU held for an hour by each of two workloads bills two half device-hours, one
+in all, and nothing free.
+
 Rounding, the one documented rule: money is rounded to the cent once, per step, over the step's leaf lines
 (each allocation key, idle, stranded, unhealthy, each team's reserved unused). The step total is the exact
 raw total rounded half up to the cent; the cents are then shared among the lines by largest remainder
@@ -33,6 +44,9 @@ from bisect import bisect_right
 from collections import defaultdict
 from dataclasses import dataclass, field
 from decimal import Decimal
+from fractions import Fraction
+
+from broker.scheduler.accounting import SHARE_SCALE
 
 MICROS_PER_HOUR = 3_600_000_000
 PRICE_SCALE = 10_000
@@ -44,7 +58,8 @@ CATEGORIES = ("allocated", "unhealthy", "reserved_unused", "stranded", "idle")
 
 @dataclass(frozen=True)
 class Sample:
-    """Free capacity of one class from `at` until the next sample. reserved: ((team, devices), ...)."""
+    """Free capacity of one class from `at` until the next sample. reserved: ((team, devices), ...).
+    Counts are whole devices plus, with shared devices, Fractions of one (report.capacity_samples)."""
 
     at: int
     total: int
@@ -253,6 +268,23 @@ def apportion(total, weights):
     for _, _, key in remainders[: total - sum(shares.values())]:
         shares[key] += 1
     return shares
+
+
+def whole_and_millionths(value):
+    """(whole units, millionths) of an amount (an int, or a Fraction in millionths of a device): the
+    exact value is whole + millionths / SHARE_SCALE, with 0 <= millionths < SHARE_SCALE."""
+    if isinstance(value, int):
+        return value, 0
+    whole = value.numerator // value.denominator
+    millionths = (value - whole) * SHARE_SCALE
+    if millionths.denominator != 1:
+        raise ValueError(f"{value} is not a whole number of millionths")
+    return whole, int(millionths)
+
+
+def from_millionths(whole, millionths):
+    """The amount stored as (whole units, millionths): an int when there are no millionths."""
+    return whole + Fraction(millionths, SHARE_SCALE) if millionths else whole
 
 
 def round_half_up(numerator, denominator):

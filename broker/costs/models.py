@@ -38,6 +38,13 @@ class CapacitySample(models.Model):
     reserved_unused = models.PositiveIntegerField(default=0, help_text="Free devices held by reservations.")
     stranded = models.PositiveIntegerField(default=0, help_text="Free healthy devices no pending work can use.")
     reserved_by_team = models.JSONField(default=dict, blank=True, help_text="{team name: reserved unused devices}")
+    # Devices several allocations share are counted whole in `total` (as busy); their allocations are
+    # billed their shares (broker.scheduler.accounting), so what they leave is free. This says where it
+    # goes: {"unhealthy" | "stranded" | "idle": millionths of a device, "over": millionths their shares
+    # bill beyond one device each}; empty without shared devices.
+    shared = models.JSONField(
+        default=dict, blank=True, help_text="{category: millionths of a device} of shared devices' remainders"
+    )
 
     class Meta:
         ordering = ["device_class", "at"]
@@ -69,6 +76,10 @@ class RollupRow(models.Model):
     device_us = models.BigIntegerField(default=0)
     raw_high = models.BigIntegerField(default=0)
     raw_low = models.BigIntegerField(default=0)
+    # Shares of shared devices make amounts Fractions in millionths of a device (ledger.py): the whole
+    # units are above, the millionths of a unit here (each below a million, so a month's sum is small).
+    device_us_millionths = models.BigIntegerField(default=0)
+    raw_millionths = models.BigIntegerField(default=0)
 
     class Meta:
         abstract = True

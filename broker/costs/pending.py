@@ -1,4 +1,5 @@
 """The cost of pending: requested devices x price x time waiting, by workload, team and reason code.
+A time-sliced pod set's devices count for the share its capacity amounts take of one (RequestedShares).
 
 An opportunity cost, shown beside the bill and never added to it. A workload waits while its state is
 Submitted, AwaitingApproval, Pending or Preempted (WorkloadTransition history, from its submission). The
@@ -9,20 +10,26 @@ that of the first device class in each pod set's fallback list (what it asked fo
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 
-from django.db.models import Q
+from django.db.models import Case, Q, TextField, Value, When
 from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from broker import clock
-from broker.costs import checkpoint, ledger, rollup
+from broker.costs import checkpoint, ledger, report, rollup
 from broker.costs.models import PendingCheckpointRow
 from broker.costs.prices import price_timelines
 from broker.costs.report import entry, round_leaves
 from broker.costs.windows import from_us, steps_of, to_us
 from broker.flat_rows import fetch_rows
+from broker.inventory.models import Device
 from broker.policy.models import DeviceClass, ResourceClassDeviceClass
+from broker.scheduler import accounting
+from broker.scheduler import snapshot as core
+from broker.scheduler.selectors import ClassMatcher
 from broker.workloads.models import ExplanationChange, PodSet, Workload, WorkloadTransition
 from broker.workloads.states import FINAL_STATES, WAITING_STATES, State
 
@@ -80,16 +87,61 @@ def first_class_requests(workloads):
     out = defaultdict(list)
     # The list's head taken in SQL: decoding every pod set's JSON list was a quarter of a report. Read
     # flat: Django's row iteration of 60,000 pod sets cost more than the query.
+    # The capacity amounts of a time-sliced pod set (few) read as text: the rest have none ("{}").
+    amounts = Case(When(capacity={}, then=Value(None)), default=Cast("capacity", TextField()), output_field=TextField())
     rows = (
         PodSet.objects.filter(workload__in=workloads.values("pk"))
-        .annotate(head=KeyTextTransform("0", "device_classes"))
-        .values_list("workload_id", "workload__resource_class_id", "head", "replicas", "devices_per_pod")
+        .annotate(head=KeyTextTransform("0", "device_classes"), amounts=amounts)
+        .values_list("workload_id", "workload__resource_class_id", "head", "replicas", "devices_per_pod", "amounts")
     )
-    for workload_id, rc_id, head, replicas, per_pod in fetch_rows(rows):
+    shares = None
+    for workload_id, rc_id, head, replicas, per_pod, capacity in fetch_rows(rows):
         class_id = by_name.get(head) if head is not None else first_of_rc.get(rc_id)
-        if class_id is not None:
+        if class_id is None:
+            continue
+        if capacity is None:
             out[workload_id].append((class_id, replicas * per_pod))
+            continue
+        shares = shares or RequestedShares()
+        out[workload_id].append((class_id, replicas * per_pod * shares.of(class_id, capacity)))
     return out
+
+
+class RequestedShares:
+    """What a time-sliced pod set's device counts for while it waits: the share its amounts take of the
+    class's shared devices (accounting.device_share), against the largest value of each capacity any
+    shared device of the class publishes: the least it could be billed once placed. A class with no
+    shared device counts whole devices."""
+
+    def __init__(self):
+        self.classes = {
+            pk: ClassMatcher((core.DeviceClass(name, selector=selector or None),))
+            for pk, name, selector in DeviceClass.objects.values_list("pk", "name", "selector")
+        }
+        self.devices = [
+            (core.Device(str(pk), str(node_id), driver, attributes or {}, numeric), numeric)
+            for pk, node_id, driver, attributes, capacity in Device.objects.filter(
+                allow_multiple_allocations=True
+            ).values_list("pk", "node_id", "driver", "attributes", "capacity")
+            for numeric in (report.numeric(capacity),)
+        ]
+        self.largest = {}
+        self.known = {}
+
+    def of(self, class_id, amounts_text):
+        key = (class_id, amounts_text)
+        if key not in self.known:
+            largest = self.largest.get(class_id)
+            if largest is None:
+                largest = self.largest[class_id] = {}
+                matcher = self.classes.get(class_id)
+                for device, capacity in self.devices:
+                    if matcher is not None and matcher.classes_of(device):
+                        for name, value in capacity.items():
+                            largest[name] = max(largest.get(name, 0), value)
+            amounts = report.numeric(json.loads(amounts_text))
+            self.known[key] = accounting.device_share(largest, amounts) if largest else 1
+        return self.known[key]
 
 
 def pending_intervals(start, end, now, team_ids=None, listed=True, only=None, names=None):

@@ -3,12 +3,14 @@ aggregate and round (ledger.py documents the rounding rule)."""
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from django.db import connection, transaction
-from django.db.models import Case, Count, DateTimeField, F, Q, Value, When
+from django.db.models import BigIntegerField, Case, Count, DateTimeField, F, Q, TextField, Value, When
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from broker import clock
@@ -17,7 +19,10 @@ from broker.costs.models import CapacitySample, CostCheckpointRow
 from broker.costs.prices import price_timelines
 from broker.costs.windows import from_us, steps_of, to_us
 from broker.flat_rows import fetch_rows
+from broker.inventory.models import Device
+from broker.inventory.quantities import quantity
 from broker.policy.models import DeviceClass, Team
+from broker.scheduler import accounting
 from broker.workloads.models import Allocation, Workload
 
 AGGREGATES = ("team", "queue", "resource_class", "cost_label", "workload", "device_class")
@@ -153,20 +158,72 @@ def group_intervals(allocations, start, end, names=None):
     )
     rows = (
         allocations.order_by()
-        .annotate(begins=begins, ends=ends)
-        .values(*GROUP_FIELDS, "begins", "ends")
+        .annotate(begins=begins, ends=ends, **SHARE_KEYS)
+        .values(*GROUP_FIELDS, "begins", "ends", *SHARE_KEYS)
         .annotate(devices=Count("id"))
-        .values_list(*GROUP_FIELDS, "begins", "ends", "devices")
+        .values_list(*GROUP_FIELDS, "begins", "ends", *SHARE_KEYS, "devices")
     )
     names = names or rollup.GroupNames()
     intervals, meta = [], {}
-    for team_id, queue_id, resource_class_id, class_id, held_from, held_to, devices in fetch_rows(rows):
+    rows = fetch_rows(rows)
+    shares = Shares(row[-3] for row in rows)
+    for team_id, queue_id, resource_class_id, class_id, held_from, held_to, device, consumed, devices in rows:
         line = (rollup.GROUP, team_id, queue_id, resource_class_id)
         if line not in meta:
             meta[line] = names.allocated_meta(team_id, queue_id, resource_class_id)
         until = None if held_to is None else to_us(held_to)
-        intervals.append(ledger.Interval(to_us(held_from), until, class_id, line, devices))
+        intervals.append(
+            ledger.Interval(to_us(held_from), until, class_id, line, shares.devices(devices, device, consumed))
+        )
     return intervals, meta
+
+
+# An allocation of a shared device is grouped apart from whole ones (the key of a whole one is NULL, NULL):
+# its share depends on what it consumes of which device.
+SHARE_KEYS = {
+    "shared_device": Case(
+        When(consumed_capacity__isnull=True, then=Value(None)), default=F("device_id"), output_field=BigIntegerField()
+    ),
+    "consumed": Case(
+        When(consumed_capacity__isnull=True, then=Value(None)),
+        default=Cast("consumed_capacity", TextField()),
+        output_field=TextField(),
+    ),
+}
+
+
+class Shares:
+    """What the allocations of shared devices count for: `devices(count, device, consumed)` is `count`
+    whole devices when `device` is None, else `count` times the share (accounting.device_share) that
+    `consumed` (its JSON text) takes of the device's capacity. `device_pks`: the shared devices met.
+    The capacity is the device's as published now: a device republished with another capacity changes
+    the shares of the hours not rolled up yet (rolled-up hours keep theirs)."""
+
+    def __init__(self, device_pks):
+        wanted = {pk for pk in device_pks if pk is not None}
+        rows = Device.objects.filter(pk__in=wanted).values_list("pk", "capacity") if wanted else ()
+        self.capacity = {pk: numeric(capacity) for pk, capacity in rows}
+        self.known = {}
+
+    def devices(self, count, device, consumed):
+        if device is None:
+            return count
+        key = (device, consumed)
+        share = self.known.get(key)
+        if share is None:
+            amounts = numeric(json.loads(consumed) if isinstance(consumed, str) else consumed)
+            share = self.known[key] = accounting.device_share(self.capacity.get(device, {}), amounts)
+        return count * share
+
+
+def numeric(amounts):
+    """{name: number} of a capacity or consumedCapacity as stored (Kubernetes quantities such as "40Gi")."""
+    out = {}
+    for name, value in (amounts or {}).items():
+        number = quantity(value)
+        if number is not None:
+            out[name] = number
+    return out
 
 
 def overlapping(start, end):
@@ -182,19 +239,22 @@ def allocation_intervals(allocations):
     # Grouped in SQL: a gang's devices are one row each, 100,000 of them on a full large cluster.
     grouped = (
         allocations.order_by()
-        .values("workload_id", "device_class_id", "allocated_at", "released_at")
+        .annotate(**SHARE_KEYS)
+        .values("workload_id", "device_class_id", "allocated_at", "released_at", *SHARE_KEYS)
         .annotate(devices=Count("id"))
-        .values_list("workload_id", "device_class_id", "allocated_at", "released_at", "devices")
+        .values_list("workload_id", "device_class_id", "allocated_at", "released_at", *SHARE_KEYS, "devices")
     )
+    rows = fetch_rows(grouped)
+    shares = Shares(row[-3] for row in rows)
     return [
         ledger.Interval(
             start=to_us(allocated_at),
             end=None if released_at is None else to_us(released_at),
             device_class=class_id,
             line=workload_id,
-            devices=devices,
+            devices=shares.devices(devices, device, consumed),
         )
-        for workload_id, class_id, allocated_at, released_at, devices in fetch_rows(grouped)
+        for workload_id, class_id, allocated_at, released_at, device, consumed, devices in rows
     ]
 
 
@@ -206,12 +266,13 @@ def capacity_samples(start, end):
         before = CapacitySample.objects.filter(device_class_id=class_id, at__lte=start).order_by("-at").first()
         rows = list(CapacitySample.objects.filter(device_class_id=class_id, at__gt=start, at__lt=end).order_by("at"))
         for row in ([before] if before else []) + rows:
+            shared = row.shared or {}
             out[class_id].append(
                 ledger.Sample(
                     at=to_us(row.at),
-                    total=row.total,
-                    unhealthy=row.unhealthy,
-                    stranded=row.stranded,
+                    total=ledger.from_millionths(row.total, shared.get("over", 0)),
+                    unhealthy=ledger.from_millionths(row.unhealthy, shared.get("unhealthy", 0)),
+                    stranded=ledger.from_millionths(row.stranded, shared.get("stranded", 0)),
                     reserved=tuple(sorted((team, int(n)) for team, n in row.reserved_by_team.items())),
                 )
             )

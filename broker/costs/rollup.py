@@ -3,7 +3,8 @@ report over a month reads ~720 rows per group instead of every allocation, sampl
 
 A report splits its window into the whole hours the rollup covers and the rest (the partial hours at
 its edges and the hours not rolled up yet), computes the rest directly and adds the rollup's amounts to
-the same steps. The amounts are exact integers and the ledger splits at every hour boundary anyway, so
+the same steps. The amounts are exact (integers, or with shares of shared devices Fractions in
+millionths, stored as whole units plus millionths) and the ledger splits at every hour boundary anyway, so
 the sum is the direct ledger's to the microsecond, and the one rounding (ledger.py) sees the same
 figures: the reports come out identical.
 
@@ -90,14 +91,22 @@ def _bucketed(model, span, step, step_starts, keys, **filters):
         model.objects.filter(hour__gte=span[0], hour__lt=span[1], **filters)
         .annotate(bucket=Trunc("hour", step, tzinfo=UTC))
         .values("bucket", *keys)
-        .annotate(us=Sum("device_us"), high=Sum("raw_high"), low=Sum("raw_low"))
+        .annotate(
+            us=Sum("device_us"),
+            high=Sum("raw_high"),
+            low=Sum("raw_low"),
+            us_millionths=Sum("device_us_millionths"),
+            raw_millionths=Sum("raw_millionths"),
+        )
         .order_by()
     )
     out = []
     for row in rows:
         # The first step starts at the window's start, inside its calendar step: its bucket is before it.
         index = max(0, bisect_right(step_starts, to_us(row["bucket"])) - 1)
-        out.append((index, row, ledger.Amount(row["us"], (row["high"] << RAW_SPLIT) + row["low"])))
+        device_us = ledger.from_millionths(row["us"], row["us_millionths"])
+        raw = ledger.from_millionths((row["high"] << RAW_SPLIT) + row["low"], row["raw_millionths"])
+        out.append((index, row, ledger.Amount(device_us, raw)))
     return out
 
 
@@ -183,8 +192,18 @@ def _add(sums, key, amount):
 
 
 def _amount_fields(amount):
-    high, low = split_raw(amount.raw)
-    return {"device_us": amount.device_us, "raw_high": high, "raw_low": low}
+    """The columns of an exact Amount: whole units (raw split in two) plus millionths of a unit, which
+    shares of shared devices bring (ledger.py)."""
+    device_us, device_us_millionths = ledger.whole_and_millionths(amount.device_us)
+    raw, raw_millionths = ledger.whole_and_millionths(amount.raw)
+    high, low = split_raw(raw)
+    return {
+        "device_us": device_us,
+        "device_us_millionths": device_us_millionths,
+        "raw_high": high,
+        "raw_low": low,
+        "raw_millionths": raw_millionths,
+    }
 
 
 class GroupNames:

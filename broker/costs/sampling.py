@@ -14,13 +14,15 @@ from django.db.models import OuterRef, Subquery
 
 from broker.costs.models import CapacitySample
 from broker.policy.models import DeviceClass
+from broker.scheduler.accounting import SHARE_SCALE
 
-SAMPLE_FIELDS = ("total", "unhealthy", "reserved_unused", "stranded", "reserved_by_team")
+SAMPLE_FIELDS = ("total", "unhealthy", "reserved_unused", "stranded", "reserved_by_team", "shared")
 
 
 def capacity_rows(capacities, class_pks):
     """CapacitySample rows ({device_class_id, total, unhealthy, reserved_unused, stranded,
-    reserved_by_team}) from the core's ClassCapacity tuples; `class_pks`: {class name: DeviceClass pk}."""
+    reserved_by_team}, and shared when the class has shared devices) from the core's ClassCapacity
+    tuples; `class_pks`: {class name: DeviceClass pk}."""
     return [
         {
             "device_class_id": class_pks[row.device_class],
@@ -30,9 +32,22 @@ def capacity_rows(capacities, class_pks):
             "stranded": row.stranded,
             "reserved_by_team": dict(row.reserved_unused_by_team),
         }
+        | ({"shared": millionths(row.shared)} if row.shared else {})
         for row in capacities
         if row.device_class in class_pks
     ]
+
+
+def millionths(parts):
+    """{category: millionths of a device} of a ClassCapacity's shared parts (Fractions in millionths)."""
+    out = {}
+    for category, amount in sorted(parts.items()):
+        units = amount * SHARE_SCALE
+        if units:
+            if units.denominator != 1:
+                raise ValueError(f"{category} {amount} is not a whole number of millionths")
+            out[category] = int(units)
+    return out
 
 
 def record_capacity_sample(at, rows):
@@ -43,7 +58,7 @@ def record_capacity_sample(at, rows):
     with transaction.atomic():
         latest = {sample.device_class_id: sample for sample in latest_samples(at)}
         for row in rows:
-            counts = {name: row[name] for name in SAMPLE_FIELDS}
+            counts = {name: row[name] for name in SAMPLE_FIELDS if name != "shared"} | {"shared": row.get("shared", {})}
             before = latest.get(row["device_class_id"])
             if before is not None and {name: getattr(before, name) for name in SAMPLE_FIELDS} == counts:
                 continue

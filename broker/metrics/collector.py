@@ -16,7 +16,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
-from broker.metrics import queries
+from broker.metrics import checkpoint, queries
 
 PREFIX = "capacity_broker"
 WORKLOAD_LABELS = ["team", "resource_class"]
@@ -26,7 +26,8 @@ def name(suffix):
     return f"{PREFIX}_{suffix}"
 
 
-def pending_families(now):
+def pending_families(now, history):
+    """`history`: checkpoint.history's figures at `now`."""
     pending = GaugeMetricFamily(
         name("workloads_pending"),
         "Workloads waiting now, by their latest pending reason code, team and resource class.",
@@ -40,7 +41,7 @@ def pending_families(now):
         "Completed waits in the queue (submission or requeue to admission, cancel or failure), in seconds.",
         labels=[*WORKLOAD_LABELS, "outcome"],
     )
-    for row in queries.wait_durations():
+    for row in history["waits"]:
         buckets = [(floatToGoString(bound), count) for bound, count in row["buckets"]]
         buckets.append(("+Inf", row["count"]))
         waits.add_metric([row["team"], row["resource_class"], row["outcome"]], buckets, row["sum_seconds"])
@@ -50,7 +51,7 @@ def pending_families(now):
         "Seconds workloads spent waiting under each reason code, by team and resource class.",
         labels=["reason", *WORKLOAD_LABELS],
     )
-    for row in queries.pending_seconds_by_reason(now):
+    for row in history["seconds_by_reason"]:
         held.add_metric([row["reason"], row["team"], row["resource_class"]], row["seconds"])
 
     pended = CounterMetricFamily(
@@ -58,18 +59,18 @@ def pending_families(now):
         "Distinct workloads that ever waited under each reason code, by team and resource class.",
         labels=["reason", *WORKLOAD_LABELS],
     )
-    for row in queries.workloads_pended_by_reason():
+    for row in history["workloads_by_reason"]:
         pended.add_metric([row["reason"], row["team"], row["resource_class"]], row["count"])
     return [pending, waits, held, pended]
 
 
-def wrong_class_families():
+def wrong_class_families(history):
     wrong = CounterMetricFamily(
         name("wrong_class_requests"),
         "Requests for the wrong class: kind is InvalidRequest, NotEntitled, FallbackUsed or FitsSmallerClass.",
         labels=["kind", *WORKLOAD_LABELS],
     )
-    for row in queries.wrong_class_requests():
+    for row in history["wrong_class"]:
         wrong.add_metric([row["kind"], row["team"], row["resource_class"]], row["count"])
     return [wrong]
 
@@ -155,8 +156,9 @@ class BrokerCollector(Collector):
 
     def collect(self):
         now = self.clock()
-        yield from pending_families(now)
-        yield from wrong_class_families()
+        history = checkpoint.history(now)
+        yield from pending_families(now, history)
+        yield from wrong_class_families(history)
         yield from stranded_families(now)
         yield from intervention_families()
         yield from topology_families()

@@ -130,27 +130,40 @@ def pending_now():
     ]
 
 
-def waits():
+def waits(workloads=None):
     """(team, resource class, outcome, wait) of each transition that ends a run of waiting (Pending ->
     Admitted, a cancel while queued, ...); `wait` is the time since that run began: at submission, or
     where a held workload was preempted back into the queue (the last transition into waiting from
     outside it). Each workload's transitions are walked in order: as a correlated subquery per end,
     the SQL took most of the histogram's time (0.47 s against 0.2 s for 45,000 transitions)."""
+    teams, classes = label_names()
+    for _, team, resource_class, outcome, wait in waits_by_workload(workloads):
+        yield teams.get(team, ""), classes.get(resource_class, ""), outcome, wait
+
+
+def waits_by_workload(workloads=None):
+    """(workload id, team id, resource class id, outcome, wait) of each completed wait (see waits), of the
+    workloads `workloads` (a Q on the workload id's field) selects, or of all."""
     into = Q(to_state__in=WAITING) & ~Q(from_state__in=WAITING)
     out_of = Q(from_state__in=WAITING) & ~Q(to_state__in=WAITING)
-    rows = (
-        WorkloadTransition.objects.filter(into | out_of)
-        .annotate(**workload_labels())
-        .order_by("workload_id", "at", "id")
-        .values_list("workload_id", "at", "to_state", "workload__submitted_at", "team", "resource_class")
+    rows = WorkloadTransition.objects.filter(into | out_of)
+    if workloads is not None:
+        rows = rows.filter(workloads)
+    rows = rows.order_by("workload_id", "at", "id").values_list(
+        "workload_id", "at", "to_state", "workload__submitted_at", "workload__team_id", "workload__resource_class_id"
     )
-    for _, group in groupby(fetch_rows(rows), key=itemgetter(0)):
+    for workload_id, group in groupby(fetch_rows(rows), key=itemgetter(0)):
         began = None
         for _, at, to_state, submitted_at, team, resource_class in group:
             if to_state in WAITING_STATES:
                 began = at
             else:
-                yield team, resource_class, to_state, at - (submitted_at if began is None else began)
+                yield workload_id, team, resource_class, to_state, at - (submitted_at if began is None else began)
+
+
+def label_names():
+    """({team id: name}, {resource class id: name}): the labels of rows read by id (no class: "")."""
+    return dict(Team.objects.values_list("pk", "name")), dict(ResourceClass.objects.values_list("pk", "name"))
 
 
 def wait_durations(buckets=WAIT_BUCKETS):
@@ -159,31 +172,44 @@ def wait_durations(buckets=WAIT_BUCKETS):
 
     Each wait is read once and counted here: aggregated in SQL, every bucket's FILTER evaluated the
     wait's correlated subquery again, a dozen times a row (2.8 s for 23,000 waits on PostgreSQL)."""
-    bounds = [timedelta(seconds=bound) for bound in buckets]
     groups = {}
     for team, resource_class, outcome, wait in waits():
-        group = groups.get((team, resource_class, outcome))
-        if group is None:
-            group = groups[(team, resource_class, outcome)] = {
-                "count": 0,
-                "total": timedelta(0),
-                "le": [0] * len(bounds),
-            }
-        group["count"] += 1
-        group["total"] += wait
-        for index, bound in enumerate(bounds):
-            if wait <= bound:
-                group["le"][index] += 1
+        group = groups.setdefault((team, resource_class, outcome), WaitGroup(buckets))
+        group.add(microseconds(wait))
+    return wait_rows(groups, buckets)
+
+
+class WaitGroup:
+    """One series of the wait histogram: count, total microseconds and the count at or under each bound.
+    Integer microseconds, so groups can be added and taken apart exactly (broker/metrics/checkpoint.py)."""
+
+    def __init__(self, buckets=WAIT_BUCKETS, count=0, total_us=0, le=None):
+        self.bounds_us = [bound * 1_000_000 for bound in buckets]
+        self.count = count
+        self.total_us = total_us
+        self.le = list(le) if le is not None else [0] * len(buckets)
+
+    def add(self, wait_us, sign=1):
+        self.count += sign
+        self.total_us += sign * wait_us
+        for index, bound in enumerate(self.bounds_us):
+            if wait_us <= bound:
+                self.le[index] += sign
+
+
+def wait_rows(groups, buckets=WAIT_BUCKETS):
+    """wait_durations' rows from {(team, resource class, outcome): WaitGroup}; empty groups left out."""
     return [
         {
             "team": team,
             "resource_class": resource_class,
             "outcome": outcome,
-            "count": group["count"],
-            "sum_seconds": seconds(group["total"]),
-            "buckets": list(zip(buckets, group["le"], strict=True)),
+            "count": group.count,
+            "sum_seconds": seconds(timedelta(microseconds=group.total_us)),
+            "buckets": list(zip(buckets, group.le, strict=True)),
         }
         for (team, resource_class, outcome), group in sorted(groups.items())
+        if group.count
     ]
 
 
@@ -215,9 +241,16 @@ def stretches_of_waiting(now, since=None):
     """(reason, team id, resource class id, start, end) of each stretch a workload waited under a reason
     (see pending_seconds_by_reason), over all history, or at least those that may end after `since`
     (the caller clips them to it)."""
-    workloads = None
+    for _, reason, team, resource_class, start, end, _ in stretches_by_workload(now, since):
+        yield reason, team, resource_class, start, end
+
+
+def stretches_by_workload(now, since=None, workloads=None):
+    """(workload id, reason, team id, resource class id, start, end, open) of each stretch (see
+    stretches_of_waiting), of the workloads `workloads` (a Q on the workload id's field) selects when
+    given; `open`: it lasts until `now` (the workload still waits under that reason)."""
     # Filtering costs a join and two subqueries: only worth it when there is history before `since`.
-    if since is not None and ExplanationChange.objects.filter(at__lt=since).exists():
+    if workloads is None and since is not None and ExplanationChange.objects.filter(at__lt=since).exists():
         workloads = touched_since(since)
     exits = exits_from_waiting(workloads)
     changes = ExplanationChange.objects.all() if workloads is None else ExplanationChange.objects.filter(workloads)
@@ -238,8 +271,9 @@ def stretches_of_waiting(now, since=None):
             position = bisect_left(leaving, at)
             if position < len(leaving):
                 ends.append(leaving[position])
-            end = min(ends) if ends else (now if state in WAITING_STATES else at)
-            yield reason, team, resource_class, at, end
+            still_waiting = not ends and state in WAITING_STATES
+            end = min(ends) if ends else (now if still_waiting else at)
+            yield workload_id, reason, team, resource_class, at, end, still_waiting
 
 
 def microseconds(duration):
@@ -307,8 +341,12 @@ def pending_seconds_by_reason(now, rolled=True):
     rolled, until = rolled_pending_us(now) if rolled else ({}, None)
     totals = Counter(rolled)
     totals.update(pending_us_by_reason(now, until))
-    teams = dict(Team.objects.values_list("pk", "name"))
-    classes = dict(ResourceClass.objects.values_list("pk", "name"))
+    return seconds_rows(totals)
+
+
+def seconds_rows(totals):
+    """pending_seconds_by_reason's rows from {(reason, team id, resource class id): microseconds}."""
+    teams, classes = label_names()
     named = Counter()
     for (reason, team, resource_class), us in totals.items():
         named[(reason, teams.get(team) or "", classes.get(resource_class) or "")] += us
@@ -343,54 +381,88 @@ def fallbacks_used():
     The first is their first pod set's own fallback list's head, else their resource class's (the lowest
     rank). Matched here over three flat reads: as correlated subqueries per workload it took 1.3 s for
     70,000 workloads on PostgreSQL."""
-    menu_heads = {}
-    for resource_class_id, name in ResourceClassDeviceClass.objects.order_by("-rank").values_list(
-        "resource_class_id", "device_class__name"
-    ):
-        menu_heads[resource_class_id] = name  # descending rank: the lowest is written last
-    own_heads = {}
-    # The list's head taken in SQL: decoding 50,000 JSON lists cost more than the rest of this together.
-    pod_sets = (
-        PodSet.objects.filter(workload__chosen_device_class__isnull=False)
-        .annotate(head=KeyTextTransform("0", "device_classes"))
-        .order_by("workload_id", "id")
-    )
-    # Both read flat: Django's row iteration of 50,000 rows each cost more than the queries.
-    for workload_id, head in fetch_rows(pod_sets.values_list("workload_id", "head")):
-        own_heads.setdefault(workload_id, head)  # the first pod set only
+    teams, classes = label_names()
     counts = Counter()
-    admitted = Workload.objects.filter(chosen_device_class__isnull=False).values_list(
-        "id", "resource_class_id", "chosen_device_class__name", "team__name", "resource_class__name"
-    )
-    for workload_id, resource_class_id, chosen, team, resource_class in fetch_rows(admitted):
-        first = own_heads.get(workload_id)
-        if first is None:
-            first = menu_heads.get(resource_class_id)
-        if first is not None and first != chosen:
-            counts[(team or "", resource_class or "")] += 1
+    for _, team, resource_class in fallback_workloads(menu_heads()):
+        counts[(teams.get(team, ""), classes.get(resource_class, ""))] += 1
     return counts
 
 
-def wrong_class_requests():
+def menu_heads():
+    """{resource class id: the name of its first device class (the lowest rank)}."""
+    heads = {}
+    for resource_class_id, name in ResourceClassDeviceClass.objects.order_by("-rank").values_list(
+        "resource_class_id", "device_class__name"
+    ):
+        heads[resource_class_id] = name  # descending rank: the lowest is written last
+    return heads
+
+
+def fallback_workloads(heads, workloads=None):
+    """(workload id, team id, resource class id) of each workload admitted on a device class other than
+    the first it asked for (see fallbacks_used), given the menus' heads (menu_heads); only of the
+    workloads `workloads` selects when given (an object whose on(field) is a Q on that field: the
+    metrics checkpoint's touched workloads, broker/metrics/checkpoint.py)."""
+    own_heads = {}
+    # The list's head taken in SQL: decoding 50,000 JSON lists cost more than the rest of this together.
+    pod_sets = PodSet.objects.filter(workload__chosen_device_class__isnull=False)
+    if workloads is not None:
+        pod_sets = pod_sets.filter(workloads.on("workload_id"))
+    pod_sets = pod_sets.annotate(head=KeyTextTransform("0", "device_classes")).order_by("workload_id", "id")
+    # Both read flat: Django's row iteration of 50,000 rows each cost more than the queries.
+    for workload_id, head in fetch_rows(pod_sets.values_list("workload_id", "head")):
+        own_heads.setdefault(workload_id, head)  # the first pod set only
+    admitted = Workload.objects.filter(chosen_device_class__isnull=False)
+    if workloads is not None:
+        admitted = admitted.filter(workloads.on("pk"))
+    admitted = admitted.values_list("id", "resource_class_id", "chosen_device_class__name", "team_id")
+    for workload_id, resource_class_id, chosen, team in fetch_rows(admitted):
+        first = own_heads.get(workload_id)
+        if first is None:
+            first = heads.get(resource_class_id)
+        if first is not None and first != chosen:
+            yield workload_id, team, resource_class_id
+
+
+def reasons_by_workload(workloads=None):
+    """(workload id, reason, team id, resource class id) of each reason other than a wait's end (Admitted)
+    each workload was ever explained by, once each, of the workloads `workloads` selects when given."""
+    rows = ExplanationChange.objects.exclude(reason__in=NOT_A_WAIT)
+    if workloads is not None:
+        rows = rows.filter(workloads)
+    rows = (
+        rows.order_by()
+        .values_list("workload_id", "reason", "workload__team_id", "workload__resource_class_id")
+        .distinct()
+    )
+    return fetch_rows(rows)
+
+
+def wrong_class_requests(explained=None, fallbacks=None):
     """Requests for the wrong class, by kind, team and resource class:
     - InvalidRequest / NotEntitled: workloads ever explained so (it can never run; the team may not use it);
     - FallbackUsed: workloads admitted on a device class other than the first one they asked for;
-    - FitsSmallerClass: the governance engine's `guidance.wrong_class` audit events about a workload."""
+    - FitsSmallerClass: the governance engine's `guidance.wrong_class` audit events about a workload.
+    `explained` (rows of reason, team, resource_class, count) and `fallbacks` (fallbacks_used's shape)
+    are the first two kinds when the caller has them already (broker/metrics/checkpoint.py)."""
     rows = []
-    explained = (
-        ExplanationChange.objects.filter(reason__in=WRONG_CLASS_REASONS)
-        .annotate(**workload_labels())
-        .values("reason", "team", "resource_class")
-        .annotate(count=Count("workload", distinct=True))
-        .order_by("reason", "team", "resource_class")
-    )
+    if explained is None:
+        explained = (
+            ExplanationChange.objects.filter(reason__in=WRONG_CLASS_REASONS)
+            .annotate(**workload_labels())
+            .values("reason", "team", "resource_class")
+            .annotate(count=Count("workload", distinct=True))
+            .order_by("reason", "team", "resource_class")
+        )
+    if fallbacks is None:
+        fallbacks = fallbacks_used()
     rows += [
         {"kind": r["reason"], "team": r["team"], "resource_class": r["resource_class"], "count": r["count"]}
         for r in explained
     ]
     rows += [
         {"kind": FALLBACK_USED, "team": team, "resource_class": resource_class, "count": count}
-        for (team, resource_class), count in sorted(fallbacks_used().items())
+        for (team, resource_class), count in sorted(fallbacks.items())
     ]
     rows += [{"kind": FITS_SMALLER_CLASS, **r} for r in wrong_class_guidance()]
     return rows

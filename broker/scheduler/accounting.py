@@ -40,6 +40,19 @@ one counter set only the largest that still fits its counters is billed (the who
 of it is used), and the free ones that no longer fit are not billed at all. So a GPU cut into seven
 slices bills one device when idle, not eight, and never more than its partitions in use plus one.
 
+Shared devices (DRA allowMultipleAllocations, consumable capacity) are billed by what each allocation
+takes of them (`device_share`): an allocation's share is the largest fraction among the device's
+capacities it consumes (the capacity that dominates: 20 of 80 GiB of memory and 1 of 2 encoders is 1/2),
+at most the whole device, rounded down to a millionth of a device (SHARE_SCALE, the unit finance bills
+shares in). A device several allocations share is counted once, as busy, like a held device; what its
+shares leave of it (`SharedParts`: one device minus their sum) is its free remainder, which the free
+rules place: unhealthy when the device takes no new work; stranded when pending time-sliced work wants
+one of its classes and none of their pods' amounts fit what its capacities have left; else idle. (A
+reservation holds whole devices: a remainder is never reserved.) Shares dominated by different
+capacities may sum past one device (60% of the memory and 10% of the compute beside 10% of the memory
+and 80% of the compute: 0.6 + 0.8): the device is then billed that sum, the excess counted as `over`,
+so the capacity billed always equals what its allocations are billed plus its free parts.
+
 Pure and cheap: one pass over the devices with classes cached per distinct description; reservations
 (when any is active) materialised as the core's CapacityState does it, without building one: a scan in
 the core's device order that stops once each reservation is full.
@@ -50,16 +63,34 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 from itertools import chain, compress
 from operator import attrgetter, not_
 
 from broker.scheduler.capacity import NODE_LEVEL, _device_key, natural_key
+from broker.scheduler.quota import Consumption
 from broker.scheduler.selectors import ClassMatcher
 from broker.scheduler.snapshot import NO_SCHEDULE_EFFECTS, CycleResult, Snapshot, held_outside
 
 INVALID = "InvalidRequest"
 # Pending for a reason no shape of free capacity would change: such work creates no demand.
 HELD_BY_POLICY = frozenset({INVALID, "NotEntitled", "AwaitingApproval", "QuotaExceeded"})
+# Shares of shared devices are counted in millionths of a device: exact integers for the ledger and
+# its stored rollups, and far finer than any price (a millionth of an 80 GB GPU is 80 KB).
+SHARE_SCALE = 1_000_000
+
+
+def device_share(capacity: Mapping[str, float], consumed) -> Fraction:
+    """What one allocation of a shared device counts for: the largest fraction among the device's
+    `capacity` ({name: number}) that `consumed` ({name: amount} or its pairs) takes, at most 1, rounded
+    down to a millionth (SHARE_SCALE). Amounts of capacities the device does not publish count for
+    nothing; an allocation taking none it publishes holds the whole device (as quota counts it)."""
+    pairs = consumed.items() if isinstance(consumed, Mapping) else consumed
+    fractions = [Fraction(amount) / Fraction(capacity[name]) for name, amount in pairs if capacity.get(name)]
+    if not fractions:
+        return Fraction(1)
+    dominant = min(Fraction(1), max(max(fractions), Fraction(0)))
+    return Fraction(int(dominant * SHARE_SCALE), SHARE_SCALE)
 
 
 @dataclass(frozen=True)
@@ -74,6 +105,20 @@ class ClassCapacity:
     reserved_unused_by_team: dict = field(default_factory=dict)
     stranded: int = 0
     idle: int = 0
+    # The devices several allocations share, each counted once in `busy`: {category: Fraction of a
+    # device} with "over" (what their shares bill beyond one device each) and their free remainders
+    # ("unhealthy", "stranded", "idle"; already part of no whole count). Empty without such devices.
+    shared: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SharedParts:
+    """One shared device after a cycle: its billing class, the shares its allocations take, and what its
+    capacities have left ({name: amount})."""
+
+    device_class: str
+    used: Fraction
+    left: dict
 
 
 def capacity_by_class(
@@ -171,6 +216,9 @@ def capacity_by_class(
         else:
             idle[home[classes]] += count
 
+    # 4. The devices several allocations share: what their shares leave, and where it goes.
+    shared = shared_remainders(snapshot, result, matcher, cordoned, set(names)) if snapshot.devices else {}
+
     out = []
     for name in names:
         row = ClassCapacity(
@@ -181,9 +229,92 @@ def capacity_by_class(
             reserved_unused_by_team=dict(sorted(by_team[name].items())),
             stranded=stranded[name],
             idle=idle[name],
+            shared=shared.get(name, {}),
         )
         out.append(replace(row, total=row.busy + row.unhealthy + row.reserved_unused + row.stranded + row.idle))
     return tuple(out)
+
+
+def shared_parts(snapshot: Snapshot, result: CycleResult) -> dict[str, SharedParts]:
+    """{device id: SharedParts} of the devices held by shares once `result` applies (running work and
+    admissions whose pods consume amounts of them). The class is the one the device is counted under
+    as busy: its last holder's (admissions last)."""
+    capacities = Consumption.of_snapshot(snapshot).capacities
+    if not capacities:
+        return {}
+    out: dict[str, SharedParts] = {}
+
+    def take(pods, device_class):
+        for pod in pods:
+            if not pod.consumed:
+                continue
+            for device_id in pod.device_ids:
+                capacity = capacities.get(device_id)
+                if capacity is None:
+                    continue
+                known = out.get(device_id)
+                left = dict(capacity) if known is None else known.left
+                for name, amount in pod.consumed:
+                    left[name] = left.get(name, 0) - amount
+                used = device_share(capacity, pod.consumed) + (known.used if known else 0)
+                out[device_id] = SharedParts(device_class, used, left)
+
+    for workload in snapshot.running:
+        take(workload.pods, workload.device_class)
+    for admission in result.admissions:
+        take(admission.pods, admission.device_class)
+    return out
+
+
+def shared_remainders(
+    snapshot: Snapshot, result: CycleResult, matcher: ClassMatcher, cordoned: frozenset, names: set
+) -> dict[str, dict[str, Fraction]]:
+    """{class: {category: Fraction of a device}} of the shared devices (see the module docstring)."""
+    parts = shared_parts(snapshot, result)
+    if not parts:
+        return {}
+    by_id = {device.id: device for device in snapshot.devices if device.id in parts}
+    wanted = shared_demand(snapshot, result) if any(p.used < 1 for p in parts.values()) else {}
+    out: dict[str, dict[str, Fraction]] = {}
+    for device_id, part in parts.items():
+        device = by_id.get(device_id)
+        if device is None or part.device_class not in names or _held_outside(device):
+            continue
+        if part.used > 1:
+            category, amount = "over", part.used - 1
+        elif part.used < 1:
+            amount = 1 - part.used
+            if not device.healthy or device.node in cordoned or _blocking(device.taints):
+                category = "unhealthy"
+            else:
+                demands = [amounts for name in matcher.classes_of(device) for amounts in wanted.get(name, ())]
+                fits = any(all(part.left.get(n, 0) >= a for n, a in amounts) for amounts in demands)
+                category = "stranded" if demands and not fits else "idle"
+        else:
+            continue
+        counts = out.setdefault(part.device_class, {})
+        counts[category] = counts.get(category, 0) + amount
+    return out
+
+
+def shared_demand(snapshot: Snapshot, result: CycleResult) -> dict[str, list]:
+    """{class: [the (capacity, amount) pairs of a pod]} of pending time-sliced work that capacity holds
+    back (as for `demand_shapes`): what could use a shared device's remainder."""
+    skip = {admission.workload_id for admission in result.admissions}
+    skip.update(decision.workload_id for decision in result.pending if decision.reason in HELD_BY_POLICY)
+    offered = {rc.name: rc.device_classes for rc in snapshot.resource_classes}
+    out: dict[str, list] = {}
+    for workload in snapshot.pending:
+        if workload.id in skip:
+            continue
+        declared = [pod_set.device_classes for pod_set in workload.pod_sets]
+        classes = workload_classes(declared, offered.get(workload.resource_class, ()))
+        for pod_set in workload.pod_sets:
+            if pod_set.capacity:
+                for name in classes:
+                    if pod_set.capacity not in out.setdefault(name, []):
+                        out[name].append(pod_set.capacity)
+    return out
 
 
 def unbilled_partitions(snapshot: Snapshot, held: set) -> set[str]:

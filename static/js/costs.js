@@ -27,6 +27,9 @@
   }
   const num = (value) => Number(value || 0);
   const money = (value) => num(value).toLocaleString(undefined, { style: "currency", currency: "USD" });
+  // Device-hours come to four places: a share of a shared device or a partition bills fractions of one.
+  const deviceHours = (value) => num(value).toLocaleString(undefined,
+    { minimumFractionDigits: 1, maximumFractionDigits: 4 }) + " device-h";
 
   function stacked(report) {
     const x = report.steps.map((s) => s.start);
@@ -67,7 +70,7 @@
       .sort((a, b) => num(b[1].cost) - num(a[1].cost)).slice(0, TOP_WORKLOADS).reverse();
     Plotly.newPlot("top-workloads", [{ type: "bar", orientation: "h", marker: { color: colors.allocated },
       x: rows.map(([, row]) => num(row.cost)), y: rows.map(([key]) => key),
-      text: rows.map(([, row]) => num(row.device_hours).toFixed(1) + " device-h"), hoverinfo: "x+y+text" }],
+      text: rows.map(([, row]) => deviceHours(row.device_hours)), hoverinfo: "x+y+text" }],
       { margin: { t: 10, l: 220 }, xaxis: MONEY_AXIS }, { displaylogo: false, responsive: true });
   }
 

@@ -2,6 +2,7 @@
 
 from collections import defaultdict
 from decimal import Decimal
+from fractions import Fraction
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -10,6 +11,9 @@ from broker.costs import ledger
 
 SECOND = 1_000_000
 HOUR = 3600 * SECOND
+MILLIONTH = Fraction(1, 1_000_000)
+# A share of a shared device: what an allocation of it is billed, in millionths of a device.
+shares = st.integers(1, 1_000_000).map(lambda units: units * MILLIONTH)
 
 
 def brute_force(steps, now, prices, samples, intervals):
@@ -17,6 +21,7 @@ def brute_force(steps, now, prices, samples, intervals):
     second at a time, with the rule written out again from the brief."""
     out = [defaultdict(int) for _ in steps]
     allocated_lines = [defaultdict(int) for _ in steps]
+    billed = [0 for _ in steps]  # device-microseconds: every device billed, held or free
     for index, (start, end) in enumerate(steps):
         for t in range(start, min(end, now), SECOND):
             for device_class in set(prices):
@@ -33,8 +38,10 @@ def brute_force(steps, now, prices, samples, intervals):
                 out[index]["allocated"] += busy * SECOND * price
                 current = [s for s in samples.get(device_class, []) if s.at <= t]
                 if not current:
+                    billed[index] += busy * SECOND
                     continue
                 sample = current[-1]
+                billed[index] += max(sample.total, busy) * SECOND
                 free = max(sample.total - busy, 0)
                 unhealthy = min(free, sample.unhealthy)
                 reserved = min(free - unhealthy, sum(n for _, n in sample.reserved))
@@ -47,11 +54,18 @@ def brute_force(steps, now, prices, samples, intervals):
                     ("idle", idle),
                 ):
                     out[index][name] += devices * SECOND * price
-    return out, allocated_lines
+    return out, allocated_lines, billed
+
+
+def partly(draw, whole, shared):
+    """`whole` devices, plus with `shared` a part of a device that shares leave (Fraction)."""
+    return whole + (draw(st.one_of(st.just(0), shares)) if shared else 0)
 
 
 @st.composite
-def scenarios(draw):
+def scenarios(draw, shared=False):
+    """Random steps, prices, samples and allocations; with `shared`, allocations of shared devices
+    billed their shares and samples with the fractional parts shared devices leave free."""
     horizon = draw(st.integers(20, 120))
     seconds = st.integers(0, horizon)
     classes = draw(st.lists(st.sampled_from(["h100", "a100", "l4"]), min_size=1, max_size=2, unique=True))
@@ -67,9 +81,9 @@ def scenarios(draw):
         samples[device_class] = [
             ledger.Sample(
                 at=at * SECOND,
-                total=draw(st.integers(0, 12)),
-                unhealthy=draw(st.integers(0, 4)),
-                stranded=draw(st.integers(0, 4)),
+                total=partly(draw, draw(st.integers(0, 12)), shared),
+                unhealthy=partly(draw, draw(st.integers(0, 4)), shared),
+                stranded=partly(draw, draw(st.integers(0, 4)), shared),
                 reserved=tuple(
                     (team, draw(st.integers(0, 3)))
                     for team in draw(st.lists(st.sampled_from(["team-a", "team-b"]), unique=True))
@@ -87,7 +101,7 @@ def scenarios(draw):
                 end=None if end is None else end * SECOND,
                 device_class=draw(st.sampled_from(classes)),
                 line=f"w{n % 4}",
-                devices=draw(st.integers(1, 4)),
+                devices=draw(st.one_of(st.integers(1, 4), shares) if shared else st.integers(1, 4)),
             )
         )
     cuts = sorted(set(draw(st.lists(st.integers(1, horizon - 1), max_size=4))))
@@ -103,7 +117,7 @@ def scenarios(draw):
 def test_it_splits_every_step_exactly_like_the_second_by_second_oracle(scenario):
     steps, now, prices, samples, intervals = scenario
     ledgers = ledger.build_ledger(steps, now, prices, samples, intervals)
-    expected, expected_lines = brute_force(steps, now, prices, samples, intervals)
+    expected, expected_lines, _ = brute_force(steps, now, prices, samples, intervals)
     for step, want, want_lines in zip(ledgers, expected, expected_lines, strict=True):
         got = defaultdict(int)
         lines = defaultdict(int)
@@ -123,17 +137,43 @@ def test_it_rounds_each_step_so_the_lines_sum_to_the_total_to_the_cent(scenario)
     for step in ledger.build_ledger(steps, now, prices, samples, intervals):
         leaves = {("allocated", line, dc): amount.raw for (line, dc), amount in step.allocated.items()}
         leaves |= {key: amount.raw for key, amount in step.capacity.items()}
-        exact_total = Decimal(step.total().raw) / ledger.RAW_PER_CENT
+        exact_total = Fraction(step.total().raw) / ledger.RAW_PER_CENT
         total, cents = ledger.round_lines(leaves, ledger.RAW_PER_CENT)
         assert sum(cents.values()) == total
-        assert abs(total - exact_total) <= Decimal("0.5")
+        assert abs(total - exact_total) <= Fraction(1, 2)
         for leaf, raw in leaves.items():
-            assert abs(cents[leaf] - Decimal(raw) / ledger.RAW_PER_CENT) < 1 + Decimal("0.5")
+            assert abs(cents[leaf] - Fraction(raw) / ledger.RAW_PER_CENT) < Fraction(3, 2)
         # The split: allocated + idle + stranded + unhealthy + reserved-unused is the capacity total.
         by_category = defaultdict(int)
         for leaf, value in cents.items():
             by_category[leaf[0]] += value
         assert sum(by_category[name] for name in ledger.CATEGORIES) == total
+
+
+@settings(max_examples=150, deadline=None)
+@given(scenarios(shared=True))
+def test_it_bills_shares_of_shared_devices_exactly_like_the_second_by_second_oracle(scenario):
+    test_it_splits_every_step_exactly_like_the_second_by_second_oracle.hypothesis.inner_test(scenario)
+    test_it_rounds_each_step_so_the_lines_sum_to_the_total_to_the_cent.hypothesis.inner_test(scenario)
+
+
+@settings(max_examples=150, deadline=None)
+@given(scenarios(shared=True))
+def test_it_puts_every_device_billed_in_exactly_one_category_with_shared_devices(scenario):
+    steps, now, prices, samples, intervals = scenario
+    _, _, billed = brute_force(steps, now, prices, samples, intervals)
+    for step, devices_billed in zip(ledger.build_ledger(steps, now, prices, samples, intervals), billed, strict=True):
+        by_category = defaultdict(int)
+        for amount in step.allocated.values():
+            by_category["allocated"] += amount.device_us
+        for (category, _, _), amount in step.capacity.items():
+            by_category[category] += amount.device_us
+        assert set(by_category) <= set(ledger.CATEGORIES)
+        assert all(value >= 0 for value in by_category.values())
+        assert sum(by_category.values()) == devices_billed
+        # Rounded to the reported 1/10000 device-hour, the categories still add up to the total.
+        total, units = ledger.round_lines(by_category, ledger.MICROS_PER_TEN_THOUSANDTH_HOUR)
+        assert sum(units.values()) == total
 
 
 @given(st.integers(0, 10**9), st.lists(st.integers(0, 10**12), min_size=1, max_size=12))
@@ -178,3 +218,35 @@ def test_it_bills_nothing_after_now_and_only_held_devices_before_the_first_sampl
     assert second.total().device_us == 8 * HOUR  # 8 devices for the hour up to now
     assert second.capacity[("idle", "h100", None)].device_us == 7 * HOUR
     assert third.total().device_us == 0
+
+
+def test_it_bills_two_halves_of_a_shared_device_one_device_hour_and_nothing_free():
+    prices = {"h100": [(0, 40_000)]}  # 4.00/h
+    samples = {"h100": [ledger.Sample(at=0, total=1)]}
+    half = Fraction(1, 2)
+    held = [ledger.Interval(0, HOUR, "h100", line, half) for line in ("a", "b")]
+    [step] = ledger.build_ledger([(0, HOUR)], HOUR, prices, samples, held)
+    assert step.allocated[("a", "h100")].device_us == step.allocated[("b", "h100")].device_us == HOUR / 2
+    assert step.total().device_us == HOUR
+    assert all(not amount.device_us for amount in step.capacity.values())
+    total, cents = ledger.round_lines({line: step.allocated[(line, "h100")].raw for line in "ab"}, ledger.RAW_PER_CENT)
+    assert (total, cents) == (400, {"a": 200, "b": 200})
+
+
+def test_it_bills_what_a_share_leaves_of_a_device_in_the_sampled_category():
+    prices = {"h100": [(0, 40_000)]}
+    # One shared device, a quarter of it used; the rest of it takes no new work (unhealthy).
+    samples = {"h100": [ledger.Sample(at=0, total=1, unhealthy=Fraction(3, 4))]}
+    held = [ledger.Interval(0, HOUR, "h100", "a", Fraction(1, 4))]
+    [step] = ledger.build_ledger([(0, HOUR)], HOUR, prices, samples, held)
+    assert step.allocated[("a", "h100")].device_us == HOUR / 4
+    assert step.capacity[("unhealthy", "h100", None)].device_us == 3 * HOUR / 4
+    assert ("idle", "h100", None) not in step.capacity
+
+
+@given(st.integers(0, 10**15), st.integers(0, 10**6 - 1))
+def test_it_stores_an_amount_as_whole_units_and_millionths_without_loss(whole, millionths):
+    value = whole + Fraction(millionths, 1_000_000)
+    assert ledger.whole_and_millionths(value) == (whole, millionths)
+    assert ledger.from_millionths(whole, millionths) == value
+    assert ledger.whole_and_millionths(whole) == (whole, 0)

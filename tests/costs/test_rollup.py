@@ -133,9 +133,11 @@ def test_it_rolls_up_in_the_periodic_task_not_in_the_cycles_commit(cluster, djan
     from broker.cycle.runner import run_once
 
     job = submit(
-        cluster.queue_a, name="earlier", devices_per_pod=2, resource_class=cluster.training, at=timezone.now() - 5 * H
+        cluster.queue_a, name="earlier", devices_per_pod=2, resource_class=cluster.training, at=timezone.now() - 6 * H
     )
-    job.transition(State.PENDING, at=timezone.now() - 5 * H)
+    # Six hours back, so at least five whole hours lie before the rollup's late-write margin whatever
+    # minute of the hour the test runs at (five hours back gave four between :00 and :05).
+    job.transition(State.PENDING, at=timezone.now() - 6 * H)
     with django_capture_on_commit_callbacks(execute=True):
         assert run_once() is not None
     assert not RollupProgress.objects.exists(), "the cycle's path rolls nothing up"

@@ -6,7 +6,7 @@ from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from broker.metrics import queries
+from broker.metrics import checkpoint, queries
 from broker.metrics.api.serializers import MetricsSerializer
 from broker.policy import roles
 
@@ -24,23 +24,24 @@ def mean(row):
     return row["sum_seconds"] / row["count"] if row["count"] else 0.0
 
 
-def waits():
+def waits(rows):
     return [
         {**row, "mean_seconds": mean(row), "buckets": [{"le": le, "count": n} for le, n in row["buckets"]]}
-        for row in queries.wait_durations()
+        for row in rows
     ]
 
 
 def report(now):
+    history = checkpoint.history(now)
     return {
         "generated_at": now,
         "pending": {
             "now": queries.pending_now(),
-            "waits": waits(),
-            "seconds_by_reason": queries.pending_seconds_by_reason(now),
-            "workloads_by_reason": queries.workloads_pended_by_reason(),
+            "waits": waits(history["waits"]),
+            "seconds_by_reason": history["seconds_by_reason"],
+            "workloads_by_reason": history["workloads_by_reason"],
         },
-        "wrong_class": queries.wrong_class_requests(),
+        "wrong_class": history["wrong_class"],
         "stranded": {"latest": queries.latest_capacity(), "device_seconds": queries.stranded_device_seconds(now)},
         "manual_interventions": queries.manual_interventions(),
         "runtime_by_span": [{**row, "mean_seconds": mean(row)} for row in queries.runtime_by_span()],

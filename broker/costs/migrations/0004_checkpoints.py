@@ -31,7 +31,7 @@ def drop_stamp_indexes(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('costs', '0002_hourly_rollups'),
+        ('costs', '0003_shared_device_shares'),
         ('workloads', '0024_workload_preemption_policy'),
     ]
 
@@ -66,6 +66,8 @@ class Migration(migrations.Migration):
                 ('device_us', models.BigIntegerField(default=0)),
                 ('raw_high', models.BigIntegerField(default=0)),
                 ('raw_low', models.BigIntegerField(default=0)),
+                ('device_us_millionths', models.BigIntegerField(default=0)),
+                ('raw_millionths', models.BigIntegerField(default=0)),
                 ('category', models.CharField(max_length=16)),
                 ('team_id', models.BigIntegerField(null=True)),
                 ('queue_id', models.BigIntegerField(null=True)),
@@ -85,6 +87,8 @@ class Migration(migrations.Migration):
                 ('device_us', models.BigIntegerField(default=0)),
                 ('raw_high', models.BigIntegerField(default=0)),
                 ('raw_low', models.BigIntegerField(default=0)),
+                ('device_us_millionths', models.BigIntegerField(default=0)),
+                ('raw_millionths', models.BigIntegerField(default=0)),
                 ('team_id', models.BigIntegerField()),
                 ('queue_id', models.BigIntegerField()),
                 ('reason', models.CharField(max_length=64)),
