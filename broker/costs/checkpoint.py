@@ -9,13 +9,18 @@ instant `until`:
 - the exact amounts of [base, until), per hour and group, as the rollup stores whole hours
   (CostCheckpointRow, PendingCheckpointRow);
 - what was open at `until`, per group: the devices held, or requested by waiting work, with the reason
-  it waits for (CheckpointOpen).
+  it waits for (CheckpointOpen). Shares of shared devices make these Fractions in millionths of a
+  device (ledger.py): stored, as the rollups store amounts, as whole devices plus millionths.
 
 A report then computes directly only the tail [until, now): the open groups billed on from `until`, and
 for the workloads whose history has a row stamped at or after `until` (found through the BRIN indexes
 of costs migration 0004), their own open part at `until` taken out again and their tail computed from
-their history. Everything is an exact integer and the ledger is linear in its intervals, so the sum is
-the direct computation's (report.py and pending.py say how, test_checkpoint.py holds it).
+their history. Everything is exact (integers, or millionths with shares) and the ledger is linear in
+its intervals, so the sum is the direct computation's (report.py and pending.py say how,
+test_checkpoint.py holds it). One exception, as for a rolled-up hour: shares are read against the
+devices' capacities as published (report.Shares, pending.RequestedShares), and the checkpoint keeps
+those of when it was taken, so a shared device republished with another capacity shows in the reports
+only from the next checkpoint on (the history alone would reprice the whole stretch at once).
 
 That needs every row stamped before `until` to be committed when the checkpoint reads the history:
 `until` is taken before the oldest transaction open on the database then, less STAMP_LEAD (a writer
@@ -33,7 +38,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 
 from broker import clock
-from broker.costs import rollup
+from broker.costs import ledger, rollup
 from broker.costs.models import Checkpoint, CheckpointOpen
 from broker.workloads.models import Allocation, ExplanationChange, Workload, WorkloadTransition
 
@@ -58,7 +63,8 @@ def safe_until(now, late_writes):
 
 def replace(name, base, until, open_groups):
     """Record the checkpoint `name` at [base, until) with `open_groups` {(device class id, team id, queue
-    id, resource class id, reason): devices}; the caller has written its rows (in the same transaction)."""
+    id, resource class id, reason): devices}; the caller has written its rows (in the same transaction).
+    Devices are whole, or with shares of shared devices Fractions in millionths of one (ledger.py)."""
     CheckpointOpen.objects.bulk_create(
         CheckpointOpen(
             kind=name,
@@ -67,10 +73,12 @@ def replace(name, base, until, open_groups):
             queue_id=queue_id,
             resource_class_id=resource_class_id,
             reason=reason,
-            devices=devices,
+            devices=whole,
+            devices_millionths=millionths,
         )
         for (class_id, team_id, queue_id, resource_class_id, reason), devices in open_groups.items()
         if devices
+        for whole, millionths in (ledger.whole_and_millionths(devices),)
     )
     Checkpoint.objects.update_or_create(name=name, defaults={"base": base, "until": until})
 
@@ -91,11 +99,16 @@ def usable(name, start, end, now):
 
 
 def open_groups(name, team_ids=None):
-    """[(device class id, team id, queue id, resource class id, reason, devices)] open at the checkpoint."""
+    """[(device class id, team id, queue id, resource class id, reason, devices)] open at the checkpoint;
+    devices as replace() was given them (an int, or a Fraction with shares)."""
     rows = CheckpointOpen.objects.filter(kind=name)
     if team_ids is not None:
         rows = rows.filter(team_id__in=team_ids)
-    return list(rows.values_list("device_class_id", "team_id", "queue_id", "resource_class_id", "reason", "devices"))
+    fields = ("device_class_id", "team_id", "queue_id", "resource_class_id", "reason")
+    return [
+        (*group, ledger.from_millionths(whole, millionths))
+        for *group, whole, millionths in rows.values_list(*fields, "devices", "devices_millionths")
+    ]
 
 
 def holders_changed_since(until):

@@ -282,6 +282,12 @@ def whole_and_millionths(value):
     return whole, int(millionths)
 
 
+def in_millionths(value):
+    """An amount (see whole_and_millionths) as a whole number of millionths of its unit."""
+    whole, millionths = whole_and_millionths(value)
+    return whole * SHARE_SCALE + millionths
+
+
 def from_millionths(whole, millionths):
     """The amount stored as (whole units, millionths): an int when there are no millionths."""
     return whole + Fraction(millionths, SHARE_SCALE) if millionths else whole

@@ -151,7 +151,10 @@ class CheckpointOpen(models.Model):
     queue_id = models.BigIntegerField(null=True)
     resource_class_id = models.BigIntegerField(null=True)
     reason = models.CharField(max_length=64, blank=True)
+    # Shares of shared devices held or requested (ledger.py): whole devices, plus millionths of one as
+    # the rollups store amounts (each below a million).
     devices = models.BigIntegerField()
+    devices_millionths = models.BigIntegerField(default=0)
 
 
 class Checkpoint(models.Model):

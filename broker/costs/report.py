@@ -617,7 +617,11 @@ def team_breakdowns(start, end, team, dims_list, now=None):
 # Every workload's exact amount per step, and the one rounding of ledger.py (round_leaves: each step's total
 # rounded half up, shared by largest remainder among all its leaf lines, ties in line order), in one query:
 # the top of a month's tens of thousands of workloads needs each of their remainders, and Python spent
-# seconds on their intervals and divisions. PostgreSQL's numeric is exact at any size.
+# seconds on their intervals and divisions. PostgreSQL's numeric is exact at any size. Amounts are counted in
+# millionths of a device (ledger.in_millionths): a share of a shared device is a Fraction in millionths
+# (SHARE_SCALE), so every amount is then a whole number, and scaling all of a step's lines and its rounding
+# unit by the same factor leaves the rounded total, each line's share and the order of the remainders as
+# they were. An allocation's share comes from `shared` (Shares, in Python), a whole one counts SHARE_SCALE.
 COSTLIEST_SQL = """
 WITH steps(i, a, b) AS (SELECT * FROM unnest(%(step_index)s::int[], %(step_start)s::timestamptz[],
                                             %(step_end)s::timestamptz[])),
@@ -625,8 +629,10 @@ prices(c, pf, pt, p) AS (SELECT * FROM unnest(%(price_class)s::bigint[], %(price
                                              %(price_to)s::timestamptz[], %(price)s::numeric[])),
 rest(i, o, k, us, raw) AS (SELECT * FROM unnest(%(rest_step)s::int[], %(rest_order)s::int[], %(rest_key)s::text[],
                                                %(rest_us)s::numeric[], %(rest_raw)s::numeric[])),
+shared(d, c, m) AS (SELECT * FROM unnest(%(share_device)s::bigint[], %(share_consumed)s::text[],
+                                         %(share_millionths)s::bigint[])),
 pieces AS (
-    SELECT al.workload_id AS w, s.i, pr.p,
+    SELECT al.workload_id AS w, s.i, pr.p, coalesce(sh.m, %(whole)s) AS m,
            (extract(epoch FROM greatest(al.allocated_at, s.a, pr.pf)) * 1000000)::bigint AS x,
            (extract(epoch FROM least(coalesce(al.released_at, 'infinity'::timestamptz), s.b, pr.pt,
                                      %(billed_until)s)) * 1000000)::bigint AS y
@@ -634,12 +640,14 @@ pieces AS (
     JOIN steps s ON al.allocated_at < s.b AND (al.released_at IS NULL OR al.released_at > s.a)
     JOIN prices pr ON pr.c = al.device_class_id AND al.allocated_at < pr.pt
                    AND (al.released_at IS NULL OR al.released_at > pr.pf)
+    LEFT JOIN shared sh ON al.consumed_capacity IS NOT NULL AND sh.d = al.device_id
+                        AND sh.c = al.consumed_capacity::text
     WHERE al.allocated_at < %(billed_until)s AND (al.released_at IS NULL OR al.released_at > %(window_start)s)
 ),
 leaves AS (
     SELECT s.i, 0 AS o, (t.name || '/' || wl.name) COLLATE "C" AS k, s.us, s.raw, s.w
-    FROM (SELECT w, i, sum((y - x) * %(num)s / %(den)s)::numeric AS us,
-                 sum(((y - x) * %(num)s / %(den)s)::numeric * p) AS raw
+    FROM (SELECT w, i, sum(((y - x) * %(num)s / %(den)s)::numeric * m) AS us,
+                 sum(((y - x) * %(num)s / %(den)s)::numeric * m * p) AS raw
           FROM pieces WHERE y > x GROUP BY w, i) AS s
     JOIN workloads_workload wl ON wl.id = s.w JOIN policy_team t ON t.id = wl.team_id
     UNION ALL
@@ -712,9 +720,10 @@ def _costliest_workloads(start, end, step, now, top):
             leaf = ("reserved_unused", team) if category == "reserved_unused" else (category,)
             _accumulate(leaves.setdefault(leaf, ledger.Amount()), amount)
         for order, (leaf, amount) in enumerate(sorted(leaves.items()), start=1):
-            for name, value in (("step", index), ("order", order), ("key", "/".join(leaf)), ("us", amount.device_us)):
+            for name, value in (("step", index), ("order", order), ("key", "/".join(leaf))):
                 rest[name].append(value)
-            rest["raw"].append(amount.raw)
+            rest["us"].append(ledger.in_millionths(amount.device_us))
+            rest["raw"].append(ledger.in_millionths(amount.raw))
     periods = {"class": [], "from": [], "to": [], "price": []}
     for class_id, timeline in price_timelines().items():
         for position, (at, units) in enumerate(timeline):
@@ -724,6 +733,17 @@ def _costliest_workloads(start, end, step, now, top):
                 timeline[position + 1][0] if position + 1 < len(timeline) else datetime.max.replace(tzinfo=UTC)
             )
             periods["price"].append(units)
+    billed_until = min(end, now)
+    shared = (
+        overlapping(start, billed_until)
+        .filter(consumed_capacity__isnull=False)
+        .annotate(**SHARE_KEYS)
+        .values_list(*SHARE_KEYS)
+        .distinct()
+        .order_by()
+    )
+    shared = list(shared)
+    shares = Shares(device for device, _ in shared)
     scale = clock.billing_scale()
     params = {
         "step_index": list(range(len(loaded.steps))),
@@ -738,12 +758,16 @@ def _costliest_workloads(start, end, step, now, top):
         "rest_key": rest["key"],
         "rest_us": rest["us"],
         "rest_raw": rest["raw"],
-        "billed_until": min(end, now),
+        "share_device": [device for device, _ in shared],
+        "share_consumed": [consumed for _, consumed in shared],
+        "share_millionths": [ledger.in_millionths(shares.devices(1, *pair)) for pair in shared],
+        "whole": ledger.in_millionths(1),
+        "billed_until": billed_until,
         "window_start": start,
         "num": scale.numerator,
         "den": scale.denominator,
-        "unit_us": ledger.MICROS_PER_TEN_THOUSANDTH_HOUR,
-        "unit_raw": ledger.RAW_PER_CENT,
+        "unit_us": ledger.in_millionths(ledger.MICROS_PER_TEN_THOUSANDTH_HOUR),
+        "unit_raw": ledger.in_millionths(ledger.RAW_PER_CENT),
         "top": top,
     }
     with connection.cursor() as cursor:

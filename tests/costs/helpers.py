@@ -31,7 +31,8 @@ def release(allocations, at):
         allocation.save(update_fields=["released_at"])
 
 
-def sample(device_class, at, total, unhealthy=0, stranded=0, reserved=None):
+def sample(device_class, at, total, unhealthy=0, stranded=0, reserved=None, shared=None):
+    """`shared`: {category: millionths of a device} of shared devices' remainders (CapacitySample.shared)."""
     reserved = reserved or {}
     return CapacitySample.objects.create(
         device_class=device_class,
@@ -41,6 +42,7 @@ def sample(device_class, at, total, unhealthy=0, stranded=0, reserved=None):
         stranded=stranded,
         reserved_unused=sum(reserved.values()),
         reserved_by_team=reserved,
+        shared=shared or {},
     )
 
 

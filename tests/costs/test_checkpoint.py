@@ -20,9 +20,11 @@ from broker.costs.models import (
 from broker.costs.pending import pending_report
 from broker.costs.report import allocation_report
 from broker.costs.ticker import running_cost
-from broker.policy.models import DeviceClass
-from broker.workloads.models import ExplanationChange
+from broker.inventory.models import Device
+from broker.policy.models import DeviceClass, SharingRule
+from broker.workloads.models import Allocation, ExplanationChange
 from broker.workloads.states import State
+from tests.builders import make_resource_class
 from tests.costs.helpers import NOV, hold, release, sample, submit
 from tests.costs.test_lifecycle import devices
 from tests.costs.test_rollup import busy_history
@@ -219,25 +221,63 @@ def test_it_takes_the_checkpoint_in_the_periodic_task(cluster):
 # --- a property: random histories around the checkpoint --------------------------------------------------
 
 REASONS = ("InsufficientCapacity", "Priority", "QuotaExceeded", "TopologyFragmented")
+# What a time-sliced pod takes of an 80Gi shared device: a quarter, 0.015063 (1234/81920 floored to the
+# millionth) and three eighths.
+SLICES = ("20Gi", "1234Mi", "30Gi")
+
+
+def slicing(cluster):
+    """n1/0 shared by memory (80Gi), and a time-sliced resource class on h100 to share it."""
+    shared = Device.objects.get(node=cluster.nodes[0], name="0")
+    shared.capacity = {"memory": "80Gi"}
+    shared.allow_multiple_allocations = True
+    shared.save()
+    time_sliced = make_resource_class(
+        "time-sliced", cluster.training.priority_class, [cluster.h100], sharing=SharingRule.TIME_SLICED
+    )
+    return shared, time_sliced
+
+
+def hold_shares(workload, device, device_class, memory, pods, start):
+    """`pods` allocations of `memory` of the shared `device` to `workload`, from `start` on."""
+    return [
+        Allocation.objects.create(
+            workload=workload,
+            device=device,
+            device_class=device_class,
+            pod_set="main",
+            pod_index=index,
+            allocated_at=start,
+            consumed_capacity={"memory": memory},
+        )
+        for index in range(pods)
+    ]
 
 
 def random_history(cluster, seed):
     """(events before the checkpoint is taken, events after): closures in time order. Each of 7 workloads
-    is submitted, explained, maybe admitted on devices of its own, and maybe released, at random times
-    from 50 minutes before the hourly rollup's end to 40 minutes after the checkpoint; samples too. The
-    checkpoint is taken late: some rows stamped after it are written before it is."""
+    is submitted, explained, maybe admitted on devices of its own or on shares of one shared device
+    (time-sliced, about two in five), and maybe released, at random times from 50 minutes before the
+    hourly rollup's end to 40 minutes after the checkpoint; samples too, some with shared remainders.
+    The checkpoint is taken late: some rows stamped after it are written before it is."""
     rng = random.Random(seed)
     a100 = DeviceClass.objects.create(
         name="a100", selector='device.attributes["gpu.example.com"].model == "A100"', price_per_hour="2.5000"
     )
-    sample(cluster.h100, NOV, total=16)
+    shared, time_sliced = slicing(cluster)
+    sample(cluster.h100, NOV, total=16, shared={"idle": 734_567})
     sample(a100, BASE - 2 * H, total=8, unhealthy=1)
     events = []
 
     def at(low, high):
         return low + timedelta(seconds=rng.randrange(int((high - low).total_seconds())))
 
-    free = [device for node in range(4) for device in devices(cluster, node, 4)]
+    def remainders():
+        return rng.choice(
+            [{}, {"idle": rng.randrange(1, 10**6)}, {"stranded": 250_001, "over": rng.randrange(1, 10**6)}]
+        )
+
+    free = [device for node in range(4) for device in devices(cluster, node, 4) if device.pk != shared.pk]
     rng.shuffle(free)
     for index in range(7):
         queue = rng.choice([cluster.queue_a, cluster.queue_b])
@@ -245,11 +285,17 @@ def random_history(cluster, seed):
         device_class = rng.choice([cluster.h100, a100])
         count = rng.randint(1, 2)
         submitted = at(BASE - 50 * M, UNTIL + 30 * M)
-        owned = [free.pop() for _ in range(count)]
+        memory = rng.choice(SLICES) if rng.random() < 0.4 else None
+        if memory is not None:
+            resource_class, device_class, owned = time_sliced, cluster.h100, None
+        else:
+            owned = [free.pop() for _ in range(count)]
         state = {}
 
-        def submit_it(i=index, q=queue, rc=resource_class, n=count, t=submitted, s=state):
+        def submit_it(i=index, q=queue, rc=resource_class, n=count, t=submitted, s=state, mem=memory):
             s["workload"] = submit(q, name=f"w{i}", replicas=n, devices_per_pod=1, resource_class=rc, at=t)
+            if mem is not None:
+                s["workload"].pod_sets.update(capacity={"memory": mem})
             s["workload"].transition(State.PENDING, at=t)
 
         events.append((submitted, submit_it))
@@ -264,9 +310,12 @@ def random_history(cluster, seed):
         if rng.random() < 0.7:
             admitted = at(cursor, cursor + 30 * M)
 
-            def admit(t=admitted, s=state, d=owned, dc=device_class):
+            def admit(t=admitted, s=state, d=owned, dc=device_class, mem=memory, n=count):
                 s["workload"].transition(State.ADMITTED, at=t)
-                s["held"] = hold(s["workload"], d, dc, t)
+                if mem is None:
+                    s["held"] = hold(s["workload"], d, dc, t)
+                else:
+                    s["held"] = hold_shares(s["workload"], shared, dc, mem, n, t)
                 s["workload"].transition(State.RUNNING, at=t)
 
             events.append((admitted, admit))
@@ -280,10 +329,41 @@ def random_history(cluster, seed):
                 events.append((released, finish))
     for _ in range(rng.randint(0, 3)):
         moment = at(BASE - 30 * M, UNTIL + 40 * M)
-        events.append((moment, lambda t=moment: sample(cluster.h100, t, total=16, stranded=rng.randint(0, 3))))
+        events.append(
+            (
+                moment,
+                lambda t=moment: sample(cluster.h100, t, total=16, stranded=rng.randint(0, 3), shared=remainders()),
+            )
+        )
     events.sort(key=lambda event: event[0])
     taken_at = UNTIL + timedelta(seconds=rng.choice([0, 0, 90, 600]))
     return [e for e in events if e[0] < taken_at], [e for e in events if e[0] >= taken_at]
+
+
+def test_it_keeps_the_millionths_of_shares_open_at_the_checkpoint(cluster, monkeypatch):
+    """Shares held and requested at the checkpoint are stored as the rollups store amounts, whole devices
+    plus millionths, and billed on exactly: two pods of 1234Mi of 80Gi hold 2 x 0.015063 of a device,
+    three waiting pods of 20Gi ask for 3 x 0.25."""
+    shared, time_sliced = slicing(cluster)
+    sample(cluster.h100, NOV, total=16, shared={"idle": 969_874})
+    slices = submit(cluster.queue_a, name="slices", replicas=2, resource_class=time_sliced, at=BASE - 40 * M)
+    slices.pod_sets.update(capacity={"memory": "1234Mi"})
+    slices.transition(State.PENDING, at=BASE - 40 * M)
+    slices.transition(State.ADMITTED, at=BASE - 35 * M)
+    hold_shares(slices, shared, cluster.h100, "1234Mi", 2, BASE - 35 * M)
+    slices.transition(State.RUNNING, at=BASE - 35 * M)
+    waiting = submit(cluster.queue_b, name="waiting", replicas=3, resource_class=time_sliced, at=BASE - 30 * M)
+    waiting.pod_sets.update(capacity={"memory": "20Gi"})
+    waiting.transition(State.PENDING, at=BASE - 30 * M)
+    roll_up_to_the_checkpoint()
+    held = CheckpointOpen.objects.get(kind=rollup.COSTS)
+    asked = CheckpointOpen.objects.get(kind=rollup.PENDING)
+    assert (held.team_id, held.devices, held.devices_millionths) == (cluster.team_a.pk, 0, 30_126)
+    assert (asked.team_id, asked.devices, asked.devices_millionths) == (cluster.team_b.pk, 0, 750_000)
+    now = UNTIL + 30 * M
+    by_workload = allocation_report(BASE, now, aggregate=("workload",), step="hour", now=now, top=1)
+    assert by_workload["totals"]["allocations"]["team-a/slices"]["device_hours"] == Decimal("0.0251")  # 50 min
+    assert_same(reports(cluster, now), direct_reports(cluster, now, monkeypatch))
 
 
 @pytest.mark.parametrize("seed", range(12))

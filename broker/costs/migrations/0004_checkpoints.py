@@ -55,6 +55,7 @@ class Migration(migrations.Migration):
                 ('resource_class_id', models.BigIntegerField(null=True)),
                 ('reason', models.CharField(blank=True, max_length=64)),
                 ('devices', models.BigIntegerField()),
+                ('devices_millionths', models.BigIntegerField(default=0)),
             ],
         ),
         migrations.CreateModel(
