@@ -126,19 +126,38 @@ def assert_claims_hold(snapshot, workload, admission):
             if way is None:
                 way = next(way for way in request.first_available if label == f"{request.name}/{way.name}")
             ids = given[label]
-            assert len(ids) == way.count, f"{workload.id}: request {label} got {len(ids)} of {way.count}"
+            if way.takes_all:  # every device of the way's class and selectors on the pod's node, in any state
+                every = {
+                    device.id
+                    for device in snapshot.devices
+                    if device.node == pod.node
+                    and way.device_class in matcher.classes_of(device)
+                    and (not way.selectors or selectors.matches(way.selectors, device.attributes))
+                }
+                assert every and set(ids) == every, f"{workload.id}: request {label} got {ids} of all {sorted(every)}"
+            else:
+                assert len(ids) == way.count, f"{workload.id}: request {label} got {len(ids)} of {way.count}"
             for device_id in ids:
                 device = devices[device_id]
                 assert way.device_class in matcher.classes_of(device), f"{device_id} is no {way.device_class}"
                 assert not way.selectors or selectors.matches(way.selectors, device.attributes), device_id
             by_request[request.name] = ids
-        for constraint in pod_set.constraints:
-            attribute = constraint.match_attribute
-            names = constraint.requests or tuple(by_request)
-            ids = [device_id for name in names for device_id in by_request[name.split("/", 1)[0]]]
-            assert all(attribute in devices[device_id].attributes for device_id in ids), f"{workload.id}: {attribute}"
-            values = {str(devices[device_id].attributes[attribute]) for device_id in ids}
-            assert len(values) == 1, f"{workload.id}: {attribute} differs across {ids}"
+        assert_constraints_hold(workload, pod_set.constraints, by_request, devices)
+
+
+def assert_constraints_hold(workload, constraints, by_request, devices):
+    """Every matchAttribute constraint: one value over the devices of the requests it names; every
+    distinctAttribute one: a value of its own on each of them. Either way every device carries it."""
+    for constraint in constraints:
+        attribute = constraint.attribute
+        names = constraint.requests or tuple(by_request)
+        ids = [device_id for name in names for device_id in by_request[name.split("/", 1)[0]]]
+        assert all(attribute in devices[device_id].attributes for device_id in ids), f"{workload.id}: {attribute}"
+        values = [str(devices[device_id].attributes[attribute]) for device_id in ids]
+        if constraint.match_attribute:
+            assert len(set(values)) == 1, f"{workload.id}: {attribute} differs across {ids}"
+        else:
+            assert len(set(values)) == len(values), f"{workload.id}: {attribute} repeats across {ids}: {values}"
 
 
 def reaches(snapshot, device, node_name) -> bool:
@@ -174,7 +193,16 @@ def assert_group_claims_hold(snapshot, workload, admission):
                 way for way in request.first_available if mine[0] == f"{claim.name}/{request.name}/{way.name}"
             )
             ids = given[mine[0]]
-            assert len(ids) == way.count, f"{workload.id}: {mine[0]} got {ids}"
+            if way.takes_all:  # at least one, and every one the whole cluster reaches among them
+                everywhere = {
+                    device.id
+                    for device in snapshot.devices
+                    if device.attributes.get(REACH_ATTRIBUTE) == REACH_CLUSTER
+                    and way.device_class in matcher.classes_of(device)
+                }
+                assert ids and everywhere <= set(ids), f"{workload.id}: {mine[0]} got {ids}, not all of {everywhere}"
+            else:
+                assert len(ids) == way.count, f"{workload.id}: {mine[0]} got {ids}"
             for device_id in ids:
                 assert way.device_class in matcher.classes_of(devices[device_id]), (
                     f"{device_id} is no {way.device_class}"
@@ -183,11 +211,7 @@ def assert_group_claims_hold(snapshot, workload, admission):
                 for pod in admission.pods:
                     assert reaches(snapshot, devices[device_id], pod.node), f"{pod.node} cannot reach {device_id}"
             by_request[request.name] = ids
-        for constraint in claim.constraints:
-            names = constraint.requests or tuple(by_request)
-            ids = [device_id for name in names for device_id in by_request[name.split("/", 1)[0]]]
-            values = {str(devices[device_id].attributes.get(constraint.match_attribute)) for device_id in ids}
-            assert len(values) == 1, f"{workload.id}: {constraint.match_attribute} differs across {ids}"
+        assert_constraints_hold(workload, claim.constraints, by_request, devices)
     served = {"/".join(label.split("/")[:2]) for label in given}
     asked = {f"{claim.name}/{request.name}" for claim in workload.group_claims for request in claim.requests}
     assert served == asked, f"{workload.id}: group requests {sorted(served)} for {sorted(asked)}"
