@@ -57,6 +57,8 @@ def test_it_submits_a_claim_with_several_requests_as_the_api_stores_it(client, a
     client.force_login(alice)
     page = client.get(reverse("dashboard:submit")).content.decode()
     assert 'id="advanced-claims"' in page and 'name="claim"' in page and 'name="group_claims"' in page
+    # The menu says which device classes a claim in each resource class may name.
+    assert 'A claim may name: <span class="mono">h100, nic</span>' in page
 
     response = client.post(reverse("dashboard:submit"), form(cluster, fabric, claim=CLAIM))
 
