@@ -172,6 +172,19 @@ def reaches(snapshot, device, node_name) -> bool:
     return all(nodes[device.node].domains.get(lv) == nodes[node_name].domains.get(lv) for lv in path)
 
 
+def reach_path(snapshot, device) -> tuple:
+    """The domain path (coarse to fine, the node last) from every node of which `device` is reachable:
+    () for the whole cluster."""
+    level = device.attributes.get(REACH_ATTRIBUTE)
+    if level == REACH_CLUSTER:
+        return ()
+    node = next(node for node in snapshot.nodes if node.name == device.node)
+    levels = list(snapshot.levels)
+    if level in levels:
+        return tuple(node.domains.get(name) for name in levels[: levels.index(level) + 1])
+    return (*(node.domains.get(name) for name in levels), node.name)
+
+
 def assert_group_claims_hold(snapshot, workload, admission):
     """Each group claim is allocated exactly once for the gang: every request of it served once with
     the count of one of its ways, of its class, each constraint holding; every pod reaches every device."""
@@ -193,14 +206,19 @@ def assert_group_claims_hold(snapshot, workload, admission):
                 way for way in request.first_available if mine[0] == f"{claim.name}/{request.name}/{way.name}"
             )
             ids = given[mine[0]]
-            if way.takes_all:  # at least one, and every one the whole cluster reaches among them
-                everywhere = {
+            if way.takes_all:
+                # At least one; and whatever their state, every device of the kind whose reach covers the
+                # finest reach among them (the gang's region is at least that fine): the whole cluster's,
+                # its zone's, ... A device of the kind with a coarser reach left out was not "all".
+                assert ids, f"{workload.id}: {mine[0]} got nothing"
+                finest = max((reach_path(snapshot, devices[device_id]) for device_id in ids), key=len)
+                covering = {
                     device.id
                     for device in snapshot.devices
-                    if device.attributes.get(REACH_ATTRIBUTE) == REACH_CLUSTER
-                    and way.device_class in matcher.classes_of(device)
+                    if way.device_class in matcher.classes_of(device)
+                    and finest[: len(reach_path(snapshot, device))] == reach_path(snapshot, device)
                 }
-                assert ids and everywhere <= set(ids), f"{workload.id}: {mine[0]} got {ids}, not all of {everywhere}"
+                assert covering <= set(ids), f"{workload.id}: {mine[0]} got {ids}, not all of {sorted(covering)}"
             else:
                 assert len(ids) == way.count, f"{workload.id}: {mine[0]} got {ids}"
             for device_id in ids:
