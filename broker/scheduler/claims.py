@@ -544,6 +544,17 @@ class Planner:
                 )
         if _matching(masks, []) is None:
             return None
+        # A group needs as many values as it has units (8 GPUs under distinct roots of a node with 4 fail
+        # here, before any search).
+        needs: dict = {}  # group -> [its units, the union of their masks, value index by device bit]
+        for mask, unit_tags in zip(masks, tags, strict=True):
+            for group, values in unit_tags:
+                need = needs.setdefault(group, [0, 0, values])
+                need[0] += 1
+                need[1] |= mask
+        for units, union, values in needs.values():
+            if len({values[bit] for bit in range(union.bit_length()) if union >> bit & 1}) < units:
+                return None
         # The most constrained units first; alike units (same devices, same constraints) next to one
         # another, each taking a device after its predecessor's, as their order cannot matter.
         groups = [tuple(group for group, _ in unit_tags) for unit_tags in tags]
