@@ -14,7 +14,8 @@ pod of the gang and every claim exists.
 A PodGroup's own `resourceClaims` (Kubernetes 1.36, KEP-5729) are claims the whole gang owns: each
 becomes one of the workload's group claims (its `spec.devices` requests and constraints as written),
 allocated once for the gang and reachable from every pod; its pods name it too, and that entry is not
-their own claim. An entry names a ResourceClaim, or a ResourceClaimTemplate from which the resourceclaim
+their own claim. Such a claim may have one allocationMode All request, beside `exactly` requests with
+counts (its allocation result is told apart by request order). An entry names a ResourceClaim, or a ResourceClaimTemplate from which the resourceclaim
 controller makes one claim for the PodGroup and records its name in the PodGroup's
 `status.resourceClaimStatuses`; until that claim is named and mirrored the group waits
 (WaitingForClaims).
@@ -783,6 +784,15 @@ def group_claims_of(group, entries):
         claim = known.get(claim_name)
         if claim is None:
             raise Refused("WaitingForClaims", f"ResourceClaim {claim_name} (group claim {name}) does not exist yet")
+        takes_all = [request for request in claim.requests if request.get("all")]
+        if takes_all and (len(takes_all) > 1 or any(request.get("subrequests") for request in claim.requests)):
+            # Its allocation result is written from the devices in request order (applier.group_results):
+            # one request of unknown size among counted ones can be told apart, two cannot.
+            raise Refused(
+                "InvalidRequest",
+                f"ResourceClaim {claim_name} (group claim {name}): an allocationMode All request goes only "
+                "beside exactly requests with a count",
+            )
         group_claims.append({"name": name, **claim.devices})
     return tuple(group_claims), owned
 
