@@ -15,10 +15,10 @@ A PodGroup's own `resourceClaims` (Kubernetes 1.36, KEP-5729) are claims the who
 becomes one of the workload's group claims (its `spec.devices` requests and constraints as written),
 allocated once for the gang and reachable from every pod; its pods name it too, and that entry is not
 their own claim. Such a claim may have one allocationMode All request, beside `exactly` requests with
-counts (its allocation result is told apart by request order). An entry names a ResourceClaim, or a ResourceClaimTemplate from which the resourceclaim
-controller makes one claim for the PodGroup and records its name in the PodGroup's
-`status.resourceClaimStatuses`; until that claim is named and mirrored the group waits
-(WaitingForClaims).
+counts (its allocation result is told apart by request order). An entry names a ResourceClaim, or a
+ResourceClaimTemplate from which the resourceclaim controller makes one claim for the PodGroup and
+records its name in the PodGroup's `status.resourceClaimStatuses`; until that claim is named and
+mirrored the group waits (WaitingForClaims).
 
 A PodGroup made from a Workload's PodGroupTemplate names it (`spec.podGroupTemplateRef.workload`). As in
 Kubernetes 1.36 (KEP-5832, "copy/inline"), the PodGroup carries its own copy of the template's policy and
