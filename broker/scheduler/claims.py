@@ -51,6 +51,9 @@ class Claim(NamedTuple):
 
     requests: tuple[DeviceRequest, ...]
     constraints: tuple[DeviceConstraint, ...] = ()
+    # The most devices an allocationMode All request may take (its resource class's max_devices): a node
+    # with more of the kind cannot serve it, so All never takes more than the class allows.
+    most: int | None = None
 
     def classes(self) -> tuple[str, ...]:
         """Every device class the claim can use, in the order it names them."""
@@ -143,6 +146,7 @@ class _Shape:
                 ]
             )
         self.takes_all = any(way.takes_all for ways in self.ways for way in ways)
+        self.most = claim.most
         names = [request.name for request in claim.requests]
 
         def covered(constraint) -> tuple:
@@ -195,7 +199,7 @@ class _NodeInfo:
                             if way.class_index in slot.classes
                             and (not way.selectors or selectors.matches(way.selectors, slot.attributes))
                         )
-                        if every == 0 or mask.bit_count() != every:
+                        if every == 0 or mask.bit_count() != every or (shape.most is not None and every > shape.most):
                             mask = 0
                         self.all_counts[(shape_index, request, position)] = max(every, 1)
                     masks.append(mask)
@@ -836,6 +840,8 @@ def _why_not(planner: Planner, required_level: str | None) -> str:
                 continue
             failing = requests[count - 1]
             wanted = _way_text(shape.ways[count - 1])
+            if shape.most is not None and any(way.takes_all for way in shape.ways[count - 1]):
+                wanted += f" (at most {shape.most}, as its resource class allows)"
             if count == 1:
                 alone = [attribute for attribute, covered in shape.constraints if 0 in covered]
                 wanted += "".join(f" with one {attribute}" for attribute in alone)
