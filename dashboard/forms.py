@@ -148,7 +148,7 @@ class SubmitForm(forms.Form):
             refusal = class_refusal(cleaned.get("resource_class"), name, cleaned.get(name), self.levels)
             if refusal:
                 self.add_error(name, refusal)
-        if cleaned.get("claim") and (cleaned.get("device_class") or cleaned.get("devices_per_pod", 1) != 1):
+        if cleaned.get("claim") and (cleaned.get("device_class") or cleaned.get("devices_per_pod") not in (None, 1)):
             self.add_error(
                 "claim", "A claim says its devices itself: leave devices per pod at 1 and device class empty."
             )

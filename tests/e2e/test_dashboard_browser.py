@@ -203,9 +203,9 @@ def test_it_previews_a_claim_written_in_the_advanced_section(stack, browser, blo
     member.fill("input[name=name]", "every-gpu")
     member.check('input[name=resource_class][data-name="distributed-training"]')
     member.click("#advanced-claims summary")
-    member.fill(
-        "textarea[name=claim]", "requests: [{name: gpus, exactly: {deviceClassName: h100, allocationMode: All}}]"
-    )
+    every = "requests: [{name: gpus, exactly: {deviceClassName: h100, allocationMode: All}}]"
+    member.fill("textarea[name=claim]", every)
+    assert "each with the devices its claim says" in member.inner_text("#size-summary")
     member.click("#whatif-button")
     member.wait_for_selector('#whatif[data-verdict="yes"]')
     assert "it would start now" in member.inner_text("#whatif")
