@@ -82,12 +82,13 @@ def form_suggestions(suggestions, resource_class=None) -> list[dict]:
 
 
 def resubmittable(workload, pod_sets) -> bool:
-    """Whether the submit form can say this request again: one pod set of plain devices (a DRA claim or
-    an attribute match is the API's), in a resource class."""
+    """Whether the submit form can say this request again: one pod set, of plain devices or of a DRA
+    claim (its advanced field), without an attribute match or a fallback list of its own (the API's),
+    in a resource class."""
     if workload.resource_class_id is None or len(pod_sets) != 1:
         return False
     pod_set = pod_sets[0]
-    return not pod_set.claim and not pod_set.match_attribute and len(pod_set.device_classes) <= 1
+    return not pod_set.match_attribute and len(pod_set.device_classes) <= 1
 
 
 def may_resubmit(user, workload, waiting=True) -> bool:

@@ -1,3 +1,6 @@
+import re
+
+import yaml
 from django import forms
 from django.db.models import Q
 
@@ -45,6 +48,29 @@ def plain_words(resource_class):
     return "; ".join(parts) + "."
 
 
+CLAIM_EXAMPLE = """requests:
+  - {name: gpus, exactly: {deviceClassName: h100, count: 2}}
+  - {name: nics, exactly: {deviceClassName: nic, allocationMode: All}}
+constraints:
+  - {requests: [gpus], distinctAttribute: pcie_root}"""
+GROUP_CLAIMS_EXAMPLE = """- name: scratch
+  requests: [{name: data, exactly: {deviceClassName: scratch}}]"""
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+CLAIM_TEXT_MAX = 20_000  # characters: far above any real claim, far below what would cost to parse
+
+
+def parsed_text(text):
+    """YAML (or JSON) text as data, or a ValidationError saying where it does not read."""
+    if len(text) > CLAIM_TEXT_MAX:
+        raise forms.ValidationError(f"At most {CLAIM_TEXT_MAX} characters.")
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise forms.ValidationError(f"Not YAML or JSON{where}: {getattr(error, 'problem', None) or error}.") from None
+
+
 class SubmitForm(forms.Form):
     name = forms.SlugField(max_length=100, help_text="Unique within your team, e.g. llama-finetune-7.")
     queue = forms.ModelChoiceField(queryset=Queue.objects.none(), empty_label=None)
@@ -76,6 +102,24 @@ class SubmitForm(forms.Form):
     # What else a suggestion may change besides the gang (issue 27): empty means as the class says.
     topology_required = forms.ChoiceField(required=False, help_text="Where all pods must be together.")
     topology_preferred = forms.ChoiceField(required=False, help_text="Where pods are packed when possible.")
+    # Everything the API's claims say (issue 26), as the API takes it: several named requests with
+    # fallbacks, allocationMode All, matchAttribute / distinctAttribute constraints, and claims the
+    # whole gang owns. YAML (JSON is YAML too), so a body copied from a ResourceClaim reads as it is.
+    claim = forms.CharField(
+        required=False,
+        label="Each pod's claim (advanced)",
+        widget=forms.Textarea(attrs={"rows": 6, "spellcheck": "false", "placeholder": CLAIM_EXAMPLE}),
+        help_text="YAML or JSON, as a ResourceClaim's spec.devices: requests (exactly or firstAvailable, "
+        "allocationMode All) and constraints (matchAttribute or distinctAttribute). Replaces devices per "
+        "pod and device class.",
+    )
+    group_claims = forms.CharField(
+        required=False,
+        label="Group claims (advanced)",
+        widget=forms.Textarea(attrs={"rows": 4, "spellcheck": "false", "placeholder": GROUP_CLAIMS_EXAMPLE}),
+        help_text="YAML or JSON list of {name, requests, constraints}: claims the whole gang owns, allocated "
+        "once and reached by every pod.",
+    )
 
     def __init__(self, user, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -104,6 +148,10 @@ class SubmitForm(forms.Form):
             refusal = class_refusal(cleaned.get("resource_class"), name, cleaned.get(name), self.levels)
             if refusal:
                 self.add_error(name, refusal)
+        if cleaned.get("claim") and (cleaned.get("device_class") or cleaned.get("devices_per_pod") not in (None, 1)):
+            self.add_error(
+                "claim", "A claim says its devices itself: leave devices per pod at 1 and device class empty."
+            )
         resource_class, device_class = cleaned.get("resource_class"), cleaned.get("device_class")
         if resource_class and device_class:
             offered = [choice.name for choice in resource_class.ordered_device_classes()]
@@ -112,6 +160,39 @@ class SubmitForm(forms.Form):
                     "device_class", f"{resource_class} does not offer {device_class}; it offers {', '.join(offered)}."
                 )
         return cleaned
+
+    def clean_claim(self):
+        text = self.cleaned_data.get("claim", "").strip()
+        if not text:
+            return {}
+        claim = parsed_text(text)
+        if not isinstance(claim, dict) or not isinstance(claim.get("requests"), list):
+            raise forms.ValidationError("A claim is a mapping with a list of requests (and constraints).")
+        return claim
+
+    def clean_group_claims(self):
+        text = self.cleaned_data.get("group_claims", "").strip()
+        if not text:
+            return []
+        claims = parsed_text(text)
+        if not isinstance(claims, list) or not all(isinstance(claim, dict) for claim in claims):
+            raise forms.ValidationError("Group claims are a list of {name, requests, constraints}.")
+        if len(claims) > limits.GROUP_CLAIMS_MAX:
+            raise forms.ValidationError(f"At most {limits.GROUP_CLAIMS_MAX} group claims.")
+        for index, claim in enumerate(claims):
+            unknown = sorted(set(claim) - {"name", "requests", "constraints"})
+            if unknown:
+                raise forms.ValidationError(f"Group claim {index + 1}: unknown field {unknown[0]}.")
+            if not isinstance(claim.get("name"), str) or not DNS_LABEL.match(claim["name"]):
+                raise forms.ValidationError(f"Group claim {index + 1}: its name must be a DNS label, e.g. scratch.")
+            if not isinstance(claim.get("requests"), list) or not claim["requests"]:
+                raise forms.ValidationError(f"Group claim {claim['name']}: a non-empty list of requests.")
+            if not isinstance(claim.get("constraints", []), list):
+                raise forms.ValidationError(f"Group claim {claim['name']}: constraints are a list.")
+        return [
+            {"name": claim["name"], "requests": claim["requests"], "constraints": claim.get("constraints") or []}
+            for claim in claims
+        ]
 
     def submission(self):
         data = self.cleaned_data
@@ -127,8 +208,10 @@ class SubmitForm(forms.Form):
                     devices_per_pod=data["devices_per_pod"],
                     min_count=data.get("min_count"),
                     device_classes=(data["device_class"].name,) if data.get("device_class") else (),
+                    claim=data.get("claim") or {},
                 ),
             ),
+            group_claims=tuple(data.get("group_claims") or ()),
             expected_duration_seconds=int(hours * 3600) if hours else None,
             topology_required=topology(data.get("topology_required")),
             topology_preferred=topology(data.get("topology_preferred")),
@@ -136,7 +219,13 @@ class SubmitForm(forms.Form):
 
     def add_service_errors(self, errors):
         for field, found in errors.items():
-            if field == "pod_sets":
+            if field == "group_claims" and isinstance(found, list):
+                claims = self.cleaned_data.get("group_claims") or []
+                for index, per_claim in enumerate(found):
+                    name = claims[index]["name"] if index < len(claims) else str(index + 1)
+                    for texts in (per_claim or {}).values():
+                        self.add_error("group_claims", [f"Group claim {name}: {text}" for text in texts])
+            elif field == "pod_sets":
                 for per_pod_set in found if isinstance(found, list) else [found]:
                     if isinstance(per_pod_set, dict):
                         for name, texts in per_pod_set.items():
@@ -172,6 +261,8 @@ def resubmission_initial(workload, pod_set, changes):
         "device_class": pod_set.device_classes[0] if pod_set.device_classes else "",
         "topology_required": own_topology(workload.topology_required, resource_class.topology_required),
         "topology_preferred": own_topology(workload.topology_preferred, resource_class.topology_preferred),
+        "claim": yaml.safe_dump(pod_set.claim, sort_keys=False) if pod_set.claim else "",
+        "group_claims": yaml.safe_dump(workload.group_claims, sort_keys=False) if workload.group_claims else "",
     }
     return {**initial, **changes}
 

@@ -193,7 +193,8 @@ def submit_whatif(request):
     errors = workload_services.submission_errors(submission, request.user)
     errors.pop("name", None)  # a what-if never stores the workload, so a clashing name does not matter
     if errors:
-        return JsonResponse({"ok": False, "errors": errors}, status=400)
+        form.add_service_errors(errors)  # by the form's fields, as a submission shows them
+        return JsonResponse({"ok": False, "errors": form.errors.get_json_data()}, status=400)
     return JsonResponse({"ok": True, **would_start(submission, request.user)})
 
 

@@ -10,11 +10,12 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from broker.cycle.executor import get_executor
-from broker.cycle.loader import load_snapshot
+from broker.cycle.loader import group_claims_from_rows, load_snapshot
 from broker.cycle.runner import keep_out_of_collections
 from broker.governance import guidance
 from broker.governance.approvals import price_per_hour
 from broker.scheduler import snapshot as s
+from broker.scheduler.claims import claim_from_dra
 from broker.scheduler.cycle import decide
 from broker.workloads import services as workload_services
 from dashboard.advice import ANYWHERE, class_refusal, form_suggestions, levels
@@ -51,9 +52,14 @@ def candidate(submission, now):
                 min_count=pod_set.min_count,
                 devices_per_pod=pod_set.devices_per_pod,
                 device_classes=tuple(pod_set.device_classes),
+                # A claim with several requests, as the loader reads a stored one (it passed the checks).
+                **dict(zip(("requests", "constraints"), claim_from_dra(pod_set.claim), strict=True))
+                if pod_set.claim
+                else {},
             )
             for pod_set in submission.pod_sets
         ),
+        group_claims=group_claims_from_rows(submission.group_claims),
         # "" is the submitter's "no level", as the loader reads a stored workload's.
         topology_required=(
             submission.topology_required

@@ -160,6 +160,9 @@ def test_it_times_each_cycle_on_postgresql_until_its_transaction_committed(tmp_p
     assert claims["first"]["admitted"] == len(decide(snapshot).admissions) > 0
     assert all(claims[name]["outcome"] == "Committed" for name in ("refill", "steady", "health_flap"))
     assert isinstance(claims["within_target"], bool)
+    # Judged on its median, like the plain case; --quick runs its sequence once.
+    assert len(claims["runs"]) == 1
+    assert claims["median_committed_ms"]["first"] == pytest.approx(claims["first"]["committed_ms"], abs=0.1)
     assert "; claims " in completed.stdout
 
 

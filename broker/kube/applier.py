@@ -76,12 +76,17 @@ def group_results(devices, rows):
     """The allocation results of a group claim whose spec.devices is `devices`, from its allocation rows
     [(driver, pool, device, device class)] in pod index order: the cycle allocates a claim's requests in
     their order, `count` devices each; for firstAvailable the sub-request is the first of the chosen
-    device's class (`request/subrequest`)."""
+    device's class (`request/subrequest`). A request with allocationMode All (at most one a claim, as
+    intake takes them) has the devices the counted requests after it leave."""
     results, at = [], 0
-    for request in devices.get("requests") or []:
+    requests = devices.get("requests") or []
+    for position, request in enumerate(requests):
         if at >= len(rows):
             raise ApplyFailed(f"request {request.get('name')}: no device allocated")
-        if request.get("exactly"):
+        if request.get("exactly", {}).get("allocationMode") == "All":
+            later = sum((other.get("exactly") or {}).get("count") or 1 for other in requests[position + 1 :])
+            label, count = request["name"], len(rows) - at - later
+        elif request.get("exactly"):
             label, count = request["name"], request["exactly"].get("count") or 1
         else:
             device_class = rows[at][3]

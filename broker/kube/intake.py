@@ -7,15 +7,18 @@ first topology constraint's label key the required topology level, its priority 
 workload's. The queue is the PodGroup's queue label (settings.KUBE_QUEUE_LABEL), else its namespace's
 name; the resource class is its resource-class label. Each pod claims its devices through one
 ResourceClaim with one request: `exactly` (a device class and a count) or `firstAvailable` (classes in
-fallback order, one count). The workload is submitted once every pod of the gang and every claim exists.
+fallback order, one count). A request with `allocationMode: All` (every matching device of the pod's
+node) goes in as the pod set's claim, as its spec.devices says it. The workload is submitted once every
+pod of the gang and every claim exists.
 
 A PodGroup's own `resourceClaims` (Kubernetes 1.36, KEP-5729) are claims the whole gang owns: each
 becomes one of the workload's group claims (its `spec.devices` requests and constraints as written),
 allocated once for the gang and reachable from every pod; its pods name it too, and that entry is not
-their own claim. An entry names a ResourceClaim, or a ResourceClaimTemplate from which the resourceclaim
-controller makes one claim for the PodGroup and records its name in the PodGroup's
-`status.resourceClaimStatuses`; until that claim is named and mirrored the group waits
-(WaitingForClaims).
+their own claim. Such a claim may have one allocationMode All request, beside `exactly` requests with
+counts (its allocation result is told apart by request order). An entry names a ResourceClaim, or a
+ResourceClaimTemplate from which the resourceclaim controller makes one claim for the PodGroup and
+records its name in the PodGroup's `status.resourceClaimStatuses`; until that claim is named and
+mirrored the group waits (WaitingForClaims).
 
 A PodGroup made from a Workload's PodGroupTemplate names it (`spec.podGroupTemplateRef.workload`). As in
 Kubernetes 1.36 (KEP-5832, "copy/inline"), the PodGroup carries its own copy of the template's policy and
@@ -47,6 +50,7 @@ What the cluster says wins: a bound pod deleted by hand ends its workload (Faile
 audited as a manual intervention); pods that all succeeded end it Succeeded; a pod that failed, Failed.
 """
 
+import json
 import logging
 
 from django.conf import settings
@@ -66,7 +70,7 @@ from broker.kube.models import (
     MirroredWorkload,
 )
 from broker.policy.models import DeviceClass, Queue, ResourceClass
-from broker.scheduler.snapshot import GROUP_POD_SET
+from broker.scheduler.snapshot import ALL_DEVICES, GROUP_POD_SET
 from broker.workloads.models import Allocation, DisruptionMode, PreemptionPolicy, Workload
 from broker.workloads.services import InvalidSubmission, PodSetRequest, Submission, submit_workload
 from broker.workloads.states import FINAL_STATES, HOLDING_STATES, State
@@ -233,24 +237,34 @@ def forget_group(group, why):
 
 
 def claim_requests(obj):
-    """[{name, classes, count}] of a ResourceClaim's device requests."""
+    """[{name, classes, count}] of a ResourceClaim's device requests; `count` is None when its ways
+    differ in count or one takes all (allocationMode All, then `all` is true): the pod set then carries
+    the claim itself (pod_group_submission)."""
     requests = []
     for request in ((obj.get("spec") or {}).get("devices") or {}).get("requests") or []:
         if request.get("exactly"):
             exactly = request["exactly"]
             count = exactly.get("count") or 1
-            if exactly.get("allocationMode") == "All":
-                count = None  # every matching device on the node: not a count the broker can place
-            requests.append({"name": request["name"], "classes": [exactly.get("deviceClassName")], "count": count})
+            every = exactly.get("allocationMode") == ALL_DEVICES
+            requests.append(
+                {
+                    "name": request["name"],
+                    "classes": [exactly.get("deviceClassName")],
+                    "count": None if every else count,
+                    **({"all": True} if every else {}),
+                }
+            )
         elif request.get("firstAvailable"):
             subs = request["firstAvailable"]
+            every = any(sub.get("allocationMode") == ALL_DEVICES for sub in subs)
             counts = {sub.get("count") or 1 for sub in subs}
             requests.append(
                 {
                     "name": request["name"],
                     "classes": [sub.get("deviceClassName") for sub in subs],
-                    "count": counts.pop() if len(counts) == 1 else None,
+                    "count": counts.pop() if len(counts) == 1 and not every else None,
                     "subrequests": [sub["name"] for sub in subs],
+                    **({"all": True} if every else {}),
                 }
             )
     return requests
@@ -686,12 +700,16 @@ def submission_for(group, pods):
         claim = known.get(pod.claims[0])
         if claim is None:
             return None, f"ResourceClaim {pod.claims[0]} of pod {pod.name} does not exist yet", None
-        if len(claim.requests) != 1 or not claim.requests[0]["count"]:
+        if len(claim.requests) != 1 or not (claim.requests[0]["count"] or claim.requests[0].get("all")):
             raise Refused(
-                "InvalidRequest", f"ResourceClaim {claim.name} must have one request with an exact device count"
+                "InvalidRequest",
+                f"ResourceClaim {claim.name} must have one request with an exact device count or allocationMode All",
             )
         request = claim.requests[0]
-        shapes.add((tuple(request["classes"]), request["count"]))
+        if request.get("all"):  # its devices are counted on the node: the pod set carries the claim itself
+            shapes.add((tuple(request["classes"]), json.dumps(claim.devices, sort_keys=True)))
+        else:
+            shapes.add((tuple(request["classes"]), request["count"]))
         claims[pod.name] = claim.name
     if len(shapes) != 1:
         raise Refused("InvalidRequest", "every pod of the group must claim the same devices")
@@ -699,16 +717,19 @@ def submission_for(group, pods):
     unknown = [name for name in classes if not DeviceClass.objects.filter(name=name).exists()]
     if unknown:
         raise Refused("InvalidRequest", f"unknown device class {', '.join(unknown)}")
+    if isinstance(count, str):
+        pod_set = PodSetRequest(name="main", replicas=len(pods), devices_per_pod=1, min_count=min_count,
+                                claim=json.loads(count))  # fmt: skip
+    else:
+        pod_set = PodSetRequest(
+            name="main", replicas=len(pods), devices_per_pod=count, min_count=min_count, device_classes=classes
+        )
     return (
         Submission(
             name=f"{group.namespace}-{group.name}"[:94] + f"-{group.uid[:5]}",
             queue=queue,
             resource_class=resource_class,
-            pod_sets=(
-                PodSetRequest(
-                    name="main", replicas=len(pods), devices_per_pod=count, min_count=min_count, device_classes=classes
-                ),
-            ),
+            pod_sets=(pod_set,),
             priority=priority,
             disruption_mode=spec.get("disruption_mode") if spec.get("disruption_mode") in DisruptionMode.values else "",
             preemption_policy=preemption_policy,
@@ -763,6 +784,15 @@ def group_claims_of(group, entries):
         claim = known.get(claim_name)
         if claim is None:
             raise Refused("WaitingForClaims", f"ResourceClaim {claim_name} (group claim {name}) does not exist yet")
+        takes_all = [request for request in claim.requests if request.get("all")]
+        if takes_all and (len(takes_all) > 1 or any(request.get("subrequests") for request in claim.requests)):
+            # Its allocation result is written from the devices in request order (applier.group_results):
+            # one request of unknown size among counted ones can be told apart, two cannot.
+            raise Refused(
+                "InvalidRequest",
+                f"ResourceClaim {claim_name} (group claim {name}): an allocationMode All request goes only "
+                "beside exactly requests with a count",
+            )
         group_claims.append({"name": name, **claim.devices})
     return tuple(group_claims), owned
 

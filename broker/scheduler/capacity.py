@@ -575,6 +575,16 @@ class CapacityState:
         self._running: dict | None = None  # the running work held, by id; None: not rebasable
         self._reserved: list[Slot] = []
         self._reserved_by: dict[str, list[Slot]] = {}
+        self._node_starts: list[int] | None = None  # see node_devices
+
+    def node_devices(self, node: int) -> list[Slot]:
+        """Every device of `node` whatever its state (a claim taking all of a kind must know the busy
+        and broken ones too); the slots lie node by node, so a node's are one run of them."""
+        starts = self._node_starts
+        if starts is None:
+            nodes = [slot.node for slot in self.slots]
+            starts = self._node_starts = [bisect_left(nodes, index) for index in range(len(self.node_names) + 1)]
+        return self.slots[starts[node] : starts[node + 1]]
 
     def _hold_running(self, snapshot: Snapshot) -> None:
         slot_by_id = self.slot_by_id

@@ -35,7 +35,13 @@ from typing import NamedTuple
 from broker.scheduler.capacity import ROOT
 from broker.scheduler.placement import GangPlan
 from broker.scheduler.selectors import SelectorCache
-from broker.scheduler.snapshot import DeviceConstraint, DeviceRequest, DeviceSubRequest
+from broker.scheduler.snapshot import (
+    ALL_DEVICES,
+    ALLOCATION_MODES,
+    DeviceConstraint,
+    DeviceRequest,
+    DeviceSubRequest,
+)
 
 STEP_BUDGET = 20_000
 
@@ -45,6 +51,9 @@ class Claim(NamedTuple):
 
     requests: tuple[DeviceRequest, ...]
     constraints: tuple[DeviceConstraint, ...] = ()
+    # The most devices an allocationMode All request may take (its resource class's max_devices): a node
+    # with more of the kind cannot serve it, so All never takes more than the class allows.
+    most: int | None = None
 
     def classes(self) -> tuple[str, ...]:
         """Every device class the claim can use, in the order it names them."""
@@ -89,16 +98,18 @@ def claim_problem(claim: Claim, known_classes) -> str | None:
         if len(set(way_names)) != len(way_names):
             return f"request {request.name}: firstAvailable names must be unique"
         for way in ways:
-            if way.count < 1:
+            if way.allocation_mode not in ALLOCATION_MODES:
+                return f"request {request.name}: unknown allocationMode '{way.allocation_mode}'"
+            if way.count < 1 or (way.takes_all and way.count != 1):
                 return f"request {request.name}: count must be at least 1 (count {way.count})"
             if way.device_class not in known_classes:
                 return f"request {request.name}: unknown device class '{way.device_class}'"
     for constraint in claim.constraints:
-        if not constraint.match_attribute:
-            return "a constraint needs a matchAttribute"
+        if bool(constraint.match_attribute) == bool(constraint.distinct_attribute):
+            return "a constraint needs one matchAttribute or one distinctAttribute"
         for name in constraint.requests:
             if name.split("/", 1)[0] not in names:
-                return f"constraint on {constraint.match_attribute} names unknown request '{name}'"
+                return f"constraint on {constraint.attribute} names unknown request '{name}'"
     return None
 
 
@@ -106,8 +117,9 @@ class _Way(NamedTuple):
     label: str  # "<request>" or "<request>/<sub-request>" as DRA's allocation result names it
     class_index: int
     class_name: str
-    count: int
+    count: int  # for allocationMode All, 1: the least it takes (a node says how many, _NodeInfo.all_counts)
     selectors: tuple
+    takes_all: bool = False
 
 
 class _Shape:
@@ -128,31 +140,37 @@ class _Shape:
                         way.device_class,
                         way.count,
                         tuple(way.selectors),
+                        way.takes_all,
                     )
                     for way in request.alternatives
                 ]
             )
+        self.takes_all = any(way.takes_all for ways in self.ways for way in ways)
+        self.most = claim.most
         names = [request.name for request in claim.requests]
-        # (attribute, positions of the requests it covers)
-        self.constraints = [
-            (
-                constraint.match_attribute,
-                tuple(
-                    position
-                    for position, name in enumerate(names)
-                    if not constraint.requests or name in {label.split("/", 1)[0] for label in constraint.requests}
-                ),
-            )
-            for constraint in claim.constraints
-        ]
+
+        def covered(constraint) -> tuple:
+            named = {label.split("/", 1)[0] for label in constraint.requests}
+            return tuple(position for position, name in enumerate(names) if not named or name in named)
+
+        # (attribute, positions of the requests it covers): matchAttribute constraints, then
+        # distinctAttribute ones (each covered device a value of its own, _distinct_owner).
+        self.constraints = [(c.match_attribute, covered(c)) for c in claim.constraints if c.match_attribute]
+        self.distinct = [(c.distinct_attribute, covered(c)) for c in claim.constraints if c.distinct_attribute]
 
 
 class _NodeInfo:
-    """A node's free devices as the claims see them: masks of the devices each way allows."""
+    """A node's free devices as the claims see them: masks of the devices each way allows.
 
-    __slots__ = ("node", "slots", "way_masks", "value_masks", "signature", "fits", "counted", "choices")
+    `everything`: every device the node's pods reach whatever its state, given when a way takes all
+    (allocationMode All): such a way's mask is every matching device when all of them are among the
+    free usable `slots`, else nothing (a busy, broken or someone else's device of the kind makes it
+    fail), and `all_counts` holds how many that is, by (shape, request, way)."""
 
-    def __init__(self, node: int, slots: list, shapes: list[_Shape], selectors: SelectorCache):
+    __slots__ = ("node", "slots", "way_masks", "value_masks", "distinct_values", "all_counts", "signature", "fits",
+                 "counted", "choices")  # fmt: skip
+
+    def __init__(self, node: int, slots: list, shapes: list[_Shape], selectors: SelectorCache, everything=None):
         self.node = node
         self.slots = slots
         self.fits: dict[tuple, list | None] = {}
@@ -160,33 +178,72 @@ class _NodeInfo:
         self.counted = any(slot.consumes is not None for slot in slots)
         self.way_masks: list[list[list[int]]] = []
         self.value_masks: list[list[list[tuple[str, int]]]] = []
+        self.distinct_values: list[list[tuple[int, list]]] = []
+        self.all_counts: dict[tuple, int] = {}
         signature: list = []
-        for shape in shapes:
+        for shape_index, shape in enumerate(shapes):
             per_request = []
-            for ways in shape.ways:
+            for request, ways in enumerate(shape.ways):
                 masks = []
-                for way in ways:
+                for position, way in enumerate(ways):
                     mask = 0
                     for bit, slot in enumerate(slots):
                         if way.class_index in slot.classes and (
                             not way.selectors or selectors.matches(way.selectors, slot.attributes)
                         ):
                             mask |= 1 << bit
+                    if way.takes_all:
+                        every = sum(
+                            1
+                            for slot in everything or ()
+                            if way.class_index in slot.classes
+                            and (not way.selectors or selectors.matches(way.selectors, slot.attributes))
+                        )
+                        if every == 0 or mask.bit_count() != every or (shape.most is not None and every > shape.most):
+                            mask = 0
+                        self.all_counts[(shape_index, request, position)] = max(every, 1)
                     masks.append(mask)
                 per_request.append(masks)
             self.way_masks.append(per_request)
-            per_constraint = []
-            for attribute, _ in shape.constraints:
-                by_value: dict[str, int] = {}
-                for bit, slot in enumerate(slots):
-                    if attribute in slot.attributes:
-                        value = str(slot.attributes[attribute])
-                        by_value[value] = by_value.get(value, 0) | (1 << bit)
-                per_constraint.append(sorted(by_value.items()))
+            per_constraint = [sorted(_by_value(slots, attribute).items()) for attribute, _ in shape.constraints]
             self.value_masks.append(per_constraint)
-            signature.append((tuple(map(tuple, per_request)), tuple(tuple(m for _, m in v) for v in per_constraint)))
+            # Per distinctAttribute constraint: (mask of the devices carrying it, value index by device bit).
+            per_distinct = []
+            for attribute, _ in shape.distinct:
+                by_value = _by_value(slots, attribute)
+                values: list = [None] * len(slots)
+                carrying = 0
+                for index, mask in enumerate(by_value.values()):
+                    carrying |= mask
+                    while mask:
+                        low = mask & -mask
+                        values[low.bit_length() - 1] = index
+                        mask ^= low
+                per_distinct.append((carrying, values))
+            self.distinct_values.append(per_distinct)
+            signature.append(
+                (
+                    tuple(map(tuple, per_request)),
+                    tuple(tuple(m for _, m in v) for v in per_constraint),
+                    tuple(tuple(values) for _, values in per_distinct),
+                )
+            )
         # Nodes alike to every pod set are interchangeable (a partition's counters make it its own).
         self.signature = None if self.counted else tuple(signature)
+
+    def count(self, shape_index: int, request: int, way_index: int, way: _Way) -> int:
+        """Devices the way takes on this node."""
+        return self.all_counts[(shape_index, request, way_index)] if way.takes_all else way.count
+
+
+def _by_value(slots: list, attribute: str) -> dict[str, int]:
+    """Mask of the devices of each value of `attribute` (devices without it in none)."""
+    by_value: dict[str, int] = {}
+    for bit, slot in enumerate(slots):
+        if attribute in slot.attributes:
+            value = str(slot.attributes[attribute])
+            by_value[value] = by_value.get(value, 0) | (1 << bit)
+    return by_value
 
 
 class Planner:
@@ -201,6 +258,7 @@ class Planner:
         # The largest pods first: they are the hardest to fit (as placement's packer).
         ordered = sorted(range(len(demands)), key=lambda i: (-demands[i].per_pod, demands[i].name))
         self.shapes = [_Shape(i, demands[i], class_index) for i in ordered]
+        self.takes_all = any(shape.takes_all for shape in self.shapes)
         self.steps = 0
         self._infos: dict[int, _NodeInfo] = {}
         # Shared counters taken already by devices outside this search (a gang's own, when a group
@@ -234,10 +292,12 @@ class Planner:
         cut = _Shape(shape.position, shape.demand, self.state.class_index)
         cut.ways = shape.ways[:requests]
         cut.constraints = [(a, tuple(p for p in covered if p < requests)) for a, covered in shape.constraints]
+        cut.distinct = [(a, tuple(p for p in covered if p < requests)) for a, covered in shape.distinct]
         planner = Planner(self.state, self.views, self.demands, self.selectors)
         planner.shapes = [cut]
         for node in self._nodes(ROOT):
-            info = _NodeInfo(node, self._node_slots(node), [cut], self.selectors)
+            everything = self.state.node_devices(node) if self.takes_all else None
+            info = _NodeInfo(node, self._node_slots(node), [cut], self.selectors, everything)
             if planner._fit(info, (1,)) is not None:
                 return True
         return False
@@ -337,7 +397,8 @@ class Planner:
     def _info(self, node: int) -> _NodeInfo:
         info = self._infos.get(node)
         if info is None:
-            info = self._infos[node] = _NodeInfo(node, self._node_slots(node), self.shapes, self.selectors)
+            everything = self.state.node_devices(node) if self.takes_all else None
+            info = self._infos[node] = _NodeInfo(node, self._node_slots(node), self.shapes, self.selectors, everything)
         return info
 
     # --- the search across nodes ---
@@ -431,6 +492,7 @@ class Planner:
         shape = self.shapes[shape_index]
         way_masks = info.way_masks[shape_index]
         value_masks = info.value_masks[shape_index]
+        distinct = list(zip(shape.distinct, info.distinct_values[shape_index], strict=True))
         options = []
         for ways in product(*(range(len(ways)) for ways in shape.ways)):
             for values in product(*(value_masks[c] or [("", 0)] for c in range(len(shape.constraints)))):
@@ -440,23 +502,114 @@ class Planner:
                     for (_, covered), (_, value_mask) in zip(shape.constraints, values, strict=True):
                         if request in covered:
                             mask &= value_mask
-                    count = shape.ways[request][way].count
+                    for (_, covered), (carrying, _) in distinct:
+                        if request in covered:
+                            mask &= carrying
+                    count = info.count(shape_index, request, way, shape.ways[request][way])
                     if mask.bit_count() < count:
                         break
                     units.extend([mask] * count)
                 else:
-                    if _matching(units, []) is not None:
+                    if distinct:
+                        fits = self._distinct_owner(info, [(shape_index, ways, units)]) is not None
+                    else:
+                        fits = _matching(units, []) is not None
+                    if fits:
                         options.append((ways, units))
         info.choices[shape_index] = options
         return options
+
+    def _unit_requests(self, info: _NodeInfo, shape_index: int, ways: tuple) -> list[int]:
+        """The request each unit of a choice serves, in the order of its units."""
+        shape = self.shapes[shape_index]
+        requests = []
+        for request, way in enumerate(ways):
+            requests.extend([request] * info.count(shape_index, request, way, shape.ways[request][way]))
+        return requests
+
+    def _distinct_owner(self, info: _NodeInfo, pods: list) -> list | None:
+        """An owner list (device bit -> unit) for the units of `pods` [(shape index, ways, units)] on the
+        node, matched together, with every distinctAttribute constraint of each pod holding: the devices
+        of its covered units carry values all different. A backtracking search (a bipartite matching
+        cannot say "one device per value"), counted in the search's steps."""
+        masks: list[int] = []
+        tags: list[tuple] = []  # per unit: (pod, value index by bit) of each distinct constraint covering it
+        for number, (shape_index, ways, units) in enumerate(pods):
+            shape = self.shapes[shape_index]
+            constraints = list(zip(shape.distinct, info.distinct_values[shape_index], strict=True))
+            for mask, request in zip(units, self._unit_requests(info, shape_index, ways), strict=True):
+                masks.append(mask)
+                tags.append(
+                    tuple(
+                        ((number, position), values)
+                        for position, ((_, covered), (_, values)) in enumerate(constraints)
+                        if request in covered
+                    )
+                )
+        if _matching(masks, []) is None:
+            return None
+        # A group needs as many values as it has units (8 GPUs under distinct roots of a node with 4 fail
+        # here, before any search).
+        needs: dict = {}  # group -> [its units, the union of their masks, value index by device bit]
+        for mask, unit_tags in zip(masks, tags, strict=True):
+            for group, values in unit_tags:
+                need = needs.setdefault(group, [0, 0, values])
+                need[0] += 1
+                need[1] |= mask
+        for units, union, values in needs.values():
+            if len({values[bit] for bit in range(union.bit_length()) if union >> bit & 1}) < units:
+                return None
+        # The most constrained units first; alike units (same devices, same constraints) next to one
+        # another, each taking a device after its predecessor's, as their order cannot matter.
+        groups = [tuple(group for group, _ in unit_tags) for unit_tags in tags]
+        order = sorted(range(len(masks)), key=lambda unit: (masks[unit].bit_count(), masks[unit], groups[unit]))
+        owner: list = [None] * max(mask.bit_length() for mask in masks) if masks else []
+        used: dict = {}
+
+        def place(at: int, after: int) -> bool:
+            if at == len(order):
+                return True
+            self._step()
+            unit = order[at]
+            mask = masks[unit]
+            if at and masks[order[at - 1]] == mask and groups[order[at - 1]] == groups[unit]:
+                mask &= ~((1 << (after + 1)) - 1)
+            while mask:
+                low = mask & -mask
+                bit = low.bit_length() - 1
+                mask ^= low
+                if owner[bit] is not None:
+                    continue
+                taken = [(group, values[bit]) for group, values in tags[unit]]
+                if any(used.get(key) for key in taken):
+                    continue
+                owner[bit] = unit
+                for key in taken:
+                    used[key] = True
+                if place(at + 1, bit):
+                    return True
+                owner[bit] = None
+                for key in taken:
+                    used[key] = False
+            return False
+
+        return owner if place(0, -1) else None
 
     def _pods_on_node(self, info: _NodeInfo, pods: list[int], choices: list) -> list | None:
         """Choices for `pods` (shape indices, alike pods adjacent) matched jointly; alike pods take
         non-decreasing choices, as their order cannot matter."""
         picked: list[tuple[int, int]] = []
+        distinct = any(self.shapes[index].distinct for index in set(pods))
 
         def assign(at: int, units: list, owner: list) -> list | None:
             if at == len(pods):
+                if distinct:  # the matching so far ignored them: the pods' units again, with them
+                    owner = self._distinct_owner(
+                        info,
+                        [(index, choices[index][choice][0], choices[index][choice][1]) for index, choice in picked],
+                    )
+                    if owner is None:
+                        return None
                 if info.counted and not self._counters_hold(info, owner):
                     return None
                 return owner
@@ -540,9 +693,10 @@ class Planner:
 
     def _one_more(self, info: _NodeInfo, shape_index: int, used: set):
         free = ~sum(1 << bit for bit in used)
+        distinct = self.shapes[shape_index].distinct
         for ways, units in self._choices(info, shape_index):
             masked = [unit & free for unit in units]
-            owner = _matching(masked, [])
+            owner = self._distinct_owner(info, [(shape_index, ways, masked)]) if distinct else _matching(masked, [])
             if owner is None:
                 continue
             chosen = [bit for unit in range(len(masked)) for bit, who in enumerate(owner) if who == unit]
@@ -560,7 +714,11 @@ class Planner:
         index = next_index[shape_index]
         next_index[shape_index] += 1
         labels = tuple(
-            (shape.ways[request][way].label, shape.ways[request][way].class_name, shape.ways[request][way].count)
+            (
+                shape.ways[request][way].label,
+                shape.ways[request][way].class_name,
+                info.count(shape_index, request, way, shape.ways[request][way]),
+            )
             for request, way in enumerate(ways)
         )
         # Each request's devices in the node's order (the matching may hand them out in another).
@@ -682,46 +840,69 @@ def _why_not(planner: Planner, required_level: str | None) -> str:
                 continue
             failing = requests[count - 1]
             wanted = _way_text(shape.ways[count - 1])
+            if shape.most is not None and any(way.takes_all for way in shape.ways[count - 1]):
+                wanted += f" (at most {shape.most}, as its resource class allows)"
             if count == 1:
                 alone = [attribute for attribute, covered in shape.constraints if 0 in covered]
                 wanted += "".join(f" with one {attribute}" for attribute in alone)
+                apart = [attribute for attribute, covered in shape.distinct if 0 in covered]
+                wanted += "".join(f" each of a distinct {attribute}" for attribute in apart)
                 return f"pod set {shape.demand.name}: request {failing.name}: no node has {wanted} free"
             before = " and ".join(
                 f"{_way_text(shape.ways[index])} (request {requests[index].name})" for index in range(count - 1)
             )
-            shared = [
-                attribute
-                for attribute, covered in shape.constraints
-                if count - 1 in covered and any(index in covered for index in range(count - 1))
-            ]
-            beside = f"with the same {' and '.join(shared)} as" if shared else "beside"
+            shared, apart = _across(shape.constraints, count - 1), _across(shape.distinct, count - 1)
+            relations = [f"with the same {' and '.join(shared)} as"] if shared else []
+            relations += [f"with a {' and '.join(apart)} distinct from"] if apart else []
+            beside = " and ".join(relations) if relations else "beside"
             where = f"pod set {shape.demand.name}: request {failing.name}"
+            if any(way.takes_all for way in shape.ways[count - 1]):
+                return f"{where}: no node has {wanted} free {beside} {before}"
             return f"{where}: no {wanted} {beside} {before} free on any node"
     pods = sum(shape.demand.min_count for shape in planner.shapes)
     where = f" in one {required_level}" if required_level else ""
     return f"one pod fits, but not all {pods} pods of the gang at once{where}"
 
 
+def _across(constraints: list, last: int) -> list[str]:
+    """The attributes of `constraints` that tie request `last` to some request before it."""
+    return [
+        attribute
+        for attribute, covered in constraints
+        if last in covered and any(index in covered for index in range(last))
+    ]
+
+
 def claim_text(claim: Claim) -> str:
     """A claim in a few words: "8 h100 (gpu) + 1 efa (nic) with one pcie_root"."""
     parts = [
-        " or else ".join(f"{way.count} {way.device_class}" for way in request.alternatives) + f" ({request.name})"
+        " or else ".join(_amount(way, way.device_class) for way in request.alternatives) + f" ({request.name})"
         for request in claim.requests
     ]
-    shared = [constraint.match_attribute for constraint in claim.constraints]
-    return " + ".join(parts) + (f" with one {' and one '.join(shared)}" if shared else "")
+    shared = [constraint.match_attribute for constraint in claim.constraints if constraint.match_attribute]
+    apart = [constraint.distinct_attribute for constraint in claim.constraints if constraint.distinct_attribute]
+    text = " + ".join(parts) + (f" with one {' and one '.join(shared)}" if shared else "")
+    return text + (f" with distinct {' and distinct '.join(apart)}" if apart else "")
+
+
+def _amount(way, class_name: str) -> str:
+    """ "2 h100", or "all h100" for a way taking every matching device."""
+    return f"all {class_name}" if way.takes_all else f"{way.count} {class_name}"
 
 
 def _way_text(ways: list[_Way]) -> str:
-    return " or else ".join(f"{way.count} {way.class_name}" for way in ways)
+    return " or else ".join(_amount(way, way.class_name) for way in ways)
 
 
 def claim_from_dra(data) -> tuple[tuple[DeviceRequest, ...], tuple[DeviceConstraint, ...]]:
     """PodSet.requests and .constraints from a claim as resource.k8s.io/v1 writes its `devices`:
-    {"requests": [{"name", "exactly": {"deviceClassName", "count", "selectors": [{"cel": {"expression"}}]}}
-    or {"name", "firstAvailable": [{"name", "deviceClassName", "count", "selectors"}]}], "constraints":
-    [{"requests": [...], "matchAttribute": "gpu.example.com/pcie_root"}]}. A qualified attribute name
-    stands for its plain name (the part after the last "/"). ValueError with one line for anything else.
+    {"requests": [{"name", "exactly": {"deviceClassName", "allocationMode", "count", "selectors":
+    [{"cel": {"expression"}}]}} or {"name", "firstAvailable": [{"name", "deviceClassName",
+    "allocationMode", "count", "selectors"}]}], "constraints": [{"requests": [...], "matchAttribute":
+    "gpu.example.com/pcie_root"} or {"requests": [...], "distinctAttribute": ...}]}. allocationMode is
+    ExactCount (the default; `count`, default 1) or All (every matching device the pod reaches; no
+    `count`). A qualified attribute name stands for its plain name (the part after the last "/").
+    ValueError with one line for anything else.
     """
     if not isinstance(data, dict) or not isinstance(data.get("requests"), list):
         raise ValueError("a claim is an object with a list of requests")
@@ -755,12 +936,22 @@ def claim_from_dra(data) -> tuple[tuple[DeviceRequest, ...], tuple[DeviceConstra
     constraints = []
     for index, raw in enumerate(data.get("constraints") or []):
         where = f"constraints[{index}]"
-        if not isinstance(raw, dict) or not isinstance(raw.get("matchAttribute"), str) or not raw["matchAttribute"]:
-            raise ValueError(f"{where}: a constraint needs a matchAttribute")
+        if not isinstance(raw, dict):
+            raise ValueError(f"{where}: a constraint is an object")
+        unknown = set(raw) - {"requests", "matchAttribute", "distinctAttribute"}
+        if unknown:
+            raise ValueError(f"{where}: unknown constraint field '{sorted(unknown)[0]}'")
+        given = [key for key in ("matchAttribute", "distinctAttribute") if raw.get(key) is not None]
+        if len(given) != 1 or not isinstance(raw[given[0]], str) or not raw[given[0]]:
+            raise ValueError(f"{where}: give one matchAttribute or one distinctAttribute")
         names = raw.get("requests") or []
         if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
             raise ValueError(f"{where}.requests: a list of request names")
-        constraints.append(DeviceConstraint(raw["matchAttribute"].rsplit("/", 1)[-1], tuple(names)))
+        attribute = raw[given[0]].rsplit("/", 1)[-1]
+        if given[0] == "matchAttribute":
+            constraints.append(DeviceConstraint(attribute, tuple(names)))
+        else:
+            constraints.append(DeviceConstraint(None, tuple(names), distinct_attribute=attribute))
     return tuple(requests), tuple(constraints)
 
 
@@ -769,11 +960,14 @@ def _way_from_dra(raw, name, where) -> DeviceSubRequest:
         raise ValueError(f"{where}: an object")
     if not isinstance(name, str) or not name:
         raise ValueError(f"{where}: a sub-request needs a name")
-    if raw.get("allocationMode", "ExactCount") != "ExactCount":
-        raise ValueError(f"{where}.allocationMode: only ExactCount is supported")
+    mode = raw.get("allocationMode") or "ExactCount"
+    if mode not in ALLOCATION_MODES:
+        raise ValueError(f"{where}.allocationMode: ExactCount or All, not {mode!r}")
     device_class = raw.get("deviceClassName")
     if not isinstance(device_class, str) or not device_class:
         raise ValueError(f"{where}: deviceClassName is required")
+    if mode == ALL_DEVICES and raw.get("count") is not None:
+        raise ValueError(f"{where}.count: allocationMode All takes every matching device; give no count")
     count = raw.get("count", 1)
     if not isinstance(count, int) or isinstance(count, bool) or count < 1:
         raise ValueError(f"{where}.count: a whole number of at least 1")
@@ -783,4 +977,4 @@ def _way_from_dra(raw, name, where) -> DeviceSubRequest:
         if not isinstance(expression, str) or not expression:
             raise ValueError(f"{where}.selectors: each is {{cel: {{expression: ...}}}}")
         selectors.append(expression)
-    return DeviceSubRequest(name, device_class, count, tuple(selectors))
+    return DeviceSubRequest(name, device_class, count, tuple(selectors), mode)

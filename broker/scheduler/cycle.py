@@ -66,6 +66,9 @@ class Outcome:
     protected: bool = False
     unprotectable: bool = False  # no protection could be planned for it (or its quota rules one out)
     victim_scope: tuple = ()  # the domain its victims make room in
+    # (device class, devices) a several-request claim's plan would have charged past its queue's quota:
+    # what an All request or a larger firstAvailable way takes is known only once it is placed.
+    quota_short: tuple = ()
 
 
 @dataclass
@@ -471,17 +474,20 @@ class Cycle:
         (Admission.request_classes), as the running workload it becomes is counted in every later cycle
         (RunningWorkload.device_classes); a plan over any class's quota waits, its optional pods too."""
         plan = self.find_plan(request, request.classes[0], excluded=excluded)
+        short = ()
         if plan is not None:
             class_name = plan.pods[0].requests[0][1]
             queue = request.queue.name
             charges = request_charges(plan.pods, self.consumption, class_name)
-            if all(
-                (available := self.quota.available(queue, device_class)) is None or amount <= available + EPSILON
-                for device_class, amount in charges.items()
-            ):
+            for device_class, amount in charges.items():
+                available = self.quota.available(queue, device_class)
+                if available is not None and amount > available + EPSILON:
+                    short = (device_class, amount)
+                    break
+            else:
                 self._commit(request, class_name, plan)
                 return True
-        self.log.outcomes[request.id] = Outcome(request)
+        self.log.outcomes[request.id] = Outcome(request, quota_short=short)
         return False
 
     def _admit_grouped(self, request: Request, excluded: frozenset) -> bool:

@@ -123,7 +123,7 @@ class Assessor:
     def shape_decision(self, outcome) -> PendingDecision:
         """The decision of the outcome's workload, or the same decision made for an earlier workload of
         its shape (`_shape_key`), which carries that workload's id."""
-        if outcome.victims or outcome.waiting_for_evictions:
+        if outcome.victims or outcome.waiting_for_evictions or outcome.quota_short:
             return self._decide(outcome)
         key = self._shape_key(outcome.request)
         decision = self._shape_decisions.get(key)
@@ -175,6 +175,12 @@ class Assessor:
             codes["QuotaExceeded"] = lent["message"] if lent else checks[0].message()
             if lent:
                 details["lent_out"] = lent["borrowers"]
+        elif outcome.quota_short:  # placed, but what its claim took is more than the quota left
+            device_class, amount = outcome.quota_short
+            check = self.cycle.quota.check(request.queue.name, device_class, amount)
+            if not check.fits:
+                codes["QuotaExceeded"] = check.message()
+                details["quota"] = check.details()
         capacity = self.capacity(request, passing or request.classes)
         details.update(capacity["details"])
         codes.update(capacity["codes"])

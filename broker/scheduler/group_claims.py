@@ -111,6 +111,7 @@ class _ClaimSearch:
         self.claim = claim
         self.state = state
         self.selectors = selectors
+        self.known = known
         as_claim = Claim(claim.requests, claim.constraints)
         self.demand = PodDemand(claim.name, 1, 1, as_claim.fewest_devices(), None, as_claim)
         self.planner = Planner(state, views, (self.demand,), selectors)
@@ -160,7 +161,8 @@ class _ClaimSearch:
         planner = self.planner
         planner.steps = 0
         planner.base_spent = spent
-        info = _NodeInfo(VIRTUAL_NODE, slots, planner.shapes, self.selectors)
+        everything = self._reaching_all(region) if planner.takes_all else None
+        info = _NodeInfo(VIRTUAL_NODE, slots, planner.shapes, self.selectors, everything)
         try:
             placed = planner._fit(info, (1,))
         except OutOfSteps:
@@ -174,6 +176,18 @@ class _ClaimSearch:
             (f"{self.claim.name}/{label}", tuple(by_id[device_id] for device_id in ids))
             for label, ids in slot_labels(pod)
         ]
+
+    def _reaching_all(self, region: tuple) -> list:
+        """Every device of the classes its All ways take, whatever its state, reachable from all of
+        `region`: what allocationMode All must take in full (a device of them busy or broken fails it)."""
+        state = self.state
+        classes = {way.class_index for ways in self.planner.shapes[0].ways for way in ways if way.takes_all}
+        found: dict[int, object] = {}
+        for class_index in classes:
+            for slot, key in class_slots(state, class_index, self.known):
+                if key == region[: len(key)]:
+                    found[slot.order] = slot
+        return [found[order] for order in sorted(found)]
 
 
 class GroupPlacer:

@@ -258,7 +258,8 @@ def _resolve_claims(workload, snapshot, lookups, queue, resource_class, claimed)
                 f"pod set '{pod_set.name}': a claim with requests says its devices itself "
                 "(no devices_per_pod, device_classes or match_attribute)"
             )
-        claim = Claim(tuple(pod_set.requests), tuple(pod_set.constraints))
+        most = resource_class.max_devices if resource_class is not None else None
+        claim = Claim(tuple(pod_set.requests), tuple(pod_set.constraints), most)
         problem = claim_problem(claim, lookups["device_classes"])
         if problem:
             return f"pod set '{pod_set.name}': {problem}"

@@ -36,6 +36,17 @@ devices of other kinds sit beside a node's accelerators as `other_devices`, e.g.
 makes devices "<node>/<kind>-<index>" carrying `kind: <kind>`. A request naming an unknown class, a class
 selecting no device of the cluster, or a constraint naming an unknown request is an error. In `--json`
 such a pod's placement gains `requests`: {request (a firstAvailable one as "<request>/<way>"): [devices]}.
+A request (or a firstAvailable way) with `allocation_mode: All` and no `count` takes every device of its
+class and selectors on the pod's node (for a group claim: every one reachable from all its pods), and
+fails on a node where any of them is busy, broken, tainted, reserved for others or already taken by the
+gang; at least one must exist. A constraint gives `distinct_attribute` instead of `match_attribute` to
+want a value of its own on every device of the requests it names (e.g. GPUs under two PCIe roots):
+
+    requests:
+      - {name: gpus, device_class: h100, count: 2}
+      - {name: nics, device_class: efa, allocation_mode: All}
+    constraints:
+      - {distinct_attribute: pcie_root, requests: [gpus]}
 
 Group claims (Kubernetes 1.36 PodGroup resourceClaims, issue 26): a pending workload's `group_claims`
 lists claims the whole gang owns, each allocated once and used by every pod:
@@ -77,6 +88,8 @@ from broker.scheduler.group_claims import group_problem
 from broker.scheduler.selectors import ClassMatcher, validate_selector
 from broker.scheduler.sharing import SHARING_MODES
 from broker.scheduler.snapshot import (
+    ALL_DEVICES,
+    ALLOCATION_MODES,
     DISRUPTION_MODES,
     DRIVER,
     GROUP_POD_SET,
@@ -751,16 +764,16 @@ class _Reader:
         for index, raw in enumerate(_list(spec["requests"], where + ".requests")):
             here = f"{where}.requests[{index}]"
             raw = _mapping(raw, here)
-            _keys(here, raw, {"name", "device_class", "count", "selectors", "first_available"})
+            _keys(here, raw, {"name", "device_class", "count", "selectors", "first_available", "allocation_mode"})
             name = _required_str(raw, "name", here)
             if raw.get("first_available") is not None:
-                if "device_class" in raw or "count" in raw or "selectors" in raw:
+                if any(key in raw for key in ("device_class", "count", "selectors", "allocation_mode")):
                     raise ScenarioError(f"{here}: give device_class and count, or first_available, not both")
                 ways = []
                 for position, way in enumerate(_list(raw["first_available"], here + ".first_available")):
                     there = f"{here}.first_available[{position}]"
                     way = _mapping(way, there)
-                    _keys(there, way, {"name", "device_class", "count", "selectors"})
+                    _keys(there, way, {"name", "device_class", "count", "selectors", "allocation_mode"})
                     ways.append(self.way(way, there, lookups, _required_str(way, "name", there)))
                 requests.append(DeviceRequest(name, first_available=tuple(ways)))
             else:
@@ -769,9 +782,15 @@ class _Reader:
         for index, raw in enumerate(_list(spec.get("constraints") or [], where + ".constraints")):
             here = f"{where}.constraints[{index}]"
             raw = _mapping(raw, here)
-            _keys(here, raw, {"match_attribute", "requests"})
+            _keys(here, raw, {"match_attribute", "distinct_attribute", "requests"})
             names = tuple(str(name) for name in _list(raw.get("requests") or [], here + ".requests"))
-            constraints.append(DeviceConstraint(_required_str(raw, "match_attribute", here), names))
+            if ("match_attribute" in raw) == ("distinct_attribute" in raw):
+                raise ScenarioError(f"{here}: give match_attribute or distinct_attribute, not both or neither")
+            if "match_attribute" in raw:
+                constraints.append(DeviceConstraint(_required_str(raw, "match_attribute", here), names))
+            else:
+                distinct = _required_str(raw, "distinct_attribute", here)
+                constraints.append(DeviceConstraint(None, names, distinct_attribute=distinct))
         problem = claim_problem(Claim(tuple(requests), tuple(constraints)), lookups["classes"])
         if problem:
             raise ScenarioError(f"{where}: {problem}")
@@ -788,7 +807,12 @@ class _Reader:
                 raise ScenarioError(f"{where}.selectors: {problem}")
         if not lookups["selects"](device_class):
             raise ScenarioError(f"{where}.device_class: device class '{device_class}' selects no device of the cluster")
-        return DeviceSubRequest(name, device_class, _int(raw.get("count", 1), where + ".count"), selectors)
+        mode = raw.get("allocation_mode", "ExactCount")
+        if mode not in ALLOCATION_MODES:
+            raise ScenarioError(f"{where}.allocation_mode: ExactCount or All, not {mode!r}")
+        if mode == ALL_DEVICES and "count" in raw:
+            raise ScenarioError(f"{where}.count: allocation_mode All takes every matching device; give no count")
+        return DeviceSubRequest(name, device_class, _int(raw.get("count", 1), where + ".count"), selectors, mode)
 
     def tolerations(self, raw, where) -> tuple[Toleration, ...]:
         tolerations = []

@@ -271,6 +271,10 @@ class Reservation:
 # --- work ----------------------------------------------------------------------------------------------
 
 
+ALL_DEVICES = "All"  # DRA DeviceAllocationMode: every matching device
+ALLOCATION_MODES = ("ExactCount", ALL_DEVICES)
+
+
 @dataclass(frozen=True)
 class DeviceSubRequest:
     """One way to meet a device request (DRA ExactDeviceRequest / DeviceSubRequest): `count` devices of
@@ -278,12 +282,20 @@ class DeviceSubRequest:
 
     name: the sub-request's name inside its request's firstAvailable list (the request's own name when
     it is the request's only way).
+    allocation_mode: "ExactCount" (`count` devices) or "All" (DRA DeviceAllocationMode): every device of
+      the class and selectors the pod reaches on its node, all of them free and usable, at least one;
+      `count` is then 1, the least it can take (broker.scheduler.claims).
     """
 
     name: str
     device_class: str
     count: int = 1
     selectors: tuple[str, ...] = ()
+    allocation_mode: str = "ExactCount"
+
+    @property
+    def takes_all(self) -> bool:
+        return self.allocation_mode == ALL_DEVICES
 
 
 @dataclass(frozen=True)
@@ -304,11 +316,19 @@ class DeviceRequest:
 @dataclass(frozen=True)
 class DeviceConstraint:
     """DRA DeviceConstraint: every device given to the named requests of one pod carries the attribute
-    `match_attribute` with one value (e.g. 8 GPUs and a NIC under one PCIe root). requests: request names
-    (a firstAvailable request's name covers all of its ways); empty = every request of the claim."""
+    `match_attribute` with one value (e.g. 8 GPUs and a NIC under one PCIe root), or, with
+    `distinct_attribute` instead, each a value of its own (two NICs on two physical ports). Exactly one
+    of the two is given. requests: request names (a firstAvailable request's name covers all of its
+    ways); empty = every request of the claim."""
 
-    match_attribute: str
+    match_attribute: str | None
     requests: tuple[str, ...] = ()
+    distinct_attribute: str | None = None
+
+    @property
+    def attribute(self) -> str:
+        """The attribute it constrains, whichever way."""
+        return self.match_attribute or self.distinct_attribute or ""
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,12 @@
     var gang = parseInt(value("min_count"), 10) || replicas;
     var rc = selectedClass(), price = rc ? rc.closest("label").querySelector(".price") : null;
     var total = replicas * per;
+    if (value("claim").trim() && replicas >= 1) {
+      // A claim says each pod's devices (an All request's count is known once placed): no total here.
+      summary.textContent = plural(replicas, "pod") + ", " + gang + " must start together, each with the devices its claim says.";
+      box.hidden = true;
+      return;
+    }
     if (replicas < 1 || per < 1) {
       // No negative devices and no negative price: the server refuses such a size anyway.
       summary.textContent = "A gang needs at least 1 pod and 1 device per pod.";

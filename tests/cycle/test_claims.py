@@ -1,6 +1,8 @@
 """Claims with several requests end to end on the database (API -> loader -> decide -> commit): 2 GPUs and
 a NIC under one PCIe root are allocated to one pod, and a bad claim is refused with a 400."""
 
+import pytest
+
 from broker.cycle.runner import run_once
 from broker.inventory.models import Device
 from broker.policy.models import DeviceClass, PriorityClass
@@ -131,3 +133,59 @@ def test_it_charges_each_request_of_a_claim_to_its_own_class(cluster):
     snapshot, _ = load_snapshot(timezone.now())
     result = decide(snapshot)
     assert str(second.pk) not in {admission.workload_id for admission in result.admissions}
+
+
+ALL_AND_APART = {
+    "requests": [
+        {"name": "gpu", "exactly": {"deviceClassName": "h100", "count": 2}},
+        {"name": "net", "exactly": {"deviceClassName": "nic", "allocationMode": "All"}},
+    ],
+    "constraints": [{"requests": ["gpu"], "distinctAttribute": "gpu.example.com/pcie_root"}],
+}
+
+
+def test_it_allocates_every_nic_and_gpus_under_distinct_roots(cluster, api_client, alice):
+    fabric(cluster)
+    pod_set = {"name": "main", "replicas": 1, "claim": ALL_AND_APART}
+    body = {"name": "apart", "resource_class": "fabric", "pod_sets": [pod_set]}
+    response = signed_in(api_client, alice).post("/api/workloads/", body, format="json")
+    assert response.status_code == 201, response.data
+    workload = Workload.objects.get(pk=response.data["id"])
+
+    run_once()
+
+    workload.refresh_from_db()
+    assert workload.state == State.ADMITTED
+    held = Allocation.objects.filter(workload=workload, released_at__isnull=True)
+    # n1's GPUs 0, 1 sit under root a and 2, 3 under b: one of each; its only NIC, as All takes every one.
+    assert sorted(held.values_list("device__node__name", "device__name")) == [("n1", "0"), ("n1", "2"), ("n1", "nic0")]
+
+
+@pytest.mark.parametrize(
+    ("claim", "message"),
+    [
+        (
+            {"requests": [{"name": "net", "exactly": {"deviceClassName": "nic", "allocationMode": "All", "count": 2}}]},
+            "requests[0].count: allocationMode All takes every matching device; give no count",
+        ),
+        (
+            {"requests": [{"name": "net", "exactly": {"deviceClassName": "nic", "allocationMode": "Most"}}]},
+            "requests[0].allocationMode: ExactCount or All, not 'Most'",
+        ),
+        (
+            {**ALL_AND_APART, "constraints": [{"matchAttribute": "pcie_root", "distinctAttribute": "pcie_root"}]},
+            "constraints[0]: give one matchAttribute or one distinctAttribute",
+        ),
+        (
+            {**ALL_AND_APART, "constraints": [{"requests": ["gpus"], "distinctAttribute": "pcie_root"}]},
+            "constraint on pcie_root names unknown request 'gpus'",
+        ),
+    ],
+)
+def test_it_refuses_bad_all_requests_and_distinct_constraints(cluster, api_client, alice, claim, message):
+    fabric(cluster)
+    body = {"name": "bad", "resource_class": "fabric", "pod_sets": [{"name": "main", "replicas": 1, "claim": claim}]}
+    response = signed_in(api_client, alice).post("/api/workloads/", body, format="json")
+    assert response.status_code == 400
+    assert message in str(response.data["pod_sets"][0]["claim"])
+    assert not Workload.objects.filter(name="bad").exists()

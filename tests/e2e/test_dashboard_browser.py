@@ -192,3 +192,30 @@ def test_it_resubmits_a_waiting_gang_with_a_suggestion_in_one_click(stack, brows
         timeout=30000,
     )
     assert member.console_errors == []
+
+
+def test_it_previews_a_claim_written_in_the_advanced_section(stack, browser, blockers, alice):
+    """A claim for every H100 of a node (allocationMode All): n2 and n4 are free, so it would start; the
+    same claim with a count beside All is refused under its field, in the page."""
+    base, _logs = stack
+    member = log_in(browser, base, "alice")
+    member.goto(f"{base}/submit/")
+    member.fill("input[name=name]", "every-gpu")
+    member.check('input[name=resource_class][data-name="distributed-training"]')
+    member.click("#advanced-claims summary")
+    every = "requests: [{name: gpus, exactly: {deviceClassName: h100, allocationMode: All}}]"
+    member.fill("textarea[name=claim]", every)
+    assert "each with the devices its claim says" in member.inner_text("#size-summary")
+    member.click("#whatif-button")
+    member.wait_for_selector('#whatif[data-verdict="yes"]')
+    assert "it would start now" in member.inner_text("#whatif")
+
+    member.fill(
+        "textarea[name=claim]",
+        "requests: [{name: gpus, exactly: {deviceClassName: h100, allocationMode: All, count: 4}}]",
+    )
+    member.click("#whatif-button")
+    member.wait_for_selector('#whatif[data-verdict="no"]')
+    assert "allocationMode All takes every matching device; give no count" in member.inner_text("#whatif")
+    # The refused what-if's 400 is the only thing the browser logs.
+    assert all("status of 400" in error for error in member.console_errors), member.console_errors

@@ -250,3 +250,64 @@ def test_it_rereads_and_retries_the_group_claim_on_409_conflict(sync, storage):
     assert [result["device"] for result in status["allocation"]["devices"]["results"]] == ["scratch-0"]
     assert len(claim_writes(storage, "train-scratch")) == 3, "two conflicts, then the write"
     assert len(storage.requests("POST", "binding")) == 4
+
+
+def all_claim(name, *requests):
+    """A ResourceClaim whose requests [(name, class, All or a count)] each are `exactly`."""
+    from kubernetes import client
+
+    def exactly(device_class, how):
+        if how == "All":
+            return client.V1ExactDeviceRequest(device_class_name=device_class, allocation_mode="All")
+        return client.V1ExactDeviceRequest(device_class_name=device_class, count=how)
+
+    claim = objects.claim(name, device_class_name="scratch", request="scratch")
+    claim.spec.devices.requests = [
+        client.V1DeviceRequest(name=request, exactly=exactly(device_class, how))
+        for request, device_class, how in requests
+    ]
+    return claim
+
+
+def test_it_allocates_a_group_claim_for_every_volume_the_rack_reaches(sync, storage):
+    storage.create(all_claim("train-scratch", ("scratch", "scratch", "All")))
+    group = gang_with_scratch(sync, storage, create_claim=False)
+    assert group.workload is not None, group.refused_message
+    assert group.workload.state in HOLDING_STATES
+    Applier().drain()
+    assert set(bound_nodes(storage, "train-").values()) == RACK_R1
+    results = storage.get("ResourceClaim", "train-scratch", "ml")["status"]["allocation"]["devices"]["results"]
+    assert results == [{"request": "scratch", "driver": objects.STORAGE, "pool": "r1-scratch", "device": "scratch-0"}]
+
+
+def test_it_refuses_a_group_claim_with_two_requests_for_all(sync, storage):
+    storage.create(all_claim("train-scratch", ("scratch", "scratch", "All"), ("more", "scratch", "All")))
+    group = gang_with_scratch(sync, storage, create_claim=False)
+    assert group.workload is None and group.refused == "InvalidRequest"
+    assert "an allocationMode All request goes only beside exactly requests" in group.refused_message
+
+
+def test_it_names_the_devices_of_a_request_for_all_between_counted_ones():
+    devices = {
+        "requests": [
+            {"name": "gpus", "exactly": {"deviceClassName": "h100", "count": 2}},
+            {"name": "volumes", "exactly": {"deviceClassName": "scratch", "allocationMode": "All"}},
+            {"name": "nic", "exactly": {"deviceClassName": "nic"}},
+        ]
+    }
+    rows = [
+        ("gpu.example.com", "k2", "gpu-0", "h100"),
+        ("gpu.example.com", "k2", "gpu-1", "h100"),
+        (objects.STORAGE, "r1-scratch", "scratch-0", "scratch"),
+        (objects.STORAGE, "r1-scratch", "scratch-1", "scratch"),
+        (objects.STORAGE, "r1-scratch", "scratch-2", "scratch"),
+        ("gpu.example.com", "k2", "nic-0", "nic"),
+    ]
+    assert [(result["request"], result["device"]) for result in group_results(devices, rows)] == [
+        ("gpus", "gpu-0"),
+        ("gpus", "gpu-1"),
+        ("volumes", "scratch-0"),
+        ("volumes", "scratch-1"),
+        ("volumes", "scratch-2"),
+        ("nic", "nic-0"),
+    ]

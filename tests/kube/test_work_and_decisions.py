@@ -1,6 +1,8 @@
 """Work in and decisions out: PodGroups become workloads, the cycle admits them, the applier allocates their
 claims and binds their pods exactly once, and every PodGroup carries the broker's explanation."""
 
+from kubernetes import client
+
 from broker.audit.models import AuditEvent
 from broker.cycle.runner import run_once
 from broker.inventory.models import Node
@@ -210,3 +212,29 @@ def test_it_deallocates_the_claims_once_the_pods_are_gone(sync, lab):
     assert len(Applier().release_claims()) == 8
     assert not any(lab.get("ResourceClaim", f"train-{i}-gpus", "ml").get("status") for i in range(8))
     assert Applier().release_claims() == []
+
+
+def test_it_takes_a_claim_for_all_devices_of_the_node_and_allocates_every_one(sync, lab):
+    """allocationMode All: each pod's claim gets every h100 of its node, so the two pods of the gang go to
+    two nodes of one rack (r0: k0 and k1, 4 each), and each claim's results name all four."""
+    lab.create(objects.pod_group("every", min_count=2))
+    for i in range(2):
+        claim = objects.claim(f"every-{i}-gpus")
+        claim.spec.devices.requests[0].exactly = client.V1ExactDeviceRequest(
+            device_class_name="h100", allocation_mode="All"
+        )
+        lab.create(claim)
+        lab.create(objects.pod(f"every-{i}", "every", claim_name=f"every-{i}-gpus"))
+    sync.list_all(WORK)
+    run_once()
+    group = MirroredPodGroup.objects.select_related("workload").get(name="every")
+    assert group.workload.state == State.ADMITTED, group.refused
+    assert Applier().drain()
+    nodes = bound_nodes(lab, "every-")
+    assert sorted(nodes.values()) == ["k0", "k1"]
+    for i in range(2):
+        results = lab.get("ResourceClaim", f"every-{i}-gpus", "ml")["status"]["allocation"]["devices"]["results"]
+        assert {(r["request"], r["pool"]) for r in results} == {("gpus", nodes[f"every-{i}"])}
+        assert len(results) == 4
+    held = Allocation.objects.filter(workload=group.workload, released_at__isnull=True)
+    assert held.count() == 8

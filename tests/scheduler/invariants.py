@@ -126,19 +126,38 @@ def assert_claims_hold(snapshot, workload, admission):
             if way is None:
                 way = next(way for way in request.first_available if label == f"{request.name}/{way.name}")
             ids = given[label]
-            assert len(ids) == way.count, f"{workload.id}: request {label} got {len(ids)} of {way.count}"
+            if way.takes_all:  # every device of the way's class and selectors on the pod's node, in any state
+                every = {
+                    device.id
+                    for device in snapshot.devices
+                    if device.node == pod.node
+                    and way.device_class in matcher.classes_of(device)
+                    and (not way.selectors or selectors.matches(way.selectors, device.attributes))
+                }
+                assert every and set(ids) == every, f"{workload.id}: request {label} got {ids} of all {sorted(every)}"
+            else:
+                assert len(ids) == way.count, f"{workload.id}: request {label} got {len(ids)} of {way.count}"
             for device_id in ids:
                 device = devices[device_id]
                 assert way.device_class in matcher.classes_of(device), f"{device_id} is no {way.device_class}"
                 assert not way.selectors or selectors.matches(way.selectors, device.attributes), device_id
             by_request[request.name] = ids
-        for constraint in pod_set.constraints:
-            attribute = constraint.match_attribute
-            names = constraint.requests or tuple(by_request)
-            ids = [device_id for name in names for device_id in by_request[name.split("/", 1)[0]]]
-            assert all(attribute in devices[device_id].attributes for device_id in ids), f"{workload.id}: {attribute}"
-            values = {str(devices[device_id].attributes[attribute]) for device_id in ids}
-            assert len(values) == 1, f"{workload.id}: {attribute} differs across {ids}"
+        assert_constraints_hold(workload, pod_set.constraints, by_request, devices)
+
+
+def assert_constraints_hold(workload, constraints, by_request, devices):
+    """Every matchAttribute constraint: one value over the devices of the requests it names; every
+    distinctAttribute one: a value of its own on each of them. Either way every device carries it."""
+    for constraint in constraints:
+        attribute = constraint.attribute
+        names = constraint.requests or tuple(by_request)
+        ids = [device_id for name in names for device_id in by_request[name.split("/", 1)[0]]]
+        assert all(attribute in devices[device_id].attributes for device_id in ids), f"{workload.id}: {attribute}"
+        values = [str(devices[device_id].attributes[attribute]) for device_id in ids]
+        if constraint.match_attribute:
+            assert len(set(values)) == 1, f"{workload.id}: {attribute} differs across {ids}"
+        else:
+            assert len(set(values)) == len(values), f"{workload.id}: {attribute} repeats across {ids}: {values}"
 
 
 def reaches(snapshot, device, node_name) -> bool:
@@ -151,6 +170,19 @@ def reaches(snapshot, device, node_name) -> bool:
     nodes = {node.name: node for node in snapshot.nodes}
     path = snapshot.levels[: snapshot.levels.index(level) + 1]
     return all(nodes[device.node].domains.get(lv) == nodes[node_name].domains.get(lv) for lv in path)
+
+
+def reach_path(snapshot, device) -> tuple:
+    """The domain path (coarse to fine, the node last) from every node of which `device` is reachable:
+    () for the whole cluster."""
+    level = device.attributes.get(REACH_ATTRIBUTE)
+    if level == REACH_CLUSTER:
+        return ()
+    node = next(node for node in snapshot.nodes if node.name == device.node)
+    levels = list(snapshot.levels)
+    if level in levels:
+        return tuple(node.domains.get(name) for name in levels[: levels.index(level) + 1])
+    return (*(node.domains.get(name) for name in levels), node.name)
 
 
 def assert_group_claims_hold(snapshot, workload, admission):
@@ -174,7 +206,21 @@ def assert_group_claims_hold(snapshot, workload, admission):
                 way for way in request.first_available if mine[0] == f"{claim.name}/{request.name}/{way.name}"
             )
             ids = given[mine[0]]
-            assert len(ids) == way.count, f"{workload.id}: {mine[0]} got {ids}"
+            if way.takes_all:
+                # At least one; and whatever their state, every device of the kind whose reach covers the
+                # finest reach among them (the gang's region is at least that fine): the whole cluster's,
+                # its zone's, ... A device of the kind with a coarser reach left out was not "all".
+                assert ids, f"{workload.id}: {mine[0]} got nothing"
+                finest = max((reach_path(snapshot, devices[device_id]) for device_id in ids), key=len)
+                covering = {
+                    device.id
+                    for device in snapshot.devices
+                    if way.device_class in matcher.classes_of(device)
+                    and finest[: len(reach_path(snapshot, device))] == reach_path(snapshot, device)
+                }
+                assert covering <= set(ids), f"{workload.id}: {mine[0]} got {ids}, not all of {sorted(covering)}"
+            else:
+                assert len(ids) == way.count, f"{workload.id}: {mine[0]} got {ids}"
             for device_id in ids:
                 assert way.device_class in matcher.classes_of(devices[device_id]), (
                     f"{device_id} is no {way.device_class}"
@@ -183,11 +229,7 @@ def assert_group_claims_hold(snapshot, workload, admission):
                 for pod in admission.pods:
                     assert reaches(snapshot, devices[device_id], pod.node), f"{pod.node} cannot reach {device_id}"
             by_request[request.name] = ids
-        for constraint in claim.constraints:
-            names = constraint.requests or tuple(by_request)
-            ids = [device_id for name in names for device_id in by_request[name.split("/", 1)[0]]]
-            values = {str(devices[device_id].attributes.get(constraint.match_attribute)) for device_id in ids}
-            assert len(values) == 1, f"{workload.id}: {constraint.match_attribute} differs across {ids}"
+        assert_constraints_hold(workload, claim.constraints, by_request, devices)
     served = {"/".join(label.split("/")[:2]) for label in given}
     asked = {f"{claim.name}/{request.name}" for claim in workload.group_claims for request in claim.requests}
     assert served == asked, f"{workload.id}: group requests {sorted(served)} for {sorted(asked)}"

@@ -1,7 +1,8 @@
 """Property tests over random small clusters of GPUs and NICs with claims of several requests (DRA
-DeviceClaim): whatever the cycle decides, every request gets one of its ways, every matchAttribute
-constraint holds for every pod, no device is given twice and gangs stay whole; and no workload is left
-pending that a brute-force search could place on the devices the cycle left free."""
+DeviceClaim): whatever the cycle decides, every request gets one of its ways (allocationMode All: every
+device of its kind on the pod's node), every matchAttribute and distinctAttribute constraint holds for
+every pod, no device is given twice and gangs stay whole; and no workload is left pending that a
+brute-force search could place on the devices the cycle left free."""
 
 from itertools import combinations, product
 
@@ -45,10 +46,13 @@ def clusters(draw):
         nodes.append(Node(name, {"rack": f"r{node_index % 2}"}))
         model = draw(st.sampled_from(("H100", "A100")))
         for gpu in range(draw(st.integers(0, 6))):
-            root = draw(st.sampled_from(("p0", "p1")))
-            devices.append(Device(f"{name}/{gpu}", name, attributes={"kind": "gpu", "model": model, "root": root}))
+            root = draw(st.sampled_from(("p0", "p1", "p2")))
+            attributes = {"kind": "gpu", "model": model, "root": root}
+            # Now and then a broken one: it takes no work, and makes an All request of its kind fail there.
+            healthy = draw(st.integers(0, 7)) > 0
+            devices.append(Device(f"{name}/{gpu}", name, attributes=attributes, healthy=healthy))
         for nic in range(draw(st.integers(0, 3))):
-            root = draw(st.sampled_from(("p0", "p1")))
+            root = draw(st.sampled_from(("p0", "p1", "p2")))
             attributes = {"kind": "nic", "type": draw(st.sampled_from(("efa", "eth"))), "root": root}
             devices.append(Device(f"{name}/nic-{nic}", name, attributes=attributes))
     return nodes, devices
@@ -64,15 +68,26 @@ def claims(draw):
         ways = (DeviceSubRequest("big", "h100", draw(st.integers(1, 2))), DeviceSubRequest("small", "a100", 2))
         requests.append(DeviceRequest("acc", first_available=ways))
     if draw(st.booleans()):
-        requests.append(DeviceRequest("net", DeviceSubRequest("net", draw(st.sampled_from(("nic", "efa"))))))
+        mode = draw(st.sampled_from(("ExactCount", "ExactCount", "All")))  # All: every NIC of its kind on the node
+        requests.append(DeviceRequest("net", DeviceSubRequest("net", draw(st.sampled_from(("nic", "efa"))),
+                                                              allocation_mode=mode)))  # fmt: skip
     if draw(st.integers(0, 3)) == 0:
         requests.append(DeviceRequest("spare", DeviceSubRequest("spare", "gpu")))
-    constraints = ()
-    if draw(st.booleans()):
-        names = draw(st.sampled_from(((), ("acc", "net"), ("acc",))))
-        names = tuple(name for name in names if name in {request.name for request in requests})
-        constraints = (DeviceConstraint("root", names),)
-    return tuple(requests), constraints
+    if draw(st.integers(0, 3)) == 0:  # every A100 of the node, or else two H100 (All in firstAvailable)
+        ways = (DeviceSubRequest("all", "a100", allocation_mode="All"), DeviceSubRequest("two", "h100", 2))
+        requests.append(DeviceRequest("whole", first_available=ways))
+    constraints = []
+    present = {request.name for request in requests}
+    for _ in range(draw(st.integers(0, 2))):
+        names = draw(st.sampled_from(((), ("acc", "net"), ("acc",), ("acc", "spare"), ("net", "whole"))))
+        names = tuple(name for name in names if name in present)
+        if draw(st.booleans()):
+            constraints.append(DeviceConstraint("root", names))
+        else:
+            constraints.append(
+                DeviceConstraint(None, names, distinct_attribute=draw(st.sampled_from(("root", "kind"))))
+            )
+    return tuple(requests), tuple(constraints)
 
 
 @st.composite
@@ -102,13 +117,16 @@ def snapshot_of(nodes, devices, pending, running=()):
     )
 
 
-def brute_force_fits(workload, devices) -> bool:
-    """Whether the workload's gang fits `devices` (free ones), by trying every node, way and device
-    subset for every pod."""
+def brute_force_fits(workload, devices, everything=None) -> bool:
+    """Whether the workload's gang fits `devices` (the free ones; unhealthy ones take nothing), by trying
+    every node, way and device subset for every pod; `everything`: every device of the cluster, which
+    an All way must take in full on its node (default: `devices`)."""
     matcher = ClassMatcher(CLASSES)
-    classes = {device.id: matcher.classes_of(device) for device in devices}
+    every = list(everything or devices)
+    classes = {device.id: matcher.classes_of(device) for device in every}
+    usable = {device.id for device in devices if device.healthy}
     by_node: dict[str, list] = {}
-    for device in devices:
+    for device in every:
         by_node.setdefault(device.node, []).append(device)
     pods = [pod_set for pod_set in workload.pod_sets for _ in range(pod_set.gang_size)]
 
@@ -116,15 +134,21 @@ def brute_force_fits(workload, devices) -> bool:
         if at == len(ways):
             yield dict(chosen)
             return
-        for subset in combinations([d for d in pools[at] if d.id not in used], ways[at].count):
+        if ways[at].takes_all:  # all of them, each free and usable, at least one
+            subsets = [tuple(pools[at])] if pools[at] and all(d.id in usable for d in pools[at]) else []
+        else:
+            subsets = combinations([d for d in pools[at] if d.id in usable], ways[at].count)
+        for subset in subsets:
+            if any(d.id in used for d in subset):
+                continue
             chosen[pod_set.requests[at].name] = subset
             yield from pick(pod_set, ways, pools, at + 1, used | {d.id for d in subset}, chosen)
             del chosen[pod_set.requests[at].name]
 
-    def pod_options(pod_set, free):
+    def pod_options(pod_set, node_devices, used):
         for ways in product(*(request.alternatives for request in pod_set.requests)):
-            pools = [[d for d in free if way.device_class in classes[d.id]] for way in ways]
-            for chosen in pick(pod_set, ways, pools, 0, frozenset(), {}):
+            pools = [[d for d in node_devices if way.device_class in classes[d.id]] for way in ways]
+            for chosen in pick(pod_set, ways, pools, 0, used, {}):
                 if all(_holds(constraint, chosen) for constraint in pod_set.constraints):
                     yield {device.id for subset in chosen.values() for device in subset}
 
@@ -132,8 +156,7 @@ def brute_force_fits(workload, devices) -> bool:
         if at == len(pods):
             return True
         for node_devices in by_node.values():
-            free = [device for device in node_devices if device.id not in used]
-            for taken in pod_options(pods[at], free):
+            for taken in pod_options(pods[at], node_devices, used):
                 if place(at + 1, used | taken):
                     return True
         return False
@@ -144,9 +167,13 @@ def brute_force_fits(workload, devices) -> bool:
 def _holds(constraint, chosen) -> bool:
     names = constraint.requests or tuple(chosen)
     picked = [device for name in names for device in chosen[name]]
-    if not all(constraint.match_attribute in device.attributes for device in picked):
+    attribute = constraint.attribute
+    if not all(attribute in device.attributes for device in picked):
         return False
-    return len({device.attributes[constraint.match_attribute] for device in picked}) <= 1
+    values = [device.attributes[attribute] for device in picked]
+    if constraint.match_attribute:
+        return len(set(values)) <= 1
+    return len(set(values)) == len(values)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -164,7 +191,7 @@ def test_it_keeps_every_claim_and_leaves_nothing_placeable_pending(cluster, data
     admitted = {admission.workload_id for admission in result.admissions}
     for workload in pending:
         if workload.id not in admitted:
-            assert not brute_force_fits(workload, free), f"{workload.id} fits but was left pending"
+            assert not brute_force_fits(workload, free, devices), f"{workload.id} fits but was left pending"
         else:  # the brute force itself must see what the cycle placed
             assert brute_force_fits(workload, devices), f"{workload.id} was placed where nothing fits"
 

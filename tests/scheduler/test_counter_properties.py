@@ -1,6 +1,7 @@
 """Property tests over random clusters of partitionable devices (DRA counter sets): whatever the cycle
 decides, no counter is ever exceeded, a whole device never runs beside its partitions, gangs stay
-whole; and the same after the next cycle on a state rebased from this one."""
+whole, claims for all partitions of a kind (allocationMode All) get every one of their node or none,
+distinctAttribute holds; and the same after the next cycle on a state rebased from this one."""
 
 import dataclasses
 
@@ -12,6 +13,9 @@ from broker.scheduler.snapshot import (
     CounterSet,
     Device,
     DeviceClass,
+    DeviceConstraint,
+    DeviceRequest,
+    DeviceSubRequest,
     Node,
     PendingWorkload,
     PodSet,
@@ -86,11 +90,28 @@ def snapshots(draw):
     for index in range(draw(st.integers(1, 6))):
         classes = tuple(draw(st.lists(st.sampled_from([c.name for c in CLASSES]), min_size=1, max_size=2, unique=True)))
         pods = draw(st.integers(1, 3))
+        pod_set = PodSet("main", pods, draw(st.integers(1, pods)), draw(st.integers(1, 3)), classes)
+        if draw(st.integers(0, 2)) == 0:
+            # A claim: every partition of one profile on the node (All), or a count of them, and now and
+            # then a second request of another profile with a profile distinct from the first's.
+            mode = draw(st.sampled_from(("All", "ExactCount")))
+            first = DeviceSubRequest("slices", classes[0], 1 if mode == "All" else draw(st.integers(1, 2)),
+                                     allocation_mode=mode)  # fmt: skip
+            requests = [DeviceRequest("slices", first)]
+            constraints = ()
+            if draw(st.booleans()):
+                requests.append(
+                    DeviceRequest("other", DeviceSubRequest("other", draw(st.sampled_from(tuple(PROFILES)))))
+                )
+                constraints = (DeviceConstraint(None, (), distinct_attribute="profile"),)
+            pod_set = PodSet(
+                "main", pods, draw(st.integers(1, pods)), requests=tuple(requests), constraints=constraints
+            )
         pending.append(
             PendingWorkload(
                 f"w{index}",
                 "q",
-                (PodSet("main", pods, draw(st.integers(1, pods)), draw(st.integers(1, 3)), classes),),
+                (pod_set,),
                 priority=draw(st.integers(0, 5)),
                 submitted=float(index),
                 topology_required=draw(st.sampled_from((None, "rack"))),

@@ -60,12 +60,17 @@ def clusters(draw):
 def group_claims(draw):
     claims = []
     for position in range(draw(st.integers(1, 2))):
-        requests = [DeviceRequest("data", DeviceSubRequest("data", draw(st.sampled_from(("scratch", "fast-scratch")))))]
+        # Now and then every volume its region reaches (allocationMode All), else one.
+        mode = draw(st.sampled_from(("ExactCount", "ExactCount", "All")))
+        volume = DeviceSubRequest("data", draw(st.sampled_from(("scratch", "fast-scratch"))), allocation_mode=mode)
+        requests = [DeviceRequest("data", volume)]
         constraints = ()
         if draw(st.integers(0, 2)) == 0:
             requests.append(DeviceRequest("gpu", DeviceSubRequest("gpu", "gpu", draw(st.integers(1, 2)))))
             if draw(st.booleans()):
                 constraints = (DeviceConstraint("root", ("gpu",)),)
+            elif draw(st.booleans()):  # GPUs under distinct roots
+                constraints = (DeviceConstraint(None, ("gpu",), distinct_attribute="root"),)
         if draw(st.integers(0, 3)) == 0:
             ways = (DeviceSubRequest("fast", "fast-scratch"), DeviceSubRequest("any", "scratch", 2))
             requests.append(DeviceRequest("extra", first_available=ways))
@@ -167,7 +172,7 @@ def _brute_force_fits(snapshot, workload) -> bool:
     device of its class reachable from all of them, none taken twice. Only judged for claims of plain
     single requests; others are skipped (returns False)."""
     if any(len(claim.requests) != 1 or claim.constraints or claim.requests[0].exactly is None
-           for claim in workload.group_claims):  # fmt: skip
+           or claim.requests[0].exactly.takes_all for claim in workload.group_claims):  # fmt: skip
         return False
     matcher = ClassMatcher(snapshot.device_classes)
     held = {device_id for running in snapshot.running for pod in running.pods for device_id in pod.device_ids}

@@ -123,6 +123,28 @@ pending:
         ),
         ("    devices_per_pod: 2\n    requests: [{name: gpu, device_class: h100}]", "says its devices in them"),
         ("    constraints: [{match_attribute: root}]", "constraints need requests"),
+        (
+            "    requests: [{name: gpu, device_class: h100, allocation_mode: All, count: 2}]",
+            "pending[0].requests[0].count: allocation_mode All takes every matching device; give no count",
+        ),
+        (
+            "    requests: [{name: gpu, device_class: h100, allocation_mode: Some}]",
+            "pending[0].requests[0].allocation_mode: ExactCount or All, not 'Some'",
+        ),
+        (
+            "    requests: [{name: gpu, device_class: h100}]\n"
+            "    constraints: [{match_attribute: root, distinct_attribute: root}]",
+            "pending[0].constraints[0]: give match_attribute or distinct_attribute, not both or neither",
+        ),
+        (
+            "    requests: [{name: gpu, device_class: h100}]\n    constraints: [{requests: [gpu]}]",
+            "give match_attribute or distinct_attribute, not both or neither",
+        ),
+        (
+            "    requests: [{name: gpu, device_class: h100}]\n"
+            "    constraints: [{distinct_attribute: root, requests: [nic]}]",
+            "pending[0]: constraint on root names unknown request 'nic'",
+        ),
     ],
 )
 def test_it_rejects_malformed_claims_with_one_line(addition, message):
@@ -145,6 +167,20 @@ def test_it_reads_a_claim_with_several_requests():
     assert pod_set.requests[0].exactly.count == 2
     assert pod_set.requests[1].first_available[0].selectors
     assert pod_set.constraints[0].match_attribute == "root" and pod_set.constraints[0].requests == ()
+
+
+def test_it_reads_allocation_mode_all_and_distinct_attribute():
+    snapshot = load_scenario(
+        CLAIMED + "    requests: [{name: gpu, device_class: h100, count: 2}, {name: net, device_class: nic, "
+        "allocation_mode: All}, {name: acc, first_available: [{name: every, device_class: h100, "
+        "allocation_mode: All}, {name: one, device_class: h100}]}]\n"
+        "    constraints: [{distinct_attribute: root, requests: [gpu]}]"
+    )
+    gpu, net, acc = snapshot.pending[0].pod_sets[0].requests
+    assert not gpu.exactly.takes_all and net.exactly.takes_all and net.exactly.count == 1
+    assert [way.allocation_mode for way in acc.first_available] == ["All", "ExactCount"]
+    constraint = snapshot.pending[0].pod_sets[0].constraints[0]
+    assert (constraint.match_attribute, constraint.distinct_attribute, constraint.requests) == (None, "root", ("gpu",))
 
 
 SHARED = """
@@ -219,3 +255,12 @@ def test_it_fails_the_whatif_command_with_one_line_and_exit_2(tmp_path):
         completed = whatif(str(path))
         assert completed.returncode == 2
         assert len(completed.stderr.strip().splitlines()) == 1, completed.stderr
+
+
+def test_it_fails_the_whatif_command_on_a_bad_all_request_with_one_line(tmp_path):
+    broken = tmp_path / "all.yaml"
+    broken.write_text(CLAIMED + "    requests: [{name: gpu, device_class: h100, allocation_mode: All, count: 2}]\n")
+    completed = whatif(str(broken))
+    assert completed.returncode == 2
+    (line,) = completed.stderr.strip().splitlines()
+    assert line.endswith("pending[0].requests[0].count: allocation_mode All takes every matching device; give no count")

@@ -170,9 +170,10 @@ class PodSetRequestSerializer(StrictSerializer):
         required=False,
         default=dict,
         help_text="Each pod's claim as resource.k8s.io/v1 ResourceClaim spec.devices writes it: `requests` "
-        "(each `exactly` {deviceClassName, count, selectors} or `firstAvailable` sub-requests in order of "
-        "preference) and `constraints` ({requests, matchAttribute} across them). Instead of devices_per_pod, "
-        "device_classes and match_attribute.",
+        "(each `exactly` {deviceClassName, allocationMode, count, selectors} or `firstAvailable` sub-requests "
+        "in order of preference; allocationMode All, without count, takes every matching device of the pod's "
+        "node) and `constraints` ({requests, matchAttribute} or {requests, distinctAttribute} across them). "
+        "Instead of devices_per_pod, device_classes and match_attribute.",
     )
     capacity = serializers.DictField(
         child=serializers.CharField(max_length=32),
@@ -203,15 +204,17 @@ class GroupClaimRequestSerializer(StrictSerializer):
         child=serializers.JSONField(),
         allow_empty=False,
         max_length=limits.POD_SETS_MAX,
-        help_text="As a ResourceClaim's spec.devices.requests: each `exactly` {deviceClassName, count, "
-        "selectors} or `firstAvailable` sub-requests.",
+        help_text="As a ResourceClaim's spec.devices.requests: each `exactly` {deviceClassName, allocationMode, "
+        "count, selectors} or `firstAvailable` sub-requests (allocationMode All: every matching device the "
+        "gang's pods all reach).",
     )
     constraints = serializers.ListField(
         child=serializers.JSONField(),
         required=False,
         default=list,
         max_length=limits.POD_SETS_MAX,
-        help_text="As spec.devices.constraints: {requests, matchAttribute} across its requests.",
+        help_text="As spec.devices.constraints: {requests, matchAttribute} or {requests, distinctAttribute} "
+        "across its requests.",
     )
 
 
