@@ -39,7 +39,7 @@ def read_snapshot(now):
 
 def candidate(submission, now):
     resource_class = submission.resource_class
-    needs_approval = resource_class.needs_approval(submission.total_devices)
+    needs_approval = resource_class.needs_approval(submission.approval_devices())
     return s.PendingWorkload(
         id=CANDIDATE_ID,
         queue=submission.queue.name,
@@ -155,7 +155,7 @@ def other_class(submission, user, snapshot, now):
 def usable(submission, user):
     """Whether the form would take `submission` in its class without an approver's wait."""
     resource_class = submission.resource_class
-    if resource_class.needs_approval(submission.total_devices):
+    if resource_class.needs_approval(submission.approval_devices()):
         return False
     errors = workload_services.submission_errors(submission, user)
     errors.pop("name", None)

@@ -67,6 +67,14 @@ class Claim(NamedTuple):
     def fewest_devices(self) -> int:
         return sum(min(way.count for way in request.alternatives) for request in self.requests)
 
+    def most_devices(self, all_bound: int) -> int:
+        """The most devices the claim can take, an allocationMode All way counted as `all_bound` (the most
+        one can match): what an approval threshold must judge, since an All way's count says nothing."""
+        return sum(
+            max(all_bound if way.allocation_mode == ALL_DEVICES else way.count for way in request.alternatives)
+            for request in self.requests
+        )
+
 
 class ClaimPod(NamedTuple):
     """A PlannedPod (same first fields) whose slots serve several requests: `requests` holds

@@ -9,18 +9,20 @@ from dataclasses import dataclass, field
 
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
+from django.db.models import Count
 from django.utils import timezone
 
 from broker import events
 from broker.audit.models import record
 from broker.events import request_cycle_after_commit
 from broker.governance import approvals, guidance
-from broker.inventory.models import TopologyLevel
+from broker.inventory.models import Device, TopologyLevel
 from broker.inventory.quantities import quantity
 from broker.limits import PRIORITY_MAX, PRIORITY_MIN
 from broker.policy import roles
 from broker.policy.models import DeviceClass, Queue, ResourceClass, SharingRule
 from broker.scheduler.claims import Claim, claim_from_dra, claim_problem
+from broker.scheduler.snapshot import ALL_DEVICES
 from broker.workloads.models import (
     Allocation,
     ApprovalState,
@@ -68,6 +70,15 @@ class PodSetRequest:
                 return 0  # pod_set_errors says why
         return self.replicas * self.devices_per_pod
 
+    def most_devices(self, all_bound):
+        """The most devices its pods can take, each allocationMode All request as `all_bound`."""
+        if self.claim:
+            try:
+                return self.replicas * Claim(*claim_from_dra(self.claim)).most_devices(all_bound)
+            except ValueError:
+                return 0
+        return self.devices
+
 
 @dataclass(frozen=True)
 class Submission:
@@ -90,6 +101,47 @@ class Submission:
         return sum(pod_set.devices for pod_set in self.pod_sets) + sum(
             group_claim_devices(claim) for claim in self.group_claims
         )
+
+    def approval_devices(self):
+        """What an approval threshold judges: the most devices the gang can take. An allocationMode All
+        request takes every matching device of its node (of the gang's region for a group claim), which
+        its count does not say: it counts as its resource class's max_devices, the most All may take, or
+        without one as the most devices of one node (every device, for a group claim). Plain requests
+        count as asked."""
+        if not self.has_all_requests():
+            return self.total_devices
+        limit = self.resource_class.max_devices
+        node_bound = limit or largest_node_devices()
+        region_bound = limit or Device.objects.count()
+        total = sum(pod_set.most_devices(node_bound) for pod_set in self.pod_sets)
+        for claim in self.group_claims:
+            try:
+                total += Claim(*claim_from_dra(_claim_body(claim))).most_devices(region_bound)
+            except (ValueError, AttributeError):
+                continue  # submission_errors says why
+        return total
+
+    def has_all_requests(self):
+        claims = [pod_set.claim for pod_set in self.pod_sets if pod_set.claim]
+        claims += [_claim_body(claim) for claim in self.group_claims if isinstance(claim, dict)]
+        return any(_asks_all(claim) for claim in claims)
+
+
+def _asks_all(claim):
+    requests = claim.get("requests") if isinstance(claim, dict) else None
+    for request in requests if isinstance(requests, list) else ():
+        if not isinstance(request, dict):
+            continue
+        ways = [request.get("exactly")] + list(request.get("firstAvailable") or ())
+        if any(isinstance(way, dict) and way.get("allocationMode") == ALL_DEVICES for way in ways):
+            return True
+    return False
+
+
+def largest_node_devices():
+    """The most devices any one node has (0 with no inventory)."""
+    row = Device.objects.values("node").annotate(devices=Count("id")).order_by("-devices").first()
+    return row["devices"] if row else 0
 
 
 def _claim_body(claim):
@@ -287,7 +339,7 @@ def submit_workload(submission, actor):
     if errors:
         raise InvalidSubmission(errors)
     resource_class = submission.resource_class
-    approval_reasons = approvals.approval_reasons(resource_class, submission.total_devices)
+    approval_reasons = approvals.approval_reasons(resource_class, submission.approval_devices())
     needs_approval = bool(approval_reasons)
     # Before the workload exists, so its own row does not count in the team's history.
     advice = guidance.for_submission(submission)

@@ -189,3 +189,38 @@ def test_it_refuses_bad_all_requests_and_distinct_constraints(cluster, api_clien
     assert response.status_code == 400
     assert message in str(response.data["pod_sets"][0]["claim"])
     assert not Workload.objects.filter(name="bad").exists()
+
+
+ALL_GPUS = {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "h100", "allocationMode": "All"}}]}
+
+
+def submit_all_gpus(cluster, api_client, alice, replicas=1):
+    pod_set = {"name": "main", "replicas": replicas, "claim": ALL_GPUS}
+    body = {"name": "every-gpu", "resource_class": "fabric", "pod_sets": [pod_set]}
+    response = signed_in(api_client, alice).post("/api/workloads/", body, format="json")
+    assert response.status_code == 201, response.data
+    return response.data
+
+
+def test_it_judges_an_all_request_by_the_most_devices_one_node_has(cluster, api_client, alice):
+    """An All request's count says 1, but it takes every GPU of its node (4 on n1 with the NIC beside):
+    an approval threshold of 3 must hold it, or All would walk past every size threshold."""
+    fabric_class = fabric(cluster)
+    fabric_class.approval_threshold_devices = 3
+    fabric_class.save()
+    data = submit_all_gpus(cluster, api_client, alice)
+    assert (data["state"], data["approval"]) == (State.AWAITING_APPROVAL, "Requested")
+    assert data["total_devices"] == 1, "the fewest it takes is still what quota-free sizes read"
+
+
+def test_it_judges_an_all_request_by_the_class_limit_where_there_is_one(cluster, api_client, alice):
+    """n1 has 5 devices (4 GPUs and a NIC): without a class limit an All request counts 5, over a threshold
+    of 4; with max_devices 4, the most All may take, it counts 4 and needs no approval."""
+    fabric_class = fabric(cluster)
+    fabric_class.approval_threshold_devices = 4
+    fabric_class.save()
+    assert submit_all_gpus(cluster, api_client, alice)["state"] == State.AWAITING_APPROVAL
+    Workload.objects.all().delete()
+    fabric_class.max_devices = 4
+    fabric_class.save()
+    assert submit_all_gpus(cluster, api_client, alice)["state"] == State.PENDING
