@@ -655,11 +655,12 @@ SHARED_SQL = {
 }
 WHOLE_SQL = {"share": "%(whole)s", "join_shared": ""}
 
-# Workload ids in line order: by key "team/name", byte order ("C"), as the ledger's lines sort.
-WORKLOADS_BY_KEY_SQL = """
-SELECT wl.id, (t.name || '/' || wl.name) COLLATE "C" AS k
-FROM workloads_workload wl JOIN policy_team t ON t.id = wl.team_id
-WHERE wl.id = ANY(%(ids)s::bigint[]) ORDER BY k LIMIT %(limit)s
+# Workloads' line keys "team/name". The ids come as one array's text: thousands of equal workloads can tie
+# at a remainder or in the ranking, and psycopg adapts a list item by item.
+WORKLOAD_KEYS_SQL = """
+SELECT wl.id, t.name || '/' || wl.name
+FROM unnest(%(ids)s::bigint[]) AS wanted(id) JOIN workloads_workload wl ON wl.id = wanted.id
+JOIN policy_team t ON t.id = wl.team_id
 """
 # A team's workloads holding devices in the window, in line order (one team's keys share "team/").
 FIRST_WORKLOADS_BY_KEY_SQL = """
@@ -684,14 +685,30 @@ def costliest_workloads(start, end, step, now, top):
         return _costliest_workloads(start, end, step, now, top)
 
 
-def workloads_by_key(ids, limit):
-    """[(id, key)] of the first `limit` of the workloads `ids` in line order."""
-    if not ids or limit <= 0:
-        return []
-    with connection.cursor() as cursor:
-        # As an array's text: thousands of equal workloads can tie, and psycopg adapts a list item by item.
-        cursor.execute(WORKLOADS_BY_KEY_SQL, {"ids": "{" + ",".join(map(str, ids)) + "}", "limit": limit})
-        return cursor.fetchall()
+class WorkloadKeys:
+    """Workloads' line keys, read once per report. Lines sort by key in byte order (COLLATE "C"): Python
+    compares str by code point, the order of their UTF-8 bytes."""
+
+    def __init__(self):
+        self.known = {}
+
+    def first(self, ids, limit):
+        """[(id, key)] of the first `limit` of the workloads `ids` in line order."""
+        if not ids or limit <= 0:
+            return []
+        self.read(ids)
+        return sorted(((workload_id, self.known[workload_id]) for workload_id in ids), key=_by_key)[:limit]
+
+    def read(self, ids):
+        missing = [workload_id for workload_id in ids if workload_id not in self.known]
+        if missing:
+            with connection.cursor() as cursor:
+                cursor.execute(WORKLOAD_KEYS_SQL, {"ids": "{" + ",".join(map(str, missing)) + "}"})
+                self.known.update(cursor.fetchall())
+
+
+def _by_key(item):
+    return item[1]
 
 
 class RoundedStep:
@@ -817,12 +834,15 @@ def _costliest_workloads(start, end, step, now, top):
         step_us, step_raw = device_us[index], raw[index]
         step_us[workload_id] = step_us.get(workload_id, 0) + amount
         step_raw[workload_id] = step_raw.get(workload_id, 0) + amount * price
+    workload_keys = WorkloadKeys()
     unit_us = ledger.in_millionths(ledger.MICROS_PER_TEN_THOUSANDTH_HOUR)
     unit_raw = ledger.in_millionths(ledger.RAW_PER_CENT)
     rounded = [
         (
-            RoundedStep(device_us[index], [amount.device_us for _, amount in rest[index]], unit_us, workloads_by_key),
-            RoundedStep(raw[index], [amount.raw for _, amount in rest[index]], unit_raw, workloads_by_key),
+            RoundedStep(
+                device_us[index], [amount.device_us for _, amount in rest[index]], unit_us, workload_keys.first
+            ),
+            RoundedStep(raw[index], [amount.raw for _, amount in rest[index]], unit_raw, workload_keys.first),
         )
         for index in range(len(loaded.steps))
     ]
@@ -843,14 +863,15 @@ def _costliest_workloads(start, end, step, now, top):
         for workload_id, (step_cents, step_units) in step_spent.items():
             known = spent.get(workload_id, (0, 0))
             spent[workload_id] = (known[0] + step_cents, known[1] + step_units)
-    kept_ids = _costliest(spent, top)
-    keys = dict(workloads_by_key(kept_ids, len(kept_ids)))
+    kept_ids = _costliest(spent, top, workload_keys)
+    workload_keys.read(kept_ids)
+    kept_key = {workload_id: workload_keys.known[workload_id] for workload_id in kept_ids}
     rounded_steps = []
     any_other = False
     first_others = _first_others(device_us, kept_ids, start, billed_until)
     for index, (units, cents) in enumerate(rounded):
         merged = {}
-        kept_here = sorted((keys[w], units.of(w), cents.of(w)) for w in kept_ids if w in units.amounts)
+        kept_here = sorted((kept_key[w], units.of(w), cents.of(w)) for w in kept_ids if w in units.amounts)
         rest_units = sum(units.rest)
         rest_cents = sum(cents.rest)
         other = None
@@ -870,18 +891,19 @@ def _costliest_workloads(start, end, step, now, top):
         for (leaf, _), unit_count, cent_count in zip(rest[index], units.rest, cents.rest, strict=True):
             merged[leaf] = (unit_count, cent_count)
         rounded_steps.append((merged, (units.total, cents.total)))
-    kept_keys = frozenset(keys.values()) if any_other else None
+    kept_keys = frozenset(kept_key.values()) if any_other else None
     return loaded, rounded_steps, kept_keys, set(kept_ids)
 
 
-def _costliest(spent, top):
-    """The ids of the `top` workloads of most cents, then units, then first key ({id: (cents, units)})."""
+def _costliest(spent, top, keys):
+    """The ids of the `top` workloads of most cents, then units, then first key ({id: (cents, units)};
+    `keys`: WorkloadKeys)."""
     if len(spent) <= top:
         return list(spent)
     edge = heapq.nlargest(top, spent.values())[-1]
     better = [workload_id for workload_id, value in spent.items() if value > edge]
     tied = [workload_id for workload_id, value in spent.items() if value == edge]
-    return better + [workload_id for workload_id, _ in workloads_by_key(tied, top - len(better))]
+    return better + [workload_id for workload_id, _ in keys.first(tied, top - len(better))]
 
 
 def _first_others(by_step, kept_ids, start, billed_until, batch=64):
