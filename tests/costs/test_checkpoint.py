@@ -436,3 +436,28 @@ def test_it_gives_the_cent_of_equal_remainders_to_the_first_keys(cluster, monkey
     assert first_hour["team-a/job-b"] == {"device_hours": Decimal("0.0005"), "cost": Decimal("0.01")}
     assert first_hour["(other)"] == {"device_hours": Decimal("0.0020"), "cost": Decimal("0.00")}
     assert first_hour["team-b/big"]["cost"] == Decimal("4.00")
+
+
+@pytest.mark.parametrize("speed", [2.5, 0.3])
+def test_it_ranks_the_costliest_workloads_on_a_fractional_billing_scale(cluster, monkeypatch, settings, speed):
+    """On a fractional simulated clock each piece of an allocation (per step and price) is floored before
+    it is billed: the top workloads' pieces are floored as the ledger's stretches are."""
+    busy_history(cluster)
+    settings.SIMULATION_SPEED = speed
+    now = NOV + 30 * H
+
+    def ranked():
+        return [
+            allocation_report(start, end, aggregate=("workload",), step=step, now=now, top=top, share_idle=True)
+            for start, end in ((NOV - 3 * H, now), (NOV + 17 * M, NOV + 10 * H + 41 * M))
+            for step in ("hour", "day")
+            for top in (1, 2, 50)
+        ]
+
+    with monkeypatch.context() as patched:
+        patched.setattr(report, "keep_costliest", lambda *args: pytest.fail("ranked from the ledger by workload"))
+        fast = ranked()
+    with monkeypatch.context() as patched:
+        patched.setattr(report, "costliest_workloads", lambda *args: None)
+        direct = ranked()
+    assert_same(fast, direct)
