@@ -3,8 +3,9 @@ aggregate and round (ledger.py documents the rounding rule)."""
 
 from __future__ import annotations
 
+import heapq
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -612,97 +613,70 @@ def team_breakdowns(start, end, team, dims_list, now=None):
     return out
 
 
-# --- the costliest workloads in SQL --------------------------------------------------------------------------
+# --- the costliest workloads ---------------------------------------------------------------------------------
 
-# Every workload's exact amount per step, and the one rounding of ledger.py (round_leaves: each step's total
-# rounded half up, shared by largest remainder among all its leaf lines, ties in line order), in one query:
-# the top of a month's tens of thousands of workloads needs each of their remainders, and Python spent
-# seconds on their intervals and divisions. PostgreSQL's numeric is exact at any size. Amounts are counted in
+# The top of a month's tens of thousands of workloads needs every workload's amount, because the rounding
+# (round_leaves: each step's total rounded half up, shared by largest remainder among all its leaf lines,
+# ties in line order) ranks every line's remainder. The database only cuts the allocations into pieces per
+# step and price, as integers: exact numeric sums and window functions over every workload cost it about a
+# second at 100,000 devices, where Python's integers take a fraction of that, and a remainder is computed
+# once per distinct amount (a cycle admits thousands of workloads at one time). Amounts are counted in
 # millionths of a device (ledger.in_millionths): a share of a shared device is a Fraction in millionths
-# (SHARE_SCALE), so every amount is then a whole number, and scaling all of a step's lines and its rounding
-# unit by the same factor leaves the rounded total, each line's share and the order of the remainders as
-# they were. An allocation's share comes from `shared` (Shares, in Python), a whole one counts SHARE_SCALE.
+# (SHARE_SCALE), so every amount is a whole number, and scaling all of a step's lines and its rounding unit
+# by the same factor leaves the rounded total, each line's share and the order of the remainders as they
+# were. An allocation's share comes from `shared` (Shares, in Python), a whole one counts SHARE_SCALE.
+# Allocations of one workload, class, share and holding (clipped to the window) are one row of n devices.
 COSTLIEST_SQL = """
 WITH steps(i, a, b) AS (SELECT * FROM unnest(%(step_index)s::int[], %(step_start)s::timestamptz[],
                                             %(step_end)s::timestamptz[])),
 prices(c, pf, pt, p) AS (SELECT * FROM unnest(%(price_class)s::bigint[], %(price_from)s::timestamptz[],
-                                             %(price_to)s::timestamptz[], %(price)s::numeric[])),
-rest(i, o, k, us, raw) AS (SELECT * FROM unnest(%(rest_step)s::int[], %(rest_order)s::int[], %(rest_key)s::text[],
-                                               %(rest_us)s::numeric[], %(rest_raw)s::numeric[])),
+                                             %(price_to)s::timestamptz[], %(price)s::bigint[])),
 shared(d, c, m) AS (SELECT * FROM unnest(%(share_device)s::bigint[], %(share_consumed)s::text[],
                                          %(share_millionths)s::bigint[])),
-pieces AS (
-    SELECT al.workload_id AS w, s.i, pr.p, coalesce(sh.m, %(whole)s) AS m,
-           (extract(epoch FROM greatest(al.allocated_at, s.a, pr.pf)) * 1000000)::bigint AS x,
-           (extract(epoch FROM least(coalesce(al.released_at, 'infinity'::timestamptz), s.b, pr.pt,
-                                     %(billed_until)s)) * 1000000)::bigint AS y
-    FROM workloads_allocation al
-    JOIN steps s ON al.allocated_at < s.b AND (al.released_at IS NULL OR al.released_at > s.a)
-    JOIN prices pr ON pr.c = al.device_class_id AND al.allocated_at < pr.pt
-                   AND (al.released_at IS NULL OR al.released_at > pr.pf)
-    LEFT JOIN shared sh ON al.consumed_capacity IS NOT NULL AND sh.d = al.device_id
-                        AND sh.c = al.consumed_capacity::text
+held AS (
+    SELECT al.workload_id AS w, al.device_class_id AS c, {share} AS m,
+           greatest(al.allocated_at, %(window_start)s) AS lo,
+           least(coalesce(al.released_at, %(billed_until)s), %(billed_until)s) AS hi, count(*) AS n
+    FROM workloads_allocation al {join_shared}
     WHERE al.allocated_at < %(billed_until)s AND (al.released_at IS NULL OR al.released_at > %(window_start)s)
-),
-leaves AS (
-    SELECT s.i, 0 AS o, (t.name || '/' || wl.name) COLLATE "C" AS k, s.us, s.raw, s.w
-    FROM (SELECT w, i, sum(((y - x) * %(num)s / %(den)s)::numeric * m) AS us,
-                 sum(((y - x) * %(num)s / %(den)s)::numeric * m * p) AS raw
-          FROM pieces WHERE y > x GROUP BY w, i) AS s
-    JOIN workloads_workload wl ON wl.id = s.w JOIN policy_team t ON t.id = wl.team_id
-    UNION ALL
-    SELECT i, o, k COLLATE "C", us, raw, NULL FROM rest
-),
-sums AS (
-    SELECT i, sum(us) AS w_us, sum(raw) AS w_raw,
-           div(2 * sum(us) + %(unit_us)s, 2 * %(unit_us)s) AS t_us,
-           div(2 * sum(raw) + %(unit_raw)s, 2 * %(unit_raw)s) AS t_raw
-    FROM leaves GROUP BY i
-),
-shares AS (
-    SELECT l.i, l.o, l.k, l.w,
-           CASE WHEN m.w_us = 0 THEN 0 ELSE div(m.t_us * l.us, m.w_us) END AS su,
-           CASE WHEN m.w_us = 0 THEN 0 ELSE mod(m.t_us * l.us, m.w_us) END AS ru,
-           CASE WHEN m.w_raw = 0 THEN 0 ELSE div(m.t_raw * l.raw, m.w_raw) END AS sc,
-           CASE WHEN m.w_raw = 0 THEN 0 ELSE mod(m.t_raw * l.raw, m.w_raw) END AS rc,
-           m.t_us, m.t_raw
-    FROM leaves l JOIN sums m ON m.i = l.i
-),
-ranked AS (
-    SELECT i, o, k, w, su, sc,
-           row_number() OVER (PARTITION BY i ORDER BY ru DESC, o, k) AS nu,
-           row_number() OVER (PARTITION BY i ORDER BY rc DESC, o, k) AS nc,
-           t_us - sum(su) OVER (PARTITION BY i) AS lu,
-           t_raw - sum(sc) OVER (PARTITION BY i) AS lc
-    FROM shares
-),
-rounded AS (
-    SELECT i, o, k, w, su + (CASE WHEN nu <= lu THEN 1 ELSE 0 END) AS units,
-           sc + (CASE WHEN nc <= lc THEN 1 ELSE 0 END) AS cents
-    FROM ranked
-),
-spent AS (
-    SELECT k, sum(cents) AS cents, sum(units) AS units FROM rounded WHERE o = 0 GROUP BY k
-),
-kept AS (
-    SELECT k FROM spent ORDER BY cents DESC, units DESC, k LIMIT %(top)s
+    GROUP BY 1, 2, 3, 4, 5
 )
-SELECT 'total', i, NULL, t_us, t_raw, NULL::bigint FROM sums
-UNION ALL
-SELECT 'rest', i, k, units, cents, o FROM rounded WHERE o > 0
-UNION ALL
-SELECT 'kept', i, k, units, cents, w FROM rounded WHERE o = 0 AND k IN (SELECT k FROM kept)
-UNION ALL
-SELECT 'other', i, min(k), sum(units), sum(cents), NULL FROM rounded WHERE o = 0 AND k NOT IN (SELECT k FROM kept)
-GROUP BY i
+SELECT h.w, s.i, h.m * h.n, pr.p,
+       (extract(epoch FROM least(h.hi, s.b, pr.pt) - greatest(h.lo, s.a, pr.pf)) * 1000000)::bigint
+FROM held h
+JOIN steps s ON greatest(h.lo, s.a) < least(h.hi, s.b)
+JOIN prices pr ON pr.c = h.c AND greatest(h.lo, s.a, pr.pf) < least(h.hi, s.b, pr.pt)
+"""
+# Without shared devices in the window every allocation counts one whole device: no join for its share.
+SHARED_SQL = {
+    "share": "coalesce(sh.m, %(whole)s)",
+    "join_shared": """LEFT JOIN shared sh ON al.consumed_capacity IS NOT NULL AND sh.d = al.device_id
+                                 AND sh.c = al.consumed_capacity::text""",
+}
+WHOLE_SQL = {"share": "%(whole)s", "join_shared": ""}
+
+# Workloads' line keys "team/name". The ids come as one array's text: thousands of equal workloads can tie
+# at a remainder or in the ranking, and psycopg adapts a list item by item.
+WORKLOAD_KEYS_SQL = """
+SELECT wl.id, t.name || '/' || wl.name
+FROM unnest(%(ids)s::bigint[]) AS wanted(id) JOIN workloads_workload wl ON wl.id = wanted.id
+JOIN policy_team t ON t.id = wl.team_id
+"""
+# A team's workloads holding devices in the window, in line order (one team's keys share "team/").
+FIRST_WORKLOADS_BY_KEY_SQL = """
+SELECT wl.id, wl.name FROM workloads_workload wl
+WHERE wl.team_id = %(team)s AND EXISTS (
+    SELECT FROM workloads_allocation al WHERE al.workload_id = wl.id AND al.allocated_at < %(billed_until)s
+                                          AND (al.released_at IS NULL OR al.released_at > %(window_start)s))
+ORDER BY wl.name COLLATE "C" LIMIT %(limit)s OFFSET %(offset)s
 """
 
 
 def costliest_workloads(start, end, step, now, top):
     """allocation_report's (rounded steps, kept keys or None, kept workload ids) for aggregate=workload
     with `top`, as round_leaves and keep_costliest make them from the direct ledger by workload: the
-    unallocated leaves from the grouped ledger (rollup and checkpoint), every workload's amounts and the
-    rounding in COSTLIEST_SQL. None where that query cannot run (SQLite)."""
+    unallocated leaves from the grouped ledger (rollup and checkpoint), every workload's amounts from
+    COSTLIEST_SQL's pieces, rounded by RoundedStep. None where that query cannot run (SQLite)."""
     if connection.vendor != "postgresql":
         return None
     now = now or timezone.now()
@@ -711,19 +685,106 @@ def costliest_workloads(start, end, step, now, top):
         return _costliest_workloads(start, end, step, now, top)
 
 
+class WorkloadKeys:
+    """Workloads' line keys, read once per report. Lines sort by key in byte order (COLLATE "C"): Python
+    compares str by code point, the order of their UTF-8 bytes."""
+
+    def __init__(self):
+        self.known = {}
+
+    def first(self, ids, limit):
+        """[(id, key)] of the first `limit` of the workloads `ids` in line order."""
+        if not ids or limit <= 0:
+            return []
+        self.read(ids)
+        return sorted(((workload_id, self.known[workload_id]) for workload_id in ids), key=_by_key)[:limit]
+
+    def read(self, ids):
+        missing = [workload_id for workload_id in ids if workload_id not in self.known]
+        if missing:
+            with connection.cursor() as cursor:
+                cursor.execute(WORKLOAD_KEYS_SQL, {"ids": "{" + ",".join(map(str, missing)) + "}"})
+                self.known.update(cursor.fetchall())
+
+
+def _by_key(item):
+    return item[1]
+
+
+class RoundedStep:
+    """One measure (device-microseconds or raw cost) of one step rounded as ledger.round_lines does: the
+    step's exact total rounded half up to `unit`, shared among the workloads' lines (`amounts`: {workload
+    id: exact amount}) and the rest lines (`rest`: exact amounts in line order) by largest remainder, ties
+    in line order: workloads first, by key, then the rest lines. Workloads of equal amounts share their
+    quotient and remainder; when only some lines of the last remainder that gets a unit can have one,
+    their keys decide (`by_key(ids, n)`: the first n ids in key order)."""
+
+    def __init__(self, amounts, rest, unit, by_key):
+        self.amounts = amounts
+        counts = Counter(amounts.values())
+        weight = sum(amount * count for amount, count in counts.items()) + sum(rest)
+        self.total = total = ledger.round_half_up(weight, unit)
+        self.extra_workloads = set()
+        if weight == 0:
+            self.rounded = dict.fromkeys(counts, 0)  # distinct amount -> its lines' units
+            self.rest = [0] * len(rest)
+            return
+        shares = {amount: divmod(total * amount, weight) for amount in counts}
+        rest_shares = [divmod(total * amount, weight) for amount in rest]
+        left = total - sum(share * counts[amount] for amount, (share, _) in shares.items())
+        left -= sum(share for share, _ in rest_shares)
+        # Lines by remainder, largest first: (-remainder, 0 and the amount for workloads' lines, or the rest
+        # line's order from 1 and None; a rest line's order is its own, so None is never compared).
+        lines = [(-remainder, 0, amount) for amount, (_, remainder) in shares.items()]
+        lines += [(-remainder, order, None) for order, (_, remainder) in enumerate(rest_shares, start=1)]
+        lines.sort()
+        # Whole remainders' worth of lines get a unit while there are units left for all of their lines.
+        first = last = 0
+        while left > 0 and first < len(lines):
+            size = 0
+            while last < len(lines) and lines[last][0] == lines[first][0]:
+                size += 1 if lines[last][1] else counts[lines[last][2]]
+                last += 1
+            if size > left:
+                break
+            left -= size
+            first = last
+        cut = -lines[first][0] if first < len(lines) else -1  # larger remainders have their unit
+        self.rounded = {amount: share + (remainder > cut) for amount, (share, remainder) in shares.items()}
+        self.rest = [share + (remainder > cut) for share, remainder in rest_shares]
+        if left <= 0 or first >= len(lines):
+            return
+        # The remainder whose lines cannot all have one: workloads first, by key, then the rest lines.
+        equal_amounts = [amount for _, order, amount in lines[first:last] if not order]
+        workloads = sum(counts[amount] for amount in equal_amounts)
+        if left >= workloads:
+            for amount in equal_amounts:
+                self.rounded[amount] += 1
+            for _, order, _ in [line for line in lines[first:last] if line[1]][: left - workloads]:
+                self.rest[order - 1] += 1
+        else:
+            wanted = set(equal_amounts)
+            ids = [workload_id for workload_id, amount in amounts.items() if amount in wanted]
+            self.extra_workloads.update(workload_id for workload_id, _ in by_key(ids, left))
+
+    def of(self, workload_id):
+        return self.rounded[self.amounts[workload_id]] + (workload_id in self.extra_workloads)
+
+
 def _costliest_workloads(start, end, step, now, top):
     loaded = load(start, end, step, now, by_workload=False)
-    rest = {"step": [], "order": [], "key": [], "us": [], "raw": []}
-    for index, step_ledger in enumerate(loaded.steps):
+    rest = []  # per step: [(leaf, Amount in millionths)] in line order
+    for step_ledger in loaded.steps:
         leaves = {(category,): ledger.Amount() for category in ("idle", "stranded", "unhealthy")}
         for (category, _class_id, team), amount in step_ledger.capacity.items():
             leaf = ("reserved_unused", team) if category == "reserved_unused" else (category,)
             _accumulate(leaves.setdefault(leaf, ledger.Amount()), amount)
-        for order, (leaf, amount) in enumerate(sorted(leaves.items()), start=1):
-            for name, value in (("step", index), ("order", order), ("key", "/".join(leaf))):
-                rest[name].append(value)
-            rest["us"].append(ledger.in_millionths(amount.device_us))
-            rest["raw"].append(ledger.in_millionths(amount.raw))
+        rest.append(
+            [
+                (leaf, ledger.Amount(ledger.in_millionths(amount.device_us), ledger.in_millionths(amount.raw)))
+                for leaf, amount in sorted(leaves.items())
+            ]
+        )
     periods = {"class": [], "from": [], "to": [], "price": []}
     for class_id, timeline in price_timelines().items():
         for position, (at, units) in enumerate(timeline):
@@ -732,7 +793,7 @@ def _costliest_workloads(start, end, step, now, top):
             periods["to"].append(
                 timeline[position + 1][0] if position + 1 < len(timeline) else datetime.max.replace(tzinfo=UTC)
             )
-            periods["price"].append(units)
+            periods["price"].append(int(units))
     billed_until = min(end, now)
     shared = (
         overlapping(start, billed_until)
@@ -744,7 +805,6 @@ def _costliest_workloads(start, end, step, now, top):
     )
     shared = list(shared)
     shares = Shares(device for device, _ in shared)
-    scale = clock.billing_scale()
     params = {
         "step_index": list(range(len(loaded.steps))),
         "step_start": [from_us(s.start) for s in loaded.steps],
@@ -753,54 +813,133 @@ def _costliest_workloads(start, end, step, now, top):
         "price_from": periods["from"],
         "price_to": periods["to"],
         "price": periods["price"],
-        "rest_step": rest["step"],
-        "rest_order": rest["order"],
-        "rest_key": rest["key"],
-        "rest_us": rest["us"],
-        "rest_raw": rest["raw"],
         "share_device": [device for device, _ in shared],
         "share_consumed": [consumed for _, consumed in shared],
         "share_millionths": [ledger.in_millionths(shares.devices(1, *pair)) for pair in shared],
         "whole": ledger.in_millionths(1),
         "billed_until": billed_until,
         "window_start": start,
-        "num": scale.numerator,
-        "den": scale.denominator,
-        "unit_us": ledger.in_millionths(ledger.MICROS_PER_TEN_THOUSANDTH_HOUR),
-        "unit_raw": ledger.in_millionths(ledger.RAW_PER_CENT),
-        "top": top,
     }
     with connection.cursor() as cursor:
-        # Its sorts and aggregates of every workload spilled to disk at the default 4 MB.
-        cursor.execute("SET LOCAL work_mem = '64MB'")
-        cursor.execute(COSTLIEST_SQL, params)
+        cursor.execute(COSTLIEST_SQL.format(**(SHARED_SQL if shared else WHOLE_SQL)), params)
         rows = cursor.fetchall()
-    totals = {i: (int(units), int(cents)) for kind, i, _, units, cents, _ in rows if kind == "total"}
-    kept_rows = defaultdict(list)
-    rest_rows = defaultdict(list)
-    other = {}
-    workload_ids = set()
-    for kind, i, key, units, cents, extra in rows:
-        if kind == "kept":
-            kept_rows[i].append((key, int(units), int(cents)))
-            workload_ids.add(extra)
-        elif kind == "rest":
-            rest_rows[i].append((extra, key, int(units), int(cents)))
-        elif kind == "other":
-            other[i] = (key, int(units), int(cents))
-    kept_keys = {key for entries in kept_rows.values() for key, _, _ in entries}
+    # Every workload's exact amounts per step: a piece's length is scaled (floored) before it is multiplied,
+    # as ledger.build_ledger bills each stretch.
+    device_us = [{} for _ in loaded.steps]
+    raw = [{} for _ in loaded.steps]
+    scale = clock.billing_scale()
+    num, den = scale.numerator, scale.denominator
+    for workload_id, index, millionths, price, length in rows:
+        amount = (length if den == 1 == num else length * num // den) * millionths
+        step_us, step_raw = device_us[index], raw[index]
+        step_us[workload_id] = step_us.get(workload_id, 0) + amount
+        step_raw[workload_id] = step_raw.get(workload_id, 0) + amount * price
+    workload_keys = WorkloadKeys()
+    unit_us = ledger.in_millionths(ledger.MICROS_PER_TEN_THOUSANDTH_HOUR)
+    unit_raw = ledger.in_millionths(ledger.RAW_PER_CENT)
+    rounded = [
+        (
+            RoundedStep(
+                device_us[index], [amount.device_us for _, amount in rest[index]], unit_us, workload_keys.first
+            ),
+            RoundedStep(raw[index], [amount.raw for _, amount in rest[index]], unit_raw, workload_keys.first),
+        )
+        for index in range(len(loaded.steps))
+    ]
+    spent = {}  # workload id -> (cents, units) over the window
+    for units, cents in rounded:
+        unit_of, cent_of, raw_of = units.rounded, cents.rounded, cents.amounts
+        step_spent = {
+            workload_id: (cent_of[raw_of[workload_id]], unit_of[amount_us])
+            for workload_id, amount_us in units.amounts.items()
+        }
+        for workload_id in cents.extra_workloads:
+            step_spent[workload_id] = (step_spent[workload_id][0] + 1, step_spent[workload_id][1])
+        for workload_id in units.extra_workloads:
+            step_spent[workload_id] = (step_spent[workload_id][0], step_spent[workload_id][1] + 1)
+        if not spent:
+            spent = step_spent
+            continue
+        for workload_id, (step_cents, step_units) in step_spent.items():
+            known = spent.get(workload_id, (0, 0))
+            spent[workload_id] = (known[0] + step_cents, known[1] + step_units)
+    kept_ids = _costliest(spent, top, workload_keys)
+    workload_keys.read(kept_ids)
+    kept_key = {workload_id: workload_keys.known[workload_id] for workload_id in kept_ids}
     rounded_steps = []
-    for index in range(len(loaded.steps)):
+    any_other = False
+    first_others = _first_others(device_us, kept_ids, start, billed_until)
+    for index, (units, cents) in enumerate(rounded):
         merged = {}
-        first_other = other.get(index, (None,))[0]
-        for key, units, cents in sorted(kept_rows[index]):
+        kept_here = sorted((kept_key[w], units.of(w), cents.of(w)) for w in kept_ids if w in units.amounts)
+        rest_units = sum(units.rest)
+        rest_cents = sum(cents.rest)
+        other = None
+        if len(units.amounts) > len(kept_here):
+            any_other = True
+            other = (
+                units.total - rest_units - sum(u for _, u, _ in kept_here),
+                cents.total - rest_cents - sum(c for _, _, c in kept_here),
+            )
+        first_other = first_others[index] if other is not None else None
+        for key, unit_count, cent_count in kept_here:
             if first_other is not None and first_other < key and ("allocated", OTHER_LABEL) not in merged:
-                merged[("allocated", OTHER_LABEL)] = other[index][1:]
-            merged[("allocated", key)] = (units, cents)
-        if first_other is not None and ("allocated", OTHER_LABEL) not in merged:
-            merged[("allocated", OTHER_LABEL)] = other[index][1:]
-        for _, key, units, cents in sorted(rest_rows[index]):
-            leaf = tuple(key.split("/", 1)) if key.startswith("reserved_unused/") else (key,)
-            merged[leaf] = (units, cents)
-        rounded_steps.append((merged, totals.get(index, (0, 0))))
-    return loaded, rounded_steps, (frozenset(kept_keys) if other else None), workload_ids
+                merged[("allocated", OTHER_LABEL)] = other
+            merged[("allocated", key)] = (unit_count, cent_count)
+        if other is not None and ("allocated", OTHER_LABEL) not in merged:
+            merged[("allocated", OTHER_LABEL)] = other
+        for (leaf, _), unit_count, cent_count in zip(rest[index], units.rest, cents.rest, strict=True):
+            merged[leaf] = (unit_count, cent_count)
+        rounded_steps.append((merged, (units.total, cents.total)))
+    kept_keys = frozenset(kept_key.values()) if any_other else None
+    return loaded, rounded_steps, kept_keys, set(kept_ids)
+
+
+def _costliest(spent, top, keys):
+    """The ids of the `top` workloads of most cents, then units, then first key ({id: (cents, units)};
+    `keys`: WorkloadKeys)."""
+    if len(spent) <= top:
+        return list(spent)
+    edge = heapq.nlargest(top, spent.values())[-1]
+    better = [workload_id for workload_id, value in spent.items() if value > edge]
+    tied = [workload_id for workload_id, value in spent.items() if value == edge]
+    return better + [workload_id for workload_id, _ in keys.first(tied, top - len(better))]
+
+
+def _first_others(by_step, kept_ids, start, billed_until, batch=64):
+    """Per step, the first key (line order) of the workloads with a line in it that are not kept, or None:
+    where the OTHER_LABEL line goes among the kept ones. Read team by team in key order (names are slugs:
+    "team/" decides before the workload's name), then by name: nearly every workload holding devices in
+    the window has a line in each of its steps, so the first team's first names are almost always it."""
+    kept = set(kept_ids)
+    found = [None] * len(by_step)
+    wanted = {index for index, amounts in enumerate(by_step) if len(amounts) > len(kept & amounts.keys())}
+    teams = sorted(Team.objects.values_list("pk", "name"), key=lambda team: team[1] + "/")
+    with connection.cursor() as cursor:
+        for team_id, team_name in teams:
+            offset, size = 0, batch
+            while wanted:
+                cursor.execute(
+                    FIRST_WORKLOADS_BY_KEY_SQL,
+                    {
+                        "team": team_id,
+                        "billed_until": billed_until,
+                        "window_start": start,
+                        "limit": size,
+                        "offset": offset,
+                    },
+                )
+                rows = cursor.fetchall()
+                for workload_id, name in rows:
+                    if workload_id in kept:
+                        continue
+                    for index in [index for index in wanted if workload_id in by_step[index]]:
+                        found[index] = f"{team_name}/{name}"
+                        wanted.discard(index)
+                if len(rows) < size:
+                    break
+                offset += size
+                size *= 4
+            if not wanted:
+                break
+    return found

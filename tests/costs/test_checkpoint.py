@@ -390,3 +390,74 @@ def test_it_ranks_the_costliest_workloads_in_one_query(cluster, monkeypatch):
     ranked = allocation_report(NOV, NOV + 12 * H, aggregate=("workload",), step="day", now=NOV + 30 * H, top=2)
     assert list(ranked["totals"]["allocations"]) == ["(other)", "team-a/server", "team-a/trainer"]
     assert set(ranked["workloads"]) == {"team-a/server", "team-a/trainer"}
+
+
+def test_it_gives_the_cent_of_equal_remainders_to_the_first_keys(cluster, monkeypatch):
+    """Six workloads of one amount, admitted at two instants, each 1/6 of a cent and 4 1/6 ten-thousandths
+    of a device-hour: the step's cent and its 25th unit go to one of them only, the first by key in byte
+    order ("team-a/job-b" < "team-a/jobb"), not the first created nor the first by name alone; a
+    workload of a whole 400 cents stays first. The ranked report is the ledger's by workload."""
+    nodes = [devices(cluster, node, 4) for node in range(4)]
+    held_for = timedelta(milliseconds=1500)
+    first, second = NOV + 10 * M, NOV + 20 * M
+    tied = []
+    for (queue, name), at, device in zip(
+        (
+            (cluster.queue_a, "jobb"),
+            (cluster.queue_b, "aa"),
+            (cluster.queue_a, "zz"),
+            (cluster.queue_b, "ab"),
+            (cluster.queue_a, "job-b"),
+            (cluster.queue_a, "w"),
+        ),
+        (first, first, first, second, second, second),
+        nodes[0] + nodes[1][:2],
+        strict=True,
+    ):
+        workload = submit(queue, name=name, at=at)
+        hold(workload, [device], cluster.h100, at, at + held_for)
+        tied.append(workload)
+    big = submit(cluster.queue_b, name="big", at=NOV)
+    hold(big, nodes[2][:1], cluster.h100, NOV, NOV + H)
+    now = NOV + 3 * H
+
+    def ranked(top):
+        return allocation_report(NOV, NOV + 2 * H, aggregate=("workload",), step="hour", now=now, top=top)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(report, "keep_costliest", lambda *args: pytest.fail("ranked from the ledger by workload"))
+        fast = [ranked(top) for top in (1, 2, 3, 7, 8)]
+    with monkeypatch.context() as patched:
+        patched.setattr(report, "costliest_workloads", lambda *args: None)
+        direct = [ranked(top) for top in (1, 2, 3, 7, 8)]
+    assert_same(fast, direct)
+    first_hour = fast[1]["steps"][0]["allocations"]
+    assert set(first_hour) == {"team-b/big", "team-a/job-b", "(other)"}
+    assert first_hour["team-a/job-b"] == {"device_hours": Decimal("0.0005"), "cost": Decimal("0.01")}
+    assert first_hour["(other)"] == {"device_hours": Decimal("0.0020"), "cost": Decimal("0.00")}
+    assert first_hour["team-b/big"]["cost"] == Decimal("4.00")
+
+
+@pytest.mark.parametrize("speed", [2.5, 0.3])
+def test_it_ranks_the_costliest_workloads_on_a_fractional_billing_scale(cluster, monkeypatch, settings, speed):
+    """On a fractional simulated clock each piece of an allocation (per step and price) is floored before
+    it is billed: the top workloads' pieces are floored as the ledger's stretches are."""
+    busy_history(cluster)
+    settings.SIMULATION_SPEED = speed
+    now = NOV + 30 * H
+
+    def ranked():
+        return [
+            allocation_report(start, end, aggregate=("workload",), step=step, now=now, top=top, share_idle=True)
+            for start, end in ((NOV - 3 * H, now), (NOV + 17 * M, NOV + 10 * H + 41 * M))
+            for step in ("hour", "day")
+            for top in (1, 2, 50)
+        ]
+
+    with monkeypatch.context() as patched:
+        patched.setattr(report, "keep_costliest", lambda *args: pytest.fail("ranked from the ledger by workload"))
+        fast = ranked()
+    with monkeypatch.context() as patched:
+        patched.setattr(report, "costliest_workloads", lambda *args: None)
+        direct = ranked()
+    assert_same(fast, direct)
