@@ -67,6 +67,10 @@ class Claim(NamedTuple):
     def fewest_devices(self) -> int:
         return sum(min(way.count for way in request.alternatives) for request in self.requests)
 
+    def asks_all(self) -> bool:
+        """Whether a request may take every matching device (allocationMode All in any of its ways)."""
+        return any(way.allocation_mode == ALL_DEVICES for request in self.requests for way in request.alternatives)
+
     def most_devices(self, all_bound: int) -> int:
         """The most devices the claim can take, an allocationMode All way counted as `all_bound` (the most
         one can match): what an approval threshold must judge, since an All way's count says nothing."""

@@ -22,7 +22,6 @@ from broker.limits import PRIORITY_MAX, PRIORITY_MIN
 from broker.policy import roles
 from broker.policy.models import DeviceClass, Queue, ResourceClass, SharingRule
 from broker.scheduler.claims import Claim, claim_from_dra, claim_problem
-from broker.scheduler.snapshot import ALL_DEVICES
 from broker.workloads.models import (
     Allocation,
     ApprovalState,
@@ -108,34 +107,33 @@ class Submission:
         its count does not say: it counts as its resource class's max_devices, the most All may take, or
         without one as the most devices of one node (every device, for a group claim). Plain requests
         count as asked."""
-        if not self.has_all_requests():
+        pod_claims = [(pod_set, parsed_claim(pod_set.claim)) for pod_set in self.pod_sets]
+        group_claims = [parsed_claim(_claim_body(claim)) for claim in self.group_claims if isinstance(claim, dict)]
+        pods_ask_all = any(claim and claim.asks_all() for _, claim in pod_claims)
+        group_asks_all = any(claim and claim.asks_all() for claim in group_claims)
+        if not (pods_ask_all or group_asks_all):
             return self.total_devices
         limit = self.resource_class.max_devices
-        node_bound = limit or largest_node_devices()
-        region_bound = limit or Device.objects.count()
-        total = sum(pod_set.most_devices(node_bound) for pod_set in self.pod_sets)
-        for claim in self.group_claims:
-            try:
-                total += Claim(*claim_from_dra(_claim_body(claim))).most_devices(region_bound)
-            except (ValueError, AttributeError):
-                continue  # submission_errors says why
-        return total
-
-    def has_all_requests(self):
-        claims = [pod_set.claim for pod_set in self.pod_sets if pod_set.claim]
-        claims += [_claim_body(claim) for claim in self.group_claims if isinstance(claim, dict)]
-        return any(_asks_all(claim) for claim in claims)
+        # The inventory is read only for the kind of claim that asks All.
+        node_bound = limit or (largest_node_devices() if pods_ask_all else 0)
+        region_bound = limit or (Device.objects.count() if group_asks_all else 0)
+        total = sum(
+            pod_set.replicas * claim.most_devices(node_bound) if claim else pod_set.most_devices(node_bound)
+            for pod_set, claim in pod_claims
+        )
+        # A group claim that does not parse counts nothing: submission_errors says why.
+        return total + sum(claim.most_devices(region_bound) for claim in group_claims if claim)
 
 
-def _asks_all(claim):
-    requests = claim.get("requests") if isinstance(claim, dict) else None
-    for request in requests if isinstance(requests, list) else ():
-        if not isinstance(request, dict):
-            continue
-        ways = [request.get("exactly")] + list(request.get("firstAvailable") or ())
-        if any(isinstance(way, dict) and way.get("allocationMode") == ALL_DEVICES for way in ways):
-            return True
-    return False
+def parsed_claim(data):
+    """The Claim a claim's JSON asks for, or None without one or where it does not parse (pod_set_errors
+    and submission_errors say why)."""
+    if not data:
+        return None
+    try:
+        return Claim(*claim_from_dra(data))
+    except (ValueError, AttributeError, TypeError):
+        return None
 
 
 def largest_node_devices():

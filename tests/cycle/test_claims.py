@@ -7,6 +7,7 @@ from broker.cycle.runner import run_once
 from broker.inventory.models import Device
 from broker.policy.models import DeviceClass, PriorityClass
 from broker.workloads.models import Allocation, PodSet, Workload
+from broker.workloads.services import PodSetRequest, Submission
 from broker.workloads.states import State
 from tests.api.base import signed_in
 from tests.builders import make_resource_class
@@ -224,3 +225,21 @@ def test_it_judges_an_all_request_by_the_class_limit_where_there_is_one(cluster,
     fabric_class.max_devices = 4
     fabric_class.save()
     assert submit_all_gpus(cluster, api_client, alice)["state"] == State.PENDING
+
+
+def test_it_reads_the_inventory_only_for_the_kind_of_claim_that_asks_all(cluster, django_assert_num_queries):
+    """A pod's All request is bounded by the largest node, a group claim's by the whole inventory: each is
+    read only when some claim of its kind asks All, and nothing is read when none does."""
+    fabric_class = fabric(cluster)
+    pod_asks_all = PodSetRequest("main", replicas=2, devices_per_pod=0, claim=ALL_GPUS)
+    plain = PodSetRequest("main", replicas=2, devices_per_pod=0, claim=CLAIM)
+    group_all = {"name": "shared", **ALL_GPUS}
+    with django_assert_num_queries(0):
+        assert Submission("plain", cluster.queue_a, fabric_class, (plain,)).approval_devices() == 6
+    with django_assert_num_queries(1):
+        # n1's 4 GPUs and a NIC: 5 devices per pod, on its largest node.
+        assert Submission("pods", cluster.queue_a, fabric_class, (pod_asks_all,)).approval_devices() == 10
+    devices = Device.objects.count()
+    grouped = Submission("group", cluster.queue_a, fabric_class, (plain,), group_claims=(group_all,))
+    with django_assert_num_queries(1):
+        assert grouped.approval_devices() == 6 + devices
