@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import heapq
 import json
+from bisect import bisect_right
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from itertools import accumulate
+from operator import mul
 
 from django.db import connection, transaction
 from django.db.models import BigIntegerField, Case, Count, DateTimeField, F, Q, TextField, Value, When
@@ -23,7 +26,7 @@ from broker.flat_rows import fetch_rows
 from broker.inventory.models import Device
 from broker.inventory.quantities import quantity
 from broker.policy.models import DeviceClass, Team
-from broker.scheduler import accounting
+from broker.scheduler import accounting, heap
 from broker.workloads.models import Allocation, Workload
 
 AGGREGATES = ("team", "queue", "resource_class", "cost_label", "workload", "device_class")
@@ -681,7 +684,8 @@ def costliest_workloads(start, end, step, now, top):
         return None
     now = now or timezone.now()
     # One snapshot for the grouped ledger and the query: their lines must add up to the same capacity.
-    with checkpoint.one_snapshot(), transaction.atomic():
+    # Every workload's amounts, pieces and remainders live until the ranking: see broker.scheduler.heap.
+    with checkpoint.one_snapshot(), transaction.atomic(), heap.collector_paused():
         return _costliest_workloads(start, end, step, now, top)
 
 
@@ -707,6 +711,14 @@ class WorkloadKeys:
                 self.known.update(cursor.fetchall())
 
 
+def _divmods(total, amounts, weight):
+    """([total * amount // weight], [total * amount % weight]) for the `amounts`."""
+    if not amounts:
+        return [], []
+    scaled = [total * amount for amount in amounts]
+    return [part // weight for part in scaled], [part % weight for part in scaled]
+
+
 def _by_key(item):
     return item[1]
 
@@ -722,46 +734,43 @@ class RoundedStep:
     def __init__(self, amounts, rest, unit, by_key):
         self.amounts = amounts
         counts = Counter(amounts.values())
-        weight = sum(amount * count for amount, count in counts.items()) + sum(rest)
+        distinct, copies = list(counts), list(counts.values())
+        weight = sum(map(mul, distinct, copies)) + sum(rest)
         self.total = total = ledger.round_half_up(weight, unit)
         self.extra_workloads = set()
         if weight == 0:
             self.rounded = dict.fromkeys(counts, 0)  # distinct amount -> its lines' units
             self.rest = [0] * len(rest)
             return
-        shares = {amount: divmod(total * amount, weight) for amount in counts}
-        rest_shares = [divmod(total * amount, weight) for amount in rest]
-        left = total - sum(share * counts[amount] for amount, (share, _) in shares.items())
-        left -= sum(share for share, _ in rest_shares)
-        # Lines by remainder, largest first: (-remainder, 0 and the amount for workloads' lines, or the rest
-        # line's order from 1 and None; a rest line's order is its own, so None is never compared).
-        lines = [(-remainder, 0, amount) for amount, (_, remainder) in shares.items()]
-        lines += [(-remainder, order, None) for order, (_, remainder) in enumerate(rest_shares, start=1)]
-        lines.sort()
-        # Whole remainders' worth of lines get a unit while there are units left for all of their lines.
-        first = last = 0
-        while left > 0 and first < len(lines):
-            size = 0
-            while last < len(lines) and lines[last][0] == lines[first][0]:
-                size += 1 if lines[last][1] else counts[lines[last][2]]
-                last += 1
-            if size > left:
-                break
-            left -= size
-            first = last
-        cut = -lines[first][0] if first < len(lines) else -1  # larger remainders have their unit
-        self.rounded = {amount: share + (remainder > cut) for amount, (share, remainder) in shares.items()}
-        self.rest = [share + (remainder > cut) for share, remainder in rest_shares]
-        if left <= 0 or first >= len(lines):
+        shares, remainders = _divmods(total, distinct, weight)
+        rest_shares, rest_remainders = _divmods(total, rest, weight)
+        left = total - sum(map(mul, shares, copies)) - sum(rest_shares)
+        # The lines of each remainder: the largest remainders' lines get a unit first, all of a remainder's
+        # lines or, for the first remainder whose lines cannot all have one, the first of them in line order.
+        lines = Counter()
+        for remainder, count in zip(remainders, copies, strict=True):
+            lines[remainder] += count
+        lines.update(rest_remainders)
+        by_remainder = sorted(lines, reverse=True)
+        given = list(accumulate(map(lines.__getitem__, by_remainder)))
+        whole = bisect_right(given, left)  # remainders whose lines all get a unit
+        if whole:
+            left -= given[whole - 1]
+        cut = by_remainder[whole] if whole < len(by_remainder) else -1  # larger remainders have their unit
+        lines_of_amounts = zip(distinct, shares, remainders, strict=True)
+        self.rounded = {amount: share + (remainder > cut) for amount, share, remainder in lines_of_amounts}
+        self.rest = [share + (remainder > cut) for share, remainder in zip(rest_shares, rest_remainders, strict=True)]
+        if left <= 0:
             return
         # The remainder whose lines cannot all have one: workloads first, by key, then the rest lines.
-        equal_amounts = [amount for _, order, amount in lines[first:last] if not order]
+        equal_amounts = [amount for amount, remainder in zip(distinct, remainders, strict=True) if remainder == cut]
         workloads = sum(counts[amount] for amount in equal_amounts)
         if left >= workloads:
             for amount in equal_amounts:
                 self.rounded[amount] += 1
-            for _, order, _ in [line for line in lines[first:last] if line[1]][: left - workloads]:
-                self.rest[order - 1] += 1
+            tied_rest = [order for order, remainder in enumerate(rest_remainders) if remainder == cut]
+            for order in tied_rest[: left - workloads]:
+                self.rest[order] += 1
         else:
             wanted = set(equal_amounts)
             ids = [workload_id for workload_id, amount in amounts.items() if amount in wanted]
@@ -846,23 +855,23 @@ def _costliest_workloads(start, end, step, now, top):
         )
         for index in range(len(loaded.steps))
     ]
-    spent = {}  # workload id -> (cents, units) over the window
+    # Workload id -> its cents and units over the window as one number, cents above units (units stay far
+    # below 2**64), so that the ranking compares plain integers.
+    spent = {}
     for units, cents in rounded:
-        unit_of, cent_of, raw_of = units.rounded, cents.rounded, cents.amounts
-        step_spent = {
-            workload_id: (cent_of[raw_of[workload_id]], unit_of[amount_us])
-            for workload_id, amount_us in units.amounts.items()
-        }
+        ids = list(units.amounts)
+        step_cents = map(cents.rounded.__getitem__, map(cents.amounts.__getitem__, ids))
+        step_units = map(units.rounded.__getitem__, map(units.amounts.__getitem__, ids))
+        step_spent = dict(zip(ids, map(_ranked, step_cents, step_units), strict=True))
         for workload_id in cents.extra_workloads:
-            step_spent[workload_id] = (step_spent[workload_id][0] + 1, step_spent[workload_id][1])
+            step_spent[workload_id] += 1 << RANK_SHIFT
         for workload_id in units.extra_workloads:
-            step_spent[workload_id] = (step_spent[workload_id][0], step_spent[workload_id][1] + 1)
+            step_spent[workload_id] += 1
         if not spent:
             spent = step_spent
             continue
-        for workload_id, (step_cents, step_units) in step_spent.items():
-            known = spent.get(workload_id, (0, 0))
-            spent[workload_id] = (known[0] + step_cents, known[1] + step_units)
+        for workload_id, value in step_spent.items():
+            spent[workload_id] = spent.get(workload_id, 0) + value
     kept_ids = _costliest(spent, top, workload_keys)
     workload_keys.read(kept_ids)
     kept_key = {workload_id: workload_keys.known[workload_id] for workload_id in kept_ids}
@@ -895,9 +904,16 @@ def _costliest_workloads(start, end, step, now, top):
     return loaded, rounded_steps, kept_keys, set(kept_ids)
 
 
+RANK_SHIFT = 64
+
+
+def _ranked(cents, units):
+    return cents << RANK_SHIFT | units
+
+
 def _costliest(spent, top, keys):
-    """The ids of the `top` workloads of most cents, then units, then first key ({id: (cents, units)};
-    `keys`: WorkloadKeys)."""
+    """The ids of the `top` workloads of most cents, then units, then first key ({id: _ranked(cents,
+    units)}; `keys`: WorkloadKeys)."""
     if len(spent) <= top:
         return list(spent)
     edge = heapq.nlargest(top, spent.values())[-1]

@@ -10,7 +10,6 @@ REPEATABLE READ, so a row changed after the snapshot makes the locking reads bel
 serialization error, which is the same refusal; the unique index on active allocations is the last guard.
 """
 
-import gc
 import hashlib
 import json
 import logging
@@ -34,6 +33,7 @@ from broker.cycle.bulk import JsonText, column_in, insert_rows, pk_in, upsert_ro
 from broker.cycle.loader import as_text, load_snapshot, numeric_capacity
 from broker.cycle.refusals import StaleSnapshot
 from broker.inventory.models import ClusterState, Device, Health, InventoryRevision
+from broker.scheduler import heap
 from broker.scheduler.accounting import capacity_by_class
 from broker.scheduler.snapshot import CycleResult, PendingDecision
 from broker.workloads.models import Allocation, Explanation, ExplanationChange, SchedulingCycle, Workload
@@ -91,16 +91,9 @@ def decide_and_commit(decider, snapshot, loaded, cycle):
     (broker.cycle.admissions), so the commit's savepoint opens before the decision. Raises
     DecisionFailed (nothing written; the cycle row is the caller's to finish) when the decider raises,
     StaleSnapshot (cycle marked Refused, nothing else written) when the snapshot went stale."""
-    # As while loading and deciding (broker.cycle.loader.load_snapshot): the heap holds the snapshot and
-    # the decisions, nothing in it is garbage yet, and the collector's passes over it (each full one
-    # 300 ms at 100k devices) cost a fifth to a half of a large commit.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    # As while loading and deciding: nothing on the heap is garbage yet (broker.scheduler.heap).
+    with heap.collector_paused():
         return write_result(decider, snapshot, loaded, cycle)
-    finally:
-        if collecting:
-            gc.enable()
 
 
 def commit_result(result, loaded, cycle, snapshot=None):

@@ -6,7 +6,6 @@ already is a snapshot. A dozen queries in all, each a flat values_list (no model
 because this has to read 100k devices and 20k pending workloads in about a second.
 """
 
-import gc
 import json
 import threading
 import time
@@ -31,6 +30,7 @@ from broker.governance.models import ApprovalRequest
 from broker.inventory.models import ClusterState, Device, Domain, Health, InventoryRevision, Node, TopologyLevel
 from broker.inventory.quantities import quantity
 from broker.policy.models import Cohort, DeviceClass, Queue, Reservation, ResourceClass, ResourceClassDeviceClass
+from broker.scheduler import heap
 from broker.scheduler import snapshot as s
 from broker.scheduler.claims import claim_from_dra
 from broker.workloads.models import Allocation, ApprovalState, PodSet, Workload
@@ -116,15 +116,8 @@ def seconds(value):
 
 def load_snapshot(now, config=None):
     """(Snapshot, LoadedState) for the instant `now` (an aware datetime)."""
-    # Hundreds of thousands of long-lived small objects: the cycle collector's passes over them are
-    # pure overhead here (see broker.scheduler.cycle.decide); it resumes when the snapshot is built.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with heap.collector_paused():  # the snapshot's objects all live on (broker.scheduler.heap)
         return _load_snapshot(now, config)
-    finally:
-        if collecting:
-            gc.enable()
 
 
 def _load_snapshot(now, config):

@@ -5,13 +5,12 @@ The steps are numbered in the comments of `Cycle.run`, as Kueue's scheduler.go n
 
 from __future__ import annotations
 
-import gc
 from bisect import bisect_left
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
 
-from broker.scheduler import backfill, claims, explanation, group_claims, preemption, sharing
+from broker.scheduler import backfill, claims, explanation, group_claims, heap, preemption, sharing
 from broker.scheduler.capacity import NODE_LEVEL, ROOT, Access, CapacityState, View
 from broker.scheduler.failures import evictions_for, failed_devices
 from broker.scheduler.ordering import FairShareOrder, ShareBook, shortest_first_key
@@ -41,19 +40,11 @@ def decide(snapshot: Snapshot, on_admission: Callable[[Admission], None] | None 
     `on_admission`, if given, is called with each admission as the cycle makes it, in the order made.
     An admission is final once made (nothing later in the cycle takes it back, and the result holds it
     as it was passed), so a caller may start writing it while the cycle goes on deciding."""
-    # A cycle allocates hundreds of thousands of small objects that live until it ends, and none of
-    # them needs the cycle collector meanwhile: its passes over the growing heap cost a third of a
-    # large cycle. Reference counting still frees what it can; the collector resumes afterwards.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with heap.collector_paused():  # its objects all live until it ends (heap.py)
         cycle = Cycle(snapshot, on_admission)
         result = cycle.run()
         cycle.state.retire()
         return result
-    finally:
-        if collecting:
-            gc.enable()
 
 
 @dataclass
