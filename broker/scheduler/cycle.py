@@ -696,8 +696,15 @@ class Cycle:
         if self.gate_problem(request):
             return
         if request.claimed or request.shared_amounts is not None or request.workload.group_claims:
-            # Victim searches and protected starts count whole devices of one class; a several-request
-            # claim or a time-sliced request waits for free devices (or capacity) instead.
+            # A several-request claim's victims are searched by placing the claim itself; protected
+            # starts count whole devices of one class, and a time-sliced request or a gang with group
+            # claims waits for free devices (or capacity).
+            plain_claim = request.claimed and request.shared_amounts is None and not request.workload.group_claims
+            if plain_claim and self.config.enable_preemption:
+                found = preemption.find_claim_victims(self, request)
+                if found is not None:
+                    self._record_preemption(request, found)
+                    return
             self.log.outcomes[request.id].unprotectable = True
             return
         # Preemption may also make quota room (victims of the same queue give theirs back).

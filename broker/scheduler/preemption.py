@@ -46,7 +46,9 @@ from heapq import heappop, heappush
 from operator import attrgetter
 
 from broker.scheduler.capacity import COUNTERS, PLAIN, RANK_PLAIN, ROOT
+from broker.scheduler.claims import Planner
 from broker.scheduler.placement import place_within_scope
+from broker.scheduler.quota import EPSILON, request_charges
 from broker.scheduler.snapshot import NEVER_PREEMPT, RunningWorkload, label, leaving_id
 
 
@@ -147,6 +149,132 @@ def find_victims(cycle, request) -> Found | None:
                     return found
     cycle.preemption_failed.add(memo_key)
     return None
+
+
+def find_claim_victims(cycle, request) -> Found | None:
+    """Victims for a gang whose pods claim several requests (GPUs beside a NIC, claims.Planner places
+    it). Who may be a victim is decided as for whole devices, in each class the claim names. Which
+    victims: the shortest prefix of them in cost order (`_cost_order`, cheapest first) that lets the
+    claim be placed and its every request's class stay within quota, found by bisection (freeing more
+    devices never takes a place away), then less every victim the others can do without, dearest first.
+    Devices being evicted for it, or for nobody, count as free at no cost."""
+    if not _may_preempt(cycle, request):
+        return None
+    queue = request.queue.name
+    excluded = cycle.excluded_for(request)
+    access = request.default_access
+    evicting = _evicting_slots(cycle, access, request.id)
+    if excluded and evicting:
+        evicting = [entry for entry in evicting if entry[1].node not in excluded]
+    search = _ClaimSearch(cycle, request, excluded, evicting)
+    if evicting and search.feasible(()):
+        found = Found((), _evicting_ids(evicting))
+        _claim(cycle, found)
+        return found
+    if cycle.preemptions_by_queue.get(queue, 0) >= cycle.config.preemptions_per_queue_per_cycle:
+        return None
+    newer_counts = request.queue.within_queue == "LowerOrNewerEqualPriority"
+    memo_key = (
+        "claim", request.classes, request.demands, request.required, request.preferred, queue, request.team,
+        request.workload.priority, request.preemptible, request.workload.submitted if newer_counts else None,
+        excluded, request.workload.expected_duration if cycle.config.shorter_remaining_factor else None,
+    )  # fmt: skip
+    if memo_key in cycle.preemption_failed:
+        return None
+    candidates: dict[str, Victim] = {}
+    for class_name in request.classes:
+        for workload_id, (workload, rule) in _eligible(cycle, request, class_name).by_id.items():
+            candidates.setdefault(workload_id, Victim(workload, rule))
+    ordered = sorted(candidates.values(), key=lambda victim: _cost_order(victim.workload))
+    chosen = search.fewest(ordered)
+    if chosen is None:
+        cycle.preemption_failed.add(memo_key)
+        return None
+    found = Found(tuple(sorted(chosen, key=lambda victim: victim.workload.id)), _evicting_ids(evicting))
+    _claim(cycle, found)
+    cycle.preemptions_by_queue[queue] = cycle.preemptions_by_queue.get(queue, 0) + 1
+    return found
+
+
+class _ClaimSearch:
+    """Whether a several-request claim fits once some victims are gone: their devices (and the devices
+    their counters free) are added to each class's view, their quota usage is given back."""
+
+    def __init__(self, cycle, request, excluded, evicting):
+        self.cycle = cycle
+        self.request = request
+        self.excluded = excluded
+        self.evicting = evicting
+        evicting_ids = {slot.holder for _, slot in evicting}
+        self.evicting_workloads = [cycle.running[workload_id] for workload_id in sorted(evicting_ids)]
+        self.freed: dict[str, list] = {}
+        self.checks = 0
+
+    def fewest(self, ordered: list[Victim]) -> list[Victim] | None:
+        if not ordered or not self.feasible(ordered):
+            return None
+        low, high = 0, len(ordered)  # a prefix of `high` victims fits, one of `low` does not
+        while high - low > 1:
+            middle = (low + high) // 2
+            if self.feasible(ordered[:middle]):
+                high = middle
+            else:
+                low = middle
+        chosen = list(ordered[:high])
+        budget = self.cycle.config.preemption_search_limit
+        for victim in sorted(chosen, key=lambda victim: cost_key((victim,)), reverse=True):
+            if self.checks >= budget:
+                break
+            trial = [other for other in chosen if other is not victim]
+            if trial and self.feasible(trial):
+                chosen = trial
+        return chosen
+
+    def feasible(self, chosen) -> bool:
+        self.checks += 1
+        cycle, request = self.cycle, self.request
+        leaving = [victim.workload for victim in chosen] + self.evicting_workloads
+        more = list(self.evicting)
+        for victim in chosen:
+            more.extend(self._freed(victim.workload))
+        class_index = cycle.state.class_index
+        views = {}
+        for name in request.classes:
+            index = class_index[name]
+            view = cycle.view(name, request.default_access, self.excluded, [e for e in more if index in e[1].classes])
+            if cycle.state.counted:
+                view.counter_credit = _counters_given_back(cycle, leaving)
+            views[name] = view
+        state, levels = cycle.state, cycle.state.levels
+        planner = Planner(state, views, request.demands, cycle.selectors)
+        plan = planner.place(
+            levels.index(request.required) if request.required else None,
+            levels.index(request.preferred) if request.preferred else None,
+            class_index[request.classes[0]],
+        )
+        if plan is None:
+            return False
+        consumption = cycle.consumption
+        charges = request_charges(plan.pods, consumption, plan.pods[0].requests[0][1])
+        for device_class, amount in charges.items():
+            released: dict[str, float] = {}
+            for workload in leaving:
+                given = consumption.of_running(workload).get(device_class, 0)
+                if given:
+                    released[workload.queue] = released.get(workload.queue, 0) + given
+            check = cycle.quota.check(request.queue.name, device_class, amount, released)
+            if check.available is not None and amount > check.available + EPSILON:
+                return False
+        return True
+
+    def _freed(self, workload: RunningWorkload) -> list:
+        freed = self.freed.get(workload.id)
+        if freed is None:
+            freed = _freed_slots(self.cycle, workload, self.request.default_access)
+            if self.excluded:
+                freed = [entry for entry in freed if entry[1].node not in self.excluded]
+            self.freed[workload.id] = freed
+        return freed
 
 
 def _reclaims_above_own_priority(cycle, request) -> bool:

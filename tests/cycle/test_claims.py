@@ -6,7 +6,7 @@ import pytest
 from broker.cycle.runner import run_once
 from broker.inventory.models import Device
 from broker.policy.models import DeviceClass, PriorityClass
-from broker.workloads.models import Allocation, PodSet, Workload
+from broker.workloads.models import Allocation, Explanation, PodSet, Workload
 from broker.workloads.services import PodSetRequest, Submission
 from broker.workloads.states import State
 from tests.api.base import signed_in
@@ -243,3 +243,45 @@ def test_it_reads_the_inventory_only_for_the_kind_of_claim_that_asks_all(cluster
     grouped = Submission("group", cluster.queue_a, fabric_class, (plain,), group_claims=(group_all,))
     with django_assert_num_queries(1):
         assert grouped.approval_devices() == 6 + devices
+
+
+def test_it_preempts_lower_priority_work_for_a_claim_and_admits_it_on_the_freed_devices(
+    cluster, api_client, alice, settings
+):
+    """Only n1's root b has a NIC beside two GPUs, and `hog` (priority 1) holds those GPUs: the claim
+    (priority 100) preempts it, waits while it leaves, and then takes the very devices it freed."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from broker.cycle.executor import SimulatedExecutor
+    from tests.cycle.helpers import preempting_within, running
+
+    settings.EVICTION_GRACE_SECONDS = 60  # one second of wall time at 60x
+    fabric(cluster)
+    preempting_within(cluster.queue_a)
+    root_b = list(Device.objects.filter(node=cluster.nodes[0], name__in=("2", "3")).order_by("name"))
+    hog = running(cluster.queue_a, "hog", root_b, cluster.h100, priority=1)
+    body = {"name": "pair", "resource_class": "fabric", "pod_sets": [{"name": "main", "replicas": 1, "claim": CLAIM}]}
+    response = signed_in(api_client, alice).post("/api/workloads/", body, format="json")
+    assert response.status_code == 201, response.data
+    claimant = Workload.objects.get(pk=response.data["id"])
+    Workload.objects.filter(pk=claimant.pk).update(priority=100)
+    start = timezone.now()
+
+    first = run_once(now=start)
+
+    assert first.preempted == (hog.pk,)
+    assert first.admitted == ()
+    claimant.refresh_from_db()
+    assert claimant.nominated_devices == sorted(device.pk for device in root_b)
+    explanation = Explanation.objects.get(workload=claimant)
+    assert explanation.reason == "PreemptionPending"
+    assert f"{hog} (WithinQueue, priority 1)" in explanation.message
+
+    SimulatedExecutor(speed=60).advance(start + timedelta(seconds=1))
+    second = run_once(now=start + timedelta(seconds=2))
+
+    assert second.admitted == (claimant.pk,)
+    held = Allocation.objects.filter(workload=claimant, released_at__isnull=True)
+    assert sorted(held.values_list("device__node__name", "device__name")) == [("n1", "2"), ("n1", "3"), ("n1", "nic0")]

@@ -6,7 +6,7 @@ brute-force search could place on the devices the cycle left free."""
 
 from itertools import combinations, product
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from broker.scheduler.cycle import decide
@@ -104,13 +104,13 @@ def workloads(draw, count):
     return tuple(pending)
 
 
-def snapshot_of(nodes, devices, pending, running=()):
+def snapshot_of(nodes, devices, pending, running=(), queue=None):
     return Snapshot(
         levels=("rack",),
         nodes=tuple(nodes),
         devices=tuple(devices),
         device_classes=CLASSES,
-        queues=(Queue("q", "team"),),
+        queues=(queue or Queue("q", "team"),),
         running=tuple(running),
         pending=pending,
         config=CONFIG,
@@ -212,3 +212,64 @@ def test_it_keeps_claims_beside_running_work(cluster, data):
     assert_valid_result(snapshot, result)
     given_out = {device_id for admission in result.admissions for pod in admission.pods for device_id in pod.device_ids}
     assert not given_out & set(held), "a running workload's device given to a claim"
+
+
+@st.composite
+def preemptors(draw):
+    """A claim that fits most idle clusters (GPUs, now and then a NIC under their root), above most work."""
+    requests = [DeviceRequest("acc", DeviceSubRequest("acc", "gpu", draw(st.integers(1, 2))))]
+    constraints = ()
+    if draw(st.booleans()):
+        requests.append(DeviceRequest("net", DeviceSubRequest("net", "nic")))
+        if draw(st.booleans()):
+            constraints = (DeviceConstraint("root", ("acc", "net")),)
+    pod_set = PodSet("main", count=draw(st.integers(1, 2)), requests=tuple(requests), constraints=constraints)
+    return PendingWorkload("claim", "q", (pod_set,), priority=draw(st.integers(1, 4)), submitted=100)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(clusters(), st.data())
+def test_it_preempts_for_a_claim_only_lower_priority_work_and_only_what_it_needs(cluster, data):
+    """A claim that does not fit may preempt lower-priority preemptible work of its queue (LowerPriority):
+    its victims free room the brute force can place it in, none of them could be spared, and it
+    preempts nobody when even every eligible victim would not make room."""
+    nodes, devices = cluster
+    healthy = [device.id for device in devices if device.healthy]
+    # A busy cluster (most devices held) and a preemptor above most of the work: preemption is the rule.
+    held = data.draw(st.lists(st.sampled_from(healthy), unique=True, min_size=len(healthy) // 2)) if healthy else []
+    by_id = {device.id: device for device in devices}
+    running = tuple(
+        RunningWorkload(
+            f"r{index}", "q", (RunningPod("main", 0, by_id[device_id].node, (device_id,)),), "gpu",
+            priority=data.draw(st.integers(0, 3)), preemptible=data.draw(st.integers(0, 3)) > 0, started=index,
+        )
+        for index, device_id in enumerate(held)
+    )  # fmt: skip
+    preemptor = data.draw(preemptors())
+    queue = Queue("q", "team", within_queue="LowerPriority")
+    snapshot = snapshot_of(nodes, devices, (preemptor,), running, queue)
+    result = decide(snapshot)
+    assert_valid_result(snapshot, result)
+    if result.admissions:
+        return
+    holders = {workload.id: workload for workload in running}
+    victims = {preemption.victim_id for preemption in result.preemptions}
+    for victim_id in victims:
+        victim = holders[victim_id]
+        assert victim.preemptible and victim.priority < preemptor.priority, f"{victim_id} may not be preempted"
+
+    def free_without(gone):
+        kept = {d for workload in running if workload.id not in gone for pod in workload.pods for d in pod.device_ids}
+        return [device for device in devices if device.id not in kept]
+
+    if victims:
+        event("preempted")
+        assert brute_force_fits(preemptor, free_without(victims), devices), "its victims do not make room"
+        for victim_id in victims:
+            assert not brute_force_fits(preemptor, free_without(victims - {victim_id}), devices), (
+                f"{victim_id} was preempted but not needed"
+            )
+    else:
+        event("pending, no victims" + (" (fits the idle cluster)" if brute_force_fits(preemptor, devices) else ""))
+        eligible = {w.id for w in running if w.preemptible and w.priority < preemptor.priority}
+        assert not brute_force_fits(preemptor, free_without(eligible), devices), "it could have made room"
