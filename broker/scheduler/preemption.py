@@ -25,6 +25,10 @@ victim with pods above its gang minimum (`RunningWorkload.surplus_pods`) is firs
 search among such surplus pods alone comes first, and only when shrinking cannot make room are workloads
 evicted whole; a gang never drops below its minimum while it runs.
 
+A gang whose pods claim several requests (claims.Planner) is searched apart (`find_claim_victims`):
+the same rules, in every class its claim names, and the shortest cheapest-first run of victims that lets
+the claim be placed, less those it can do without.
+
 Device classes are tried in fallback order; the first class some victim set works for decides (as Kueue
 tries flavors in order). The victims must free room inside ONE domain of the preemptor's required level,
 and off the nodes the preemptor may not take (`Cycle.excluded_for`: those held for protected gangs whose

@@ -250,6 +250,7 @@ def _resolve_claims(workload, snapshot, lookups, queue, resource_class, claimed)
     if len(claimed) != len(workload.pod_sets):
         return "all pod sets must claim devices the same way: by requests, or by devices per pod"
     offered = tuple(resource_class.device_classes) if resource_class else ()
+    most = all_bound(workload.pod_sets, resource_class.max_devices if resource_class is not None else None)
     classes: list[str] = []
     demands = []
     for pod_set in workload.pod_sets:
@@ -258,7 +259,6 @@ def _resolve_claims(workload, snapshot, lookups, queue, resource_class, claimed)
                 f"pod set '{pod_set.name}': a claim with requests says its devices itself "
                 "(no devices_per_pod, device_classes or match_attribute)"
             )
-        most = resource_class.max_devices if resource_class is not None else None
         claim = Claim(tuple(pod_set.requests), tuple(pod_set.constraints), most)
         problem = claim_problem(claim, lookups["device_classes"])
         if problem:
@@ -270,6 +270,22 @@ def _resolve_claims(workload, snapshot, lookups, queue, resource_class, claimed)
                 classes.append(name)
         demands.append(PodDemand(pod_set.name, pod_set.count, pod_set.gang_size, claim.fewest_devices(), None, claim))
     return _finish(workload, snapshot, lookups, queue, resource_class, tuple(classes), tuple(demands))
+
+
+def all_bound(pod_sets, max_devices: int | None) -> int | None:
+    """The most devices one allocationMode All request may take so that the whole gang stays within its
+    resource class's `max_devices`: what its other requests take at least is set aside, and the rest is
+    shared equally among the All requests of all its pods (None: no limit)."""
+    if max_devices is None:
+        return None
+    fixed = every = 0
+    for pod_set in pod_sets:
+        for request in pod_set.requests:
+            if any(way.takes_all for way in request.alternatives):
+                every += pod_set.count
+            else:
+                fixed += pod_set.count * min((way.count for way in request.alternatives), default=0)
+    return max(0, max_devices - fixed) // every if every else max_devices
 
 
 def _finish(workload, snapshot, lookups, queue, resource_class, classes, demands) -> Request | str:
