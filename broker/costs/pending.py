@@ -221,26 +221,16 @@ def pending_report(start, end, aggregate=("team",), step="day", now=None, team_i
         # A report by workload names workloads: the rollup and the checkpoint only know their groups.
         span = None if listed else rollup.covered(rollup.PENDING, start, end, now)
         names = None if listed else rollup.GroupNames()
-        meta = {}
-        for p, q in rollup.direct_pieces(start, end, span):
-            found = None if listed else checkpoint.usable(rollup.PENDING, p, q, now)
-            if found is not None:
-                window = (found.base, found.until)
-                meta.update(rollup.add_pending(ledgers, window, step, names, team_ids, PendingCheckpointRow))
-                p = found.until
-            clipped = rollup.clip_steps(steps, p, q)
-            if not clipped:
-                continue
-            windows = [window for _, window in clipped]
-            if found is not None:
-                piece, piece_meta = tail_ledger(windows, now, prices, found, names, team_ids)
-            else:
-                piece, piece_meta = direct_ledger(windows, now, prices, team_ids, listed=listed, names=names)
-            for (index, _), piece_ledger in zip(clipped, piece, strict=True):
-                rollup.merge(ledgers[index], piece_ledger)
-            meta.update(piece_meta)
-        if span is not None:
-            meta.update(rollup.add_pending(ledgers, span, step, names, team_ids))
+        meta = rollup.stitch(
+            ledgers, steps, start, end, span,
+            usable=lambda p, q: None if listed else checkpoint.usable(rollup.PENDING, p, q, now),
+            add_checkpoint=lambda found: rollup.add_pending(
+                ledgers, (found.base, found.until), step, names, team_ids, PendingCheckpointRow
+            ),
+            tail=lambda windows, found: tail_ledger(windows, now, prices, found, names, team_ids),
+            direct=lambda windows: direct_ledger(windows, now, prices, team_ids, listed=listed, names=names),
+            add_span=lambda span: rollup.add_pending(ledgers, span, step, names, team_ids),
+        )  # fmt: skip
         class_names = dict(DeviceClass.objects.values_list("pk", "name"))
     steps_out, totals, total_sum = [], defaultdict(lambda: [0, 0]), [0, 0]
     for step_ledger in ledgers:

@@ -59,25 +59,16 @@ def load(start, end, step, now=None, by_workload=True):
         ledgers = [ledger.StepLedger(to_us(a), to_us(b)) for a, b in steps]
         span = None if by_workload else rollup.covered(rollup.COSTS, start, end, now)
         names = None if by_workload else rollup.GroupNames()
-        meta = {}
-        for p, q in rollup.direct_pieces(start, end, span):
-            found = None if by_workload else checkpoint.usable(rollup.COSTS, p, q, now)
-            if found is not None:
-                meta.update(rollup.add_costs(ledgers, (found.base, found.until), step, names, CostCheckpointRow))
-                p = found.until
-            clipped = rollup.clip_steps(steps, p, q)
-            if not clipped:
-                continue
-            windows = [window for _, window in clipped]
-            if found is not None:
-                piece, piece_meta = tail_ledger(windows, now, prices, found, names)
-            else:
-                piece, piece_meta = direct_ledger(windows, now, prices, grouped=not by_workload, names=names)
-            for (index, _), piece_ledger in zip(clipped, piece, strict=True):
-                rollup.merge(ledgers[index], piece_ledger)
-            meta.update(piece_meta)
-        if span is not None:
-            meta.update(rollup.add_costs(ledgers, span, step, names))
+        meta = rollup.stitch(
+            ledgers, steps, start, end, span,
+            usable=lambda p, q: None if by_workload else checkpoint.usable(rollup.COSTS, p, q, now),
+            add_checkpoint=lambda found: rollup.add_costs(
+                ledgers, (found.base, found.until), step, names, CostCheckpointRow
+            ),
+            tail=lambda windows, found: tail_ledger(windows, now, prices, found, names),
+            direct=lambda windows: direct_ledger(windows, now, prices, grouped=not by_workload, names=names),
+            add_span=lambda span: rollup.add_costs(ledgers, span, step, names),
+        )  # fmt: skip
         class_names = dict(DeviceClass.objects.values_list("pk", "name"))
     return Loaded(ledgers, meta, class_names)
 

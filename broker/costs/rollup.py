@@ -84,6 +84,31 @@ def merge(into, piece):
             known.raw += amount.raw
 
 
+def stitch(ledgers, steps, start, end, span, usable, add_checkpoint, tail, direct, add_span):
+    """Fill `ledgers` (one StepLedger per step of `steps`) with [start, end) and return its lines' names:
+    the rollup's whole hours `span` (add_span(span)) and, in each piece around them, the checkpoint's
+    stretch where `usable(p, q)` finds one (add_checkpoint(found)) followed by its tail (tail(windows,
+    found)), else the piece computed directly (direct(windows)). What each of them returns is a
+    {line: names} dict; the tail and the direct piece give one StepLedger per window too."""
+    meta = {}
+    for p, q in direct_pieces(start, end, span):
+        found = usable(p, q)
+        if found is not None:
+            meta.update(add_checkpoint(found))
+            p = found.until
+        clipped = clip_steps(steps, p, q)
+        if not clipped:
+            continue
+        windows = [window for _, window in clipped]
+        piece, piece_meta = tail(windows, found) if found is not None else direct(windows)
+        for (index, _), piece_ledger in zip(clipped, piece, strict=True):
+            merge(ledgers[index], piece_ledger)
+        meta.update(piece_meta)
+    if span is not None:
+        meta.update(add_span(span))
+    return meta
+
+
 def _bucketed(model, span, step, step_starts, keys, **filters):
     """Rows of `model` in the hours of `span`, summed per step of the report and `keys`:
     [(step index, {key: value}, Amount)]."""

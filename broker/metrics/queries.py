@@ -47,6 +47,7 @@ from broker.inventory.models import Device, TopologyLevel
 from broker.metrics.models import PendingSecondsProgress, PendingSecondsRollup
 from broker.policy import roles
 from broker.policy.models import ResourceClass, ResourceClassDeviceClass, Team
+from broker.scheduler.accounting import SHARE_SCALE
 from broker.workloads.models import (
     Allocation,
     ExplanationChange,
@@ -493,11 +494,12 @@ def wrong_class_guidance():
 
 
 def latest_capacity():
-    """The latest capacity sample of each device class (a sample holds until the next one)."""
+    """The latest capacity sample of each device class (a sample holds until the next one). Unhealthy and
+    stranded count what shared devices leave in those states too (their shares' remainders), in devices."""
     latest = CapacitySample.objects.filter(device_class=OuterRef("device_class")).order_by("-at").values("at")[:1]
     rows = (
         CapacitySample.objects.filter(at=Subquery(latest))
-        .values("device_class__name", "at", "total", "unhealthy", "reserved_unused", "stranded")
+        .values("device_class__name", "at", "total", "unhealthy", "reserved_unused", "stranded", "shared")
         .order_by("device_class__name")
     )
     return [
@@ -505,12 +507,19 @@ def latest_capacity():
             "device_class": r["device_class__name"],
             "at": r["at"],
             "total": r["total"],
-            "unhealthy": r["unhealthy"],
+            "unhealthy": r["unhealthy"] + shared_part(r["shared"], "unhealthy"),
             "reserved_unused": r["reserved_unused"],
-            "stranded": r["stranded"],
+            "stranded": r["stranded"] + shared_part(r["shared"], "stranded"),
         }
         for r in rows
     ]
+
+
+def shared_part(shared, category):
+    """Devices (a fraction of one, or more) that shared devices leave in `category`, from a sample's
+    `shared` {category: millionths of a device}: an int when there are none."""
+    millionths = (shared or {}).get(category, 0)
+    return millionths / SHARE_SCALE if millionths else 0
 
 
 def stranded_device_seconds(now):
@@ -526,14 +535,15 @@ def stranded_device_seconds(now):
     rows = (
         CapacitySample.objects.filter(at__lte=now)
         .annotate(held=interval(end, F("at")))
-        .values("device_class__name", "stranded")
+        .values("device_class__name", "stranded", "shared")
         .annotate(total=Sum("held"))
         .order_by("device_class__name")
     )
     out = {}
     for r in rows:
         name = r["device_class__name"]
-        out[name] = out.get(name, 0.0) + r["stranded"] * seconds(r["total"])
+        stranded = r["stranded"] + shared_part(r["shared"], "stranded")
+        out[name] = out.get(name, 0.0) + stranded * seconds(r["total"])
     return out
 
 

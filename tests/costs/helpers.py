@@ -9,8 +9,9 @@ NOV = datetime(2026, 11, 1, tzinfo=UTC)
 DEC = datetime(2026, 12, 1, tzinfo=UTC)
 
 
-def hold(workload, devices, device_class, start, end=None):
-    """Allocate `devices` to `workload` from start to end (None: still held)."""
+def hold(workload, devices, device_class, start, end=None, consumed_capacity=None):
+    """Allocate `devices` to `workload` from start to end (None: still held), one pod each; with
+    `consumed_capacity` ({"memory": "20Gi"}), a share of each (a device may come several times)."""
     return [
         Allocation.objects.create(
             workload=workload,
@@ -20,6 +21,7 @@ def hold(workload, devices, device_class, start, end=None):
             pod_index=index,
             allocated_at=start,
             released_at=end,
+            consumed_capacity=consumed_capacity,
         )
         for index, device in enumerate(devices)
     ]

@@ -22,7 +22,7 @@ from broker.costs.report import allocation_report
 from broker.costs.ticker import running_cost
 from broker.inventory.models import Device
 from broker.policy.models import DeviceClass, SharingRule
-from broker.workloads.models import Allocation, ExplanationChange
+from broker.workloads.models import ExplanationChange
 from broker.workloads.states import State
 from tests.builders import make_resource_class
 from tests.costs.helpers import NOV, hold, release, sample, submit
@@ -238,22 +238,6 @@ def slicing(cluster):
     return shared, time_sliced
 
 
-def hold_shares(workload, device, device_class, memory, pods, start):
-    """`pods` allocations of `memory` of the shared `device` to `workload`, from `start` on."""
-    return [
-        Allocation.objects.create(
-            workload=workload,
-            device=device,
-            device_class=device_class,
-            pod_set="main",
-            pod_index=index,
-            allocated_at=start,
-            consumed_capacity={"memory": memory},
-        )
-        for index in range(pods)
-    ]
-
-
 def random_history(cluster, seed):
     """(events before the checkpoint is taken, events after): closures in time order. Each of 7 workloads
     is submitted, explained, maybe admitted on devices of its own or on shares of one shared device
@@ -315,7 +299,7 @@ def random_history(cluster, seed):
                 if mem is None:
                     s["held"] = hold(s["workload"], d, dc, t)
                 else:
-                    s["held"] = hold_shares(s["workload"], shared, dc, mem, n, t)
+                    s["held"] = hold(s["workload"], [shared] * n, dc, t, consumed_capacity={"memory": mem})
                 s["workload"].transition(State.RUNNING, at=t)
 
             events.append((admitted, admit))
@@ -350,7 +334,7 @@ def test_it_keeps_the_millionths_of_shares_open_at_the_checkpoint(cluster, monke
     slices.pod_sets.update(capacity={"memory": "1234Mi"})
     slices.transition(State.PENDING, at=BASE - 40 * M)
     slices.transition(State.ADMITTED, at=BASE - 35 * M)
-    hold_shares(slices, shared, cluster.h100, "1234Mi", 2, BASE - 35 * M)
+    hold(slices, [shared] * 2, cluster.h100, BASE - 35 * M, consumed_capacity={"memory": "1234Mi"})
     slices.transition(State.RUNNING, at=BASE - 35 * M)
     waiting = submit(cluster.queue_b, name="waiting", replicas=3, resource_class=time_sliced, at=BASE - 30 * M)
     waiting.pod_sets.update(capacity={"memory": "20Gi"})

@@ -6,7 +6,9 @@ import pytest
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
+from broker.costs.models import CapacitySample
 from broker.metrics import queries
+from broker.policy.models import DeviceClass
 
 DT = "distributed-training"
 SI = "small-inference"
@@ -207,6 +209,21 @@ def test_it_measures_up_to_the_given_moment(history):
     # Half-way between two samples the earlier one holds until that moment, not until the next sample.
     assert queries.stranded_device_seconds(history.at(1500)) == {"h100": 2000, "a100": 0}
     assert queries.stranded_device_seconds(history.at(3000)) == {"h100": 5000, "a100": 0}
+
+
+def test_it_counts_what_shared_devices_leave_stranded(history):
+    """A time-sliced GPU half used, with no pending work for the rest, is half a stranded device: the
+    latest count and the device-seconds include shared devices' remainders, not only whole devices."""
+    h100 = DeviceClass.objects.get(name="h100")
+    CapacitySample.objects.create(
+        at=history.at(2500), device_class=h100, total=16, stranded=1, unhealthy=1,
+        shared={"stranded": 500_000, "unhealthy": 250_000, "idle": 250_000},
+    )  # fmt: skip
+    latest = {row["device_class"]: row for row in queries.latest_capacity()}
+    assert (latest["h100"]["stranded"], latest["h100"]["unhealthy"]) == (1.5, 1.25)
+    assert latest["a100"]["stranded"] == 0
+    # 2 for 1000 s, 0 for 1000 s, 3 for 500 s, then 1.5 for 500 s.
+    assert queries.stranded_device_seconds(history.at(3000)) == {"h100": 4250, "a100": 0}
 
 
 def test_it_scrapes_a_cluster_with_no_history(client, cluster):
