@@ -21,6 +21,7 @@ from broker.cycle.loader import INVENTORY_CACHE, PENDING_RECORDS, RUNNING_RECORD
 from broker.cycle.locks import cycle_transaction, reading_snapshot
 from broker.cycle.triggers import follow_up_requests, requests_so_far
 from broker.events import request_cycle_after_commit
+from broker.scheduler import heap
 from broker.scheduler.cycle import decide
 from broker.workloads.models import SchedulingCycle
 
@@ -43,16 +44,13 @@ def run_once(now=None, decider=decide):
     # everything the phase before had built and still held (the snapshot, the decisions): 100-400 ms a
     # cycle at 100k devices, for no garbage (what a cycle drops, reference counting frees). What the cycle
     # leaves behind is mostly what it found: the loader keeps its records, not equal new copies.
-    collecting = gc.isenabled()
-    gc.disable()
     try:
-        run = _run_once(now, decider)
-        if worth_reading_back(run):
-            read_back()
-        return run
+        with heap.collector_paused():
+            run = _run_once(now, decider)
+            if worth_reading_back(run):
+                read_back()
+            return run
     finally:
-        if collecting:
-            gc.enable()
         keep_out_of_collections()
 
 
@@ -163,17 +161,13 @@ def warm_up(now=None):
     Returns the milliseconds it took, or None when it could not run (no database yet, say): the
     first cycle then reads everything itself."""
     started = time.perf_counter()
-    collecting = gc.isenabled()
-    gc.disable()
     try:
-        with reading_snapshot():
+        with heap.collector_paused(), reading_snapshot():
             decide(load_snapshot(now or timezone.now())[0])
     except Exception:
         log.warning("warm-up before the first cycle failed; the first cycle reads everything", exc_info=True)
         return None
     finally:
-        if collecting:
-            gc.enable()
         keep_out_of_collections()
     elapsed = (time.perf_counter() - started) * 1000
     log.info("warmed up for cycles in %.0f ms", elapsed)
