@@ -696,11 +696,9 @@ class Cycle:
         if self.gate_problem(request):
             return
         if request.claimed or request.shared_amounts is not None or request.workload.group_claims:
-            # A several-request claim's victims are searched by placing the claim itself; protected
-            # starts count whole devices of one class, and a time-sliced request or a gang with group
-            # claims waits for free devices (or capacity).
-            plain_claim = request.claimed and request.shared_amounts is None and not request.workload.group_claims
-            if plain_claim and self.config.enable_preemption:
+            # Victims of a gang with claims are searched by placing its claims themselves; protected
+            # starts count whole devices of one class, and a time-sliced request waits for capacity.
+            if request.shared_amounts is None and self.config.enable_preemption:
                 found = preemption.find_claim_victims(self, request)
                 if found is not None:
                     self._record_preemption(request, found)

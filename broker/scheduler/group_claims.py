@@ -193,15 +193,19 @@ class _ClaimSearch:
 class GroupPlacer:
     """Places one gang with group claims on the current free state (one class of the gang at a time)."""
 
-    def __init__(self, cycle, request, access, excluded):
+    def __init__(self, cycle, request, access, excluded, freed=(), credit=None):
+        """`freed`: (rank, slot) of devices to count as free too, `credit`: counter position -> amount given
+        back with them (what a preemption search's victims would leave)."""
         self.cycle = cycle
         self.request = request
         self.access = access
         self.excluded = excluded
+        self.freed = freed
+        self.credit = credit
         state = cycle.state
         self.state = state
         group_claims = request.workload.group_claims
-        views = {name: cycle.view(name, access, excluded) for name in claim_classes(group_claims)}
+        views = {name: self._view(name) for name in claim_classes(group_claims)}
         self.searches = [
             _ClaimSearch(claim, state, views, cycle.selectors, cycle.group_candidates) for claim in group_claims
         ]
@@ -251,12 +255,22 @@ class GroupPlacer:
                 return GroupedPlan(plan.class_index, plan.scope, plan.pods, tuple(group))
         return None
 
+    def _view(self, class_name: str):
+        if not self.freed and self.credit is None:
+            return self.cycle.view(class_name, self.access, self.excluded)
+        class_index = self.state.class_index[class_name]
+        more = [entry for entry in self.freed if class_index in entry[1].classes]
+        view = self.cycle.view(class_name, self.access, self.excluded, more)
+        if self.credit is not None:
+            view.counter_credit = self.credit
+        return view
+
     def _room(self, class_name: str):
         """Free devices of the gang's class in a region as it sees them (None for a several-request claim,
         whose classes are counted by its own planner)."""
         if self.request.claimed:
             return None
-        return self.cycle.view(class_name, self.access, self.excluded).domain_count
+        return self._view(class_name).domain_count
 
     def _gang_in(self, region: tuple, class_name: str):
         request, cycle, state = self.request, self.cycle, self.state
@@ -264,10 +278,10 @@ class GroupPlacer:
         required = levels.index(request.required) if request.required else None
         preferred = levels.index(request.preferred) if request.preferred else None
         if request.claimed:
-            views = {name: cycle.view(name, self.access, self.excluded) for name in request.classes}
+            views = {name: self._view(name) for name in request.classes}
             planner = Planner(state, views, request.demands, cycle.selectors)
             return planner.place(required, preferred, state.class_index[request.classes[0]], within=region)
-        view = cycle.view(class_name, self.access, self.excluded)
+        view = self._view(class_name)
         needed = minimum_devices(request.demands)
         if view.domain_count(region) < needed:
             return None

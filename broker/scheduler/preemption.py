@@ -25,9 +25,10 @@ victim with pods above its gang minimum (`RunningWorkload.surplus_pods`) is firs
 search among such surplus pods alone comes first, and only when shrinking cannot make room are workloads
 evicted whole; a gang never drops below its minimum while it runs.
 
-A gang whose pods claim several requests (claims.Planner) is searched apart (`find_claim_victims`):
-the same rules, in every class its claim names, and the shortest cheapest-first run of victims that lets
-the claim be placed, less those it can do without.
+A gang whose pods claim several requests (claims.Planner), or that owns group claims
+(group_claims.GroupPlacer), is searched apart (`find_claim_victims`): the same rules, in every class it
+names, and the shortest cheapest-first run of victims that lets it be placed, less those it can do
+without.
 
 Device classes are tried in fallback order; the first class some victim set works for decides (as Kueue
 tries flavors in order). The victims must free room inside ONE domain of the preemptor's required level,
@@ -51,6 +52,7 @@ from operator import attrgetter
 
 from broker.scheduler.capacity import COUNTERS, PLAIN, RANK_PLAIN, ROOT
 from broker.scheduler.claims import Planner
+from broker.scheduler.group_claims import GroupPlacer
 from broker.scheduler.placement import place_within_scope
 from broker.scheduler.quota import EPSILON, request_charges
 from broker.scheduler.snapshot import NEVER_PREEMPT, RunningWorkload, label, leaving_id
@@ -157,10 +159,11 @@ def find_victims(cycle, request) -> Found | None:
 
 def find_claim_victims(cycle, request) -> Found | None:
     """Victims for a gang whose pods claim several requests (GPUs beside a NIC, claims.Planner places
-    it). Who may be a victim is decided as for whole devices, in each class the claim names. Which
-    victims: the shortest prefix of them in cost order (`_cost_order`, cheapest first) that lets the
-    claim be placed and its every request's class stay within quota, found by bisection (freeing more
-    devices never takes a place away), then less every victim the others can do without, dearest first.
+    it), or that owns group claims (group_claims.GroupPlacer places it). Who may be a victim is decided
+    as for whole devices, in each class the gang names. Which victims: the shortest prefix of them in
+    cost order (`_cost_order`, cheapest first) that lets the gang be placed within the quota of every
+    class it is charged to, found by bisection (freeing more devices never takes a place away), then
+    less every victim the others can do without, dearest first.
     Devices being evicted for it, or for nobody, count as free at no cost."""
     if not _may_preempt(cycle, request):
         return None
@@ -201,8 +204,8 @@ def find_claim_victims(cycle, request) -> Found | None:
 
 
 class _ClaimSearch:
-    """Whether a several-request claim fits once some victims are gone: their devices (and the devices
-    their counters free) are added to each class's view, their quota usage is given back."""
+    """Whether a gang with claims fits once some victims are gone: their devices (and the devices their
+    counters free) are added to each class's view, their quota usage is given back."""
 
     def __init__(self, cycle, request, excluded, evicting):
         self.cycle = cycle
@@ -236,37 +239,54 @@ class _ClaimSearch:
 
     def feasible(self, chosen) -> bool:
         self.checks += 1
-        cycle, request = self.cycle, self.request
+        cycle = self.cycle
         leaving = [victim.workload for victim in chosen] + self.evicting_workloads
-        more = list(self.evicting)
+        freed = list(self.evicting)
         for victim in chosen:
-            more.extend(self._freed(victim.workload))
-        class_index = cycle.state.class_index
+            freed.extend(self._freed(victim.workload))
+        credit = _counters_given_back(cycle, leaving) if cycle.state.counted else None
+        return any(self._within_quota(charges, leaving) for charges in self._plans(freed, credit))
+
+    def _plans(self, freed, credit):
+        """The charges ({device class: amount}) of each plan the request would have with `freed` devices
+        free too: one for a several-request claim, one per class tried for a gang with group claims (its
+        claims' devices count with its pods' against the class it is admitted with, as admitted)."""
+        cycle, request = self.cycle, self.request
+        state, levels = cycle.state, cycle.state.levels
+        access = request.default_access
+        if request.workload.group_claims:
+            placer = GroupPlacer(cycle, request, access, self.excluded, freed, credit)
+            for class_name in request.classes[:1] if request.claimed else request.classes:
+                plan = placer.place(class_name)
+                if plan is not None:
+                    admitted_as = plan.pods[0].requests[0][1] if request.claimed else class_name
+                    yield {admitted_as: sum(len(pod.slots) for pod in plan.pods) + plan.group_count()}
+            return
         views = {}
         for name in request.classes:
-            index = class_index[name]
-            view = cycle.view(name, request.default_access, self.excluded, [e for e in more if index in e[1].classes])
-            if cycle.state.counted:
-                view.counter_credit = _counters_given_back(cycle, leaving)
+            index = state.class_index[name]
+            view = cycle.view(name, access, self.excluded, [entry for entry in freed if index in entry[1].classes])
+            if credit is not None:
+                view.counter_credit = credit
             views[name] = view
-        state, levels = cycle.state, cycle.state.levels
-        planner = Planner(state, views, request.demands, cycle.selectors)
-        plan = planner.place(
+        plan = Planner(state, views, request.demands, cycle.selectors).place(
             levels.index(request.required) if request.required else None,
             levels.index(request.preferred) if request.preferred else None,
-            class_index[request.classes[0]],
+            state.class_index[request.classes[0]],
         )
-        if plan is None:
-            return False
+        if plan is not None:
+            yield request_charges(plan.pods, cycle.consumption, plan.pods[0].requests[0][1])
+
+    def _within_quota(self, charges, leaving) -> bool:
+        cycle = self.cycle
         consumption = cycle.consumption
-        charges = request_charges(plan.pods, consumption, plan.pods[0].requests[0][1])
         for device_class, amount in charges.items():
             released: dict[str, float] = {}
             for workload in leaving:
                 given = consumption.of_running(workload).get(device_class, 0)
                 if given:
                     released[workload.queue] = released.get(workload.queue, 0) + given
-            check = cycle.quota.check(request.queue.name, device_class, amount, released)
+            check = cycle.quota.check(self.request.queue.name, device_class, amount, released)
             if check.available is not None and amount > check.available + EPSILON:
                 return False
         return True

@@ -221,3 +221,40 @@ def test_it_evicts_the_whole_gang_when_its_volume_fails_and_frees_it_after(clust
     assert not Allocation.objects.filter(workload=workload, released_at__isnull=True).exists()
     workload.refresh_from_db()
     assert workload.state == State.PENDING
+
+
+def test_it_preempts_the_reader_of_its_volume_and_then_takes_the_volume(cluster, api_client, alice, settings):
+    """The only volume is read by `reader` (priority 1): the gang (priority 100) preempts it through the
+    database, waits while it leaves, and is then admitted with the volume it freed."""
+    from datetime import timedelta
+
+    from broker.cycle.executor import SimulatedExecutor
+    from broker.workloads.models import Explanation
+    from tests.cycle.helpers import preempting_within, running
+
+    settings.EVICTION_GRACE_SECONDS = 60  # one second of wall time at 60x
+    scratch = with_scratch(cluster)
+    preempting_within(cluster.queue_a)
+    volume = Device.objects.get(name="scratch0")
+    reader = running(cluster.queue_a, "reader", [volume], scratch, priority=1)
+    response = submit(api_client, alice)
+    assert response.status_code == 201, response.data
+    gang = Workload.objects.get(pk=response.data["id"])
+    Workload.objects.filter(pk=gang.pk).update(priority=100)
+    start = timezone.now()
+
+    first = run_once(now=start)
+
+    assert (first.preempted, first.admitted) == ((reader.pk,), ())
+    gang.refresh_from_db()
+    assert gang.nominated_devices == [volume.pk]
+    explanation = Explanation.objects.get(workload=gang)
+    assert explanation.reason == "PreemptionPending"
+    assert f"{reader} (WithinQueue, priority 1)" in explanation.message
+
+    SimulatedExecutor(speed=60).advance(start + timedelta(seconds=1))
+    second = run_once(now=start + timedelta(seconds=2))
+
+    assert second.admitted == (gang.pk,)
+    group = Allocation.objects.get(workload=gang, pod_set=GROUP_POD_SET + "data", released_at__isnull=True)
+    assert group.device_id == volume.pk

@@ -6,7 +6,7 @@ gang left waiting could not have been placed with its claims on what the cycle l
 
 from itertools import combinations_with_replacement
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from broker.scheduler.cycle import decide
@@ -190,7 +190,8 @@ def _brute_force_fits(snapshot, workload) -> bool:
     for chosen in _multisets(names, pods):
         if any(chosen.count(name) * per_pod > len(gpus_on[name]) for name in set(chosen)):
             continue
-        if level and len({nodes[name].domains[level] for name in chosen}) != 1:
+        # A domain is its path from the top level down (rack r0 of zone z0 is not rack r0 of zone z1).
+        if level and len({_path(nodes[name], snapshot.levels, level) for name in chosen}) != 1:
             continue
         used = {device.id for name in set(chosen) for device in gpus_on[name][: chosen.count(name) * per_pod]}
         taken = set(used)
@@ -213,5 +214,84 @@ def _brute_force_fits(snapshot, workload) -> bool:
     return False
 
 
+def _path(node, levels, level) -> tuple:
+    return tuple(node.domains[name] for name in levels[: levels.index(level) + 1])
+
+
 def _multisets(names, size):
     return (list(chosen) for chosen in combinations_with_replacement(names, size))
+
+
+@st.composite
+def plain_group_claims(draw):
+    """One or two claims of one volume each, as the brute force judges them."""
+    classes = draw(st.lists(st.sampled_from(("scratch", "fast-scratch")), min_size=1, max_size=2))
+    return tuple(
+        GroupClaim(f"claim{position}", (DeviceRequest("data", DeviceSubRequest("data", name)),))
+        for position, name in enumerate(classes)
+    )
+
+
+def _simple(workload) -> bool:
+    """What _brute_force_fits judges: group claims of one plain request each."""
+    return all(
+        len(claim.requests) == 1
+        and not claim.constraints
+        and claim.requests[0].exactly is not None
+        and not claim.requests[0].exactly.takes_all
+        for claim in workload.group_claims
+    )
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(clusters(), st.data())
+def test_it_preempts_for_a_group_gang_only_lower_priority_work_and_only_what_it_needs(cluster, data):
+    """A gang with group claims that does not fit may preempt lower-priority preemptible work of its queue:
+    its victims make room the brute force finds, none could be spared, and it preempts nobody when even
+    every eligible victim would not make room."""
+    nodes, devices = cluster
+    ids = [device.id for device in devices]
+    held = data.draw(st.lists(st.sampled_from(ids), unique=True, min_size=len(ids) * 2 // 3)) if ids else []
+    node_of = {device.id: device.node for device in devices}
+    running = tuple(
+        RunningWorkload(
+            f"r{index}", "q", (RunningPod("main", 0, node_of[device_id], (device_id,)),), "gpu",
+            priority=data.draw(st.integers(0, 3)), preemptible=data.draw(st.integers(0, 3)) > 0, started=index,
+        )
+        for index, device_id in enumerate(held)
+    )  # fmt: skip
+    pods = data.draw(st.integers(1, 2))
+    gang = PendingWorkload(
+        "gang", "q", (PodSet("main", pods, pods, data.draw(st.integers(1, 2)), ("gpu",)),),
+        priority=data.draw(st.integers(1, 4)), submitted=100.0,
+        topology_required=data.draw(st.sampled_from((None, "rack"))), group_claims=data.draw(plain_group_claims()),
+    )  # fmt: skip
+    snapshot = Snapshot(
+        levels=("zone", "rack"), nodes=tuple(nodes), devices=tuple(devices), device_classes=CLASSES,
+        queues=(Queue("q", "team", within_queue="LowerPriority"),), running=running, pending=(gang,), config=CONFIG,
+    )  # fmt: skip
+    result = decide(snapshot)
+    assert_valid_result(snapshot, result)
+    if result.admissions:
+        return
+    holders = {workload.id: workload for workload in running}
+    victims = {preemption.victim_id for preemption in result.preemptions}
+    for victim_id in victims:
+        victim = holders[victim_id]
+        assert victim.preemptible and victim.priority < gang.priority, f"{victim_id} may not be preempted"
+    if not _simple(gang):
+        return
+
+    def fits_without(gone):
+        left = tuple(workload for workload in running if workload.id not in gone)
+        return _brute_force_fits(Snapshot(**{**snapshot.__dict__, "running": left}), gang)
+
+    if victims:
+        event("preempted")
+        assert fits_without(victims), "its victims do not make room"
+        for victim_id in victims:
+            assert not fits_without(victims - {victim_id}), f"{victim_id} was preempted but not needed"
+    else:
+        event("pending, no victims")
+        eligible = {w.id for w in running if w.preemptible and w.priority < gang.priority}
+        assert not fits_without(eligible), "it could have made room"
