@@ -696,9 +696,9 @@ class Cycle:
         if self.gate_problem(request):
             return
         if request.claimed or request.shared_amounts is not None or request.workload.group_claims:
-            # Victims of a gang with claims are searched by placing its claims themselves; protected
-            # starts count whole devices of one class, and a time-sliced request waits for capacity.
-            if request.shared_amounts is None and self.config.enable_preemption:
+            # Victims of a gang with claims, or of a time-sliced request, are searched by placing it
+            # itself; protected starts count whole devices of one class.
+            if self.config.enable_preemption:
                 found = preemption.find_claim_victims(self, request)
                 if found is not None:
                     self._record_preemption(request, found)

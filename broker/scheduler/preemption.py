@@ -25,10 +25,10 @@ victim with pods above its gang minimum (`RunningWorkload.surplus_pods`) is firs
 search among such surplus pods alone comes first, and only when shrinking cannot make room are workloads
 evicted whole; a gang never drops below its minimum while it runs.
 
-A gang whose pods claim several requests (claims.Planner), or that owns group claims
-(group_claims.GroupPlacer), is searched apart (`find_claim_victims`): the same rules, in every class it
-names, and the shortest cheapest-first run of victims that lets it be placed, less those it can do
-without.
+A gang whose pods claim several requests (claims.Planner), that owns group claims
+(group_claims.GroupPlacer), or whose pods take time-slices of shared devices (sharing.place_shared) is
+searched apart (`find_claim_victims`): the same rules, in every class it names, and the shortest
+cheapest-first run of victims that lets it be placed, less those it can do without.
 
 Device classes are tried in fallback order; the first class some victim set works for decides (as Kueue
 tries flavors in order). The victims must free room inside ONE domain of the preemptor's required level,
@@ -55,6 +55,7 @@ from broker.scheduler.claims import Planner
 from broker.scheduler.group_claims import GroupPlacer
 from broker.scheduler.placement import place_within_scope
 from broker.scheduler.quota import EPSILON, request_charges
+from broker.scheduler.sharing import place_shared
 from broker.scheduler.snapshot import NEVER_PREEMPT, RunningWorkload, label, leaving_id
 
 
@@ -159,7 +160,8 @@ def find_victims(cycle, request) -> Found | None:
 
 def find_claim_victims(cycle, request) -> Found | None:
     """Victims for a gang whose pods claim several requests (GPUs beside a NIC, claims.Planner places
-    it), or that owns group claims (group_claims.GroupPlacer places it). Who may be a victim is decided
+    it), that owns group claims (group_claims.GroupPlacer) or takes time-slices of shared devices
+    (sharing.place_shared, on a ledger without the victims). Who may be a victim is decided
     as for whole devices, in each class the gang names. Which victims: the shortest prefix of them in
     cost order (`_cost_order`, cheapest first) that lets the gang be placed within the quota of every
     class it is charged to, found by bisection (freeing more devices never takes a place away), then
@@ -183,6 +185,7 @@ def find_claim_victims(cycle, request) -> Found | None:
     newer_counts = request.queue.within_queue == "LowerOrNewerEqualPriority"
     memo_key = (
         "claim", request.classes, request.demands, request.required, request.preferred, queue, request.team,
+        tuple(sorted(request.shared_amounts.items())) if request.shared_amounts else None,
         request.workload.priority, request.preemptible, request.workload.submitted if newer_counts else None,
         excluded, request.workload.expected_duration if cycle.config.shorter_remaining_factor else None,
     )  # fmt: skip
@@ -245,15 +248,30 @@ class _ClaimSearch:
         for victim in chosen:
             freed.extend(self._freed(victim.workload))
         credit = _counters_given_back(cycle, leaving) if cycle.state.counted else None
-        return any(self._within_quota(charges, leaving) for charges in self._plans(freed, credit))
+        return any(self._within_quota(charges, leaving) for charges in self._plans(freed, credit, leaving))
 
-    def _plans(self, freed, credit):
+    def _plans(self, freed, credit, leaving):
         """The charges ({device class: amount}) of each plan the request would have with `freed` devices
-        free too: one for a several-request claim, one per class tried for a gang with group claims (its
-        claims' devices count with its pods' against the class it is admitted with, as admitted)."""
+        free too, and the workloads `leaving` gone: one for a several-request claim, one per class tried
+        for a gang with group claims (its claims' devices count with its pods' against the class it is
+        admitted with, as admitted) or for a time-sliced request (its shares, on a ledger without them)."""
         cycle, request = self.cycle, self.request
         state, levels = cycle.state, cycle.state.levels
         access = request.default_access
+        if request.shared_amounts is not None:
+            ledger = cycle.ledger.without(leaving)
+            gone = frozenset(workload.id for workload in leaving)
+            required = levels.index(request.required) if request.required else None
+            consumed = tuple(sorted(request.shared_amounts.items()))
+            for class_name in request.classes:
+                plan = place_shared(
+                    state, ledger, state.class_index[class_name], request.demands, request.shared_amounts, access,
+                    required, self.excluded, gone,
+                )  # fmt: skip
+                if plan is not None:
+                    slots = [slot.id for pod in plan.pods for slot in pod.slots]
+                    yield {class_name: cycle.consumption.of_devices(slots, consumed)}
+            return
         if request.workload.group_claims:
             placer = GroupPlacer(cycle, request, access, self.excluded, freed, credit)
             for class_name in request.classes[:1] if request.claimed else request.classes:

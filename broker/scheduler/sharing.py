@@ -73,24 +73,48 @@ class Ledger:
     def free_amounts(self, device_id: str) -> dict | None:
         return self.left.get(device_id)
 
+    def without(self, workloads) -> Ledger:
+        """This ledger as it would be once `workloads` left (a preemption search's victims): what they
+        hold of shared devices given back, a device one of them held alone whole again. A copy."""
+        trial = Ledger.__new__(Ledger)
+        trial.state, trial.capacity = self.state, self.capacity
+        trial.left, trial.shared = dict(self.left), set(self.shared)
+        for workload in workloads:
+            for pod in workload.pods:
+                for device_id in pod.device_ids:
+                    if device_id not in trial.capacity:
+                        continue
+                    left = trial.left[device_id]
+                    if not pod.consumed or left is None:
+                        trial.left[device_id] = dict(trial.capacity[device_id])
+                        continue
+                    left = trial.left[device_id] = dict(left)
+                    for name, amount in pod.consumed:
+                        left[name] = left.get(name, 0) + amount
+        return trial
 
-def usable(slot, class_index: int, ledger: Ledger, access) -> bool:
-    """Whether a time-sliced request may put an allocation on `slot`."""
+
+def usable(slot, class_index: int, ledger: Ledger, access, leaving=frozenset()) -> bool:
+    """Whether a time-sliced request may put an allocation on `slot`; `leaving`: ids of holders to take
+    for gone (with a ledger `without` them)."""
     if class_index not in slot.classes or slot.id not in ledger.capacity:
         return False
     if slot.id in ledger.shared:
         return ledger.left[slot.id] is not None
-    if slot.holder is not None:
+    if slot.holder is not None and slot.holder not in leaving:
         return False
     return slot.category == PLAIN or access.rank(slot) is not None
 
 
-def place_shared(state, ledger: Ledger, class_index: int, demands, amounts: dict, access, required, excluded):
+def place_shared(
+    state, ledger: Ledger, class_index: int, demands, amounts: dict, access, required, excluded, leaving=frozenset()
+):
     """A plan for a time-sliced gang (every pod's devices on one node, the min_count pods of each pod set,
-    all of them inside one domain of the `required` level index), or None."""
+    all of them inside one domain of the `required` level index), or None. `leaving`: ids of workloads
+    whose devices count as free (a preemption search's, with the ledger `without` them)."""
     slots_by_node: dict[int, list] = {}
     for slot in state.slots:
-        if slot.node not in excluded and usable(slot, class_index, ledger, access):
+        if slot.node not in excluded and usable(slot, class_index, ledger, access, leaving):
             slots_by_node.setdefault(slot.node, []).append(slot)
     if required is None:
         scopes = [ROOT]

@@ -255,3 +255,37 @@ def test_it_refuses_capacity_amounts_a_class_cannot_share(cluster, api_client, a
         assert response.status_code == 400, response.data
         assert problem in str(response.data)
     assert not PodSet.objects.filter(workload__name__in=["whole", "negative"]).exists()
+
+
+def test_it_preempts_a_lower_priority_share_and_then_takes_its_memory(cluster, settings):
+    """`batch` (priority 1) holds 60Gi of the 80Gi GPU: a notebook of priority 100 asking 50Gi preempts
+    it through the database, waits while it leaves, then shares the GPU with what is left."""
+    from datetime import timedelta
+
+    from broker.cycle.executor import SimulatedExecutor
+    from broker.workloads.models import Explanation, Workload
+    from tests.cycle.helpers import preempting_within
+
+    settings.EVICTION_GRACE_SECONDS = 60  # one second of wall time at 60x
+    (gpu,), t4, notebooks = shared_gpus(cluster)
+    preempting_within(cluster.queue_a)
+    batch = pending(cluster.queue_a, "batch", resource_class=notebooks, state=State.RUNNING, priority=1)
+    share(batch, gpu, t4, "60Gi")
+    small = notebook(cluster, "small", "10Gi", notebooks, priority=1)
+    wanted = notebook(cluster, "wanted", "50Gi", notebooks, priority=100)
+    start = timezone.now()
+
+    first = run_once(now=start)
+
+    assert first.preempted == (batch.pk,)
+    assert first.admitted == (small.pk,), "the 10Gi notebook fits beside the leaving share, as before"
+    explanation = Explanation.objects.get(workload=wanted)
+    assert explanation.reason == "PreemptionPending"
+    assert f"{batch} (WithinQueue, priority 1)" in explanation.message
+
+    SimulatedExecutor(speed=60).advance(start + timedelta(seconds=1))
+    second = run_once(now=start + timedelta(seconds=2))
+
+    assert second.admitted == (wanted.pk,)
+    assert Workload.objects.get(pk=batch.pk).state == State.PENDING
+    assert used_memory(gpu) == 60 * GIB  # small's 10Gi and the notebook's 50Gi

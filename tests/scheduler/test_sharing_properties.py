@@ -5,7 +5,7 @@ only when no device has its amounts left."""
 
 from collections import Counter
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from broker.scheduler.cycle import decide
@@ -116,3 +116,58 @@ def test_it_never_gives_more_capacity_than_a_shared_device_has(snapshot):
             and device.capacity[name] - taken[device.id][name] >= amount
         ]  # fmt: skip
         assert not fitting, f"{decision.workload_id} fits {fitting} but waits: {decision.message}"
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_it_preempts_for_a_time_slice_only_lower_priority_work_and_only_what_it_needs(data):
+    """A one-device time-sliced request that finds no room may preempt lower-priority preemptible work
+    of its queue: its victims leave some shared device with its amount, none could be spared, and it
+    preempts nobody when even every eligible victim would not leave one."""
+    snapshot = data.draw(scenarios())
+    running = tuple(
+        RunningWorkload(
+            workload.id, workload.queue, workload.pods, workload.device_class,
+            priority=data.draw(st.integers(0, 3)), preemptible=data.draw(st.integers(0, 3)) > 0, started=index,
+        )
+        for index, workload in enumerate(snapshot.running)
+    )  # fmt: skip
+    amount = data.draw(st.sampled_from((10, 30, 50)))
+    notebook = PendingWorkload(
+        "notebook", "q", (PodSet("main", 1, 1, 1, capacity=(("memory", amount),)),), resource_class="notebooks",
+        priority=data.draw(st.integers(1, 4)),
+    )  # fmt: skip
+    snapshot = Snapshot(
+        **{**snapshot.__dict__, "running": running, "pending": (notebook,),
+           "queues": (Queue("q", "team", within_queue="LowerPriority"),)}
+    )  # fmt: skip
+    result = decide(snapshot)
+    assert_valid_result(snapshot, result)
+    if result.admissions:
+        return
+    holders = {workload.id: workload for workload in running}
+    victims = {preemption.victim_id for preemption in result.preemptions}
+    for victim_id in victims:
+        victim = holders[victim_id]
+        assert victim.preemptible and victim.priority < notebook.priority, f"{victim_id} may not be preempted"
+
+    def fits_without(gone):
+        for device in snapshot.devices:
+            if not device.allow_multiple_allocations:
+                continue
+            pods = [pod for w in running if w.id not in gone for pod in w.pods if device.id in pod.device_ids]
+            if any(not pod.consumed for pod in pods):
+                continue  # held alone
+            if device.capacity["memory"] - sum(dict(pod.consumed)["memory"] for pod in pods) >= amount:
+                return True
+        return False
+
+    if victims:
+        event("preempted")
+        assert fits_without(victims), "its victims do not make room"
+        for victim_id in victims:
+            assert not fits_without(victims - {victim_id}), f"{victim_id} was preempted but not needed"
+    else:
+        event("pending, no victims")
+        eligible = {w.id for w in running if w.preemptible and w.priority < notebook.priority}
+        assert not fits_without(eligible), "it could have made room"
