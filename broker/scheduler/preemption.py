@@ -164,7 +164,7 @@ def find_claim_victims(cycle, request) -> Found | None:
     (sharing.place_shared, on a ledger without the victims). Who may be a victim is decided
     as for whole devices, in each class the gang names. Which victims: the shortest prefix of them in
     cost order (`_cost_order`, cheapest first) that lets the gang be placed within the quota of every
-    class it is charged to, found by bisection (freeing more devices never takes a place away), then
+    class it is charged to, found by doubling, then bisection (freeing more never takes a place away), then
     less every victim the others can do without, dearest first.
     Devices being evicted for it, or for nobody, count as free at no cost."""
     if not _may_preempt(cycle, request):
@@ -221,10 +221,20 @@ class _ClaimSearch:
         self.checks = 0
 
     def fewest(self, ordered: list[Victim]) -> list[Victim] | None:
-        if not ordered or not self.feasible(ordered):
-            return None
-        low, high = 0, len(ordered)  # a prefix of `high` victims fits, one of `low` does not
-        while high - low > 1:
+        # Prefixes of 1, 2, 4, ... victims first: most preemptors need a few of thousands of candidates,
+        # and a check's cost grows with the devices its victims free.
+        low, size = 0, 1  # a prefix of `low` victims does not fit
+        while True:
+            if size > len(ordered):
+                if low == len(ordered) or not self.feasible(ordered):
+                    return None
+                high = len(ordered)
+                break
+            if self.feasible(ordered[:size]):
+                high = size
+                break
+            low, size = size, size * 2
+        while high - low > 1:  # a prefix of `high` victims fits, one of `low` does not
             middle = (low + high) // 2
             if self.feasible(ordered[:middle]):
                 high = middle
