@@ -219,6 +219,7 @@ class _ClaimSearch:
         self.evicting_workloads = [cycle.running[workload_id] for workload_id in sorted(evicting_ids)]
         self.freed: dict[str, list] = {}
         self.checks = 0
+        self.used: set[str] = set()  # the devices of the last plan that fitted
 
     def fewest(self, ordered: list[Victim]) -> list[Victim] | None:
         # Prefixes of 1, 2, 4, ... victims first: most preemptors need a few of thousands of candidates,
@@ -241,6 +242,12 @@ class _ClaimSearch:
             else:
                 low = middle
         chosen = list(ordered[:high])
+        # The cheapest prefix frees devices all over the cluster: keep first the victims whose devices
+        # the plan takes, if that alone fits (counters or quota may need others), then drop one by one.
+        self.feasible(chosen)
+        taken = [victim for victim in chosen if self.used.intersection(_device_ids(victim.workload))]
+        if taken and len(taken) < len(chosen) and self.feasible(taken):
+            chosen = taken
         budget = self.cycle.config.preemption_search_limit
         for victim in sorted(chosen, key=lambda victim: cost_key((victim,)), reverse=True):
             if self.checks >= budget:
@@ -258,10 +265,14 @@ class _ClaimSearch:
         for victim in chosen:
             freed.extend(self._freed(victim.workload))
         credit = _counters_given_back(cycle, leaving) if cycle.state.counted else None
-        return any(self._within_quota(charges, leaving) for charges in self._plans(freed, credit, leaving))
+        for charges, device_ids in self._plans(freed, credit, leaving):
+            if self._within_quota(charges, leaving):
+                self.used = device_ids
+                return True
+        return False
 
     def _plans(self, freed, credit, leaving):
-        """The charges ({device class: amount}) of each plan the request would have with `freed` devices
+        """(charges {device class: amount}, device ids) of each plan the request would have with `freed` devices
         free too, and the workloads `leaving` gone: one for a several-request claim, one per class tried
         for a gang with group claims (its claims' devices count with its pods' against the class it is
         admitted with, as admitted) or for a time-sliced request (its shares, on a ledger without them)."""
@@ -280,7 +291,7 @@ class _ClaimSearch:
                 )  # fmt: skip
                 if plan is not None:
                     slots = [slot.id for pod in plan.pods for slot in pod.slots]
-                    yield {class_name: cycle.consumption.of_devices(slots, consumed)}
+                    yield {class_name: cycle.consumption.of_devices(slots, consumed)}, set(slots)
             return
         if request.workload.group_claims:
             placer = GroupPlacer(cycle, request, access, self.excluded, freed, credit)
@@ -288,7 +299,9 @@ class _ClaimSearch:
                 plan = placer.place(class_name)
                 if plan is not None:
                     admitted_as = plan.pods[0].requests[0][1] if request.claimed else class_name
-                    yield {admitted_as: sum(len(pod.slots) for pod in plan.pods) + plan.group_count()}
+                    taken = {slot.id for pod in plan.pods for slot in pod.slots}
+                    taken.update(slot.id for _, slots in plan.group for slot in slots)
+                    yield {admitted_as: sum(len(pod.slots) for pod in plan.pods) + plan.group_count()}, taken
             return
         views = {}
         for name in request.classes:
@@ -303,7 +316,8 @@ class _ClaimSearch:
             state.class_index[request.classes[0]],
         )
         if plan is not None:
-            yield request_charges(plan.pods, cycle.consumption, plan.pods[0].requests[0][1])
+            taken = {slot.id for pod in plan.pods for slot in pod.slots}
+            yield request_charges(plan.pods, cycle.consumption, plan.pods[0].requests[0][1]), taken
 
     def _within_quota(self, charges, leaving) -> bool:
         cycle = self.cycle
@@ -1039,6 +1053,10 @@ class _ScopeSearch:
                 self.cycle, [victim.workload for victim in chosen] + self.evicting_workloads
             )
         return place_within_scope(view, self.scope, self.request.demands, self.preferred) is not None
+
+
+def _device_ids(workload: RunningWorkload) -> set[str]:
+    return {device_id for pod in workload.pods for device_id in pod.device_ids}
 
 
 def _evicting_ids(slots) -> tuple[str, ...]:
