@@ -220,6 +220,7 @@ class _ClaimSearch:
         self.freed: dict[str, list] = {}
         self.checks = 0
         self.used: set[str] = set()  # the devices of the last plan that fitted
+        self.charges: dict[str, dict] = {}
 
     def fewest(self, ordered: list[Victim]) -> list[Victim] | None:
         # Prefixes of 1, 2, 4, ... victims first: most preemptors need a few of thousands of candidates,
@@ -325,13 +326,20 @@ class _ClaimSearch:
         for device_class, amount in charges.items():
             released: dict[str, float] = {}
             for workload in leaving:
-                given = consumption.of_running(workload).get(device_class, 0)
+                given = self._charged(workload, consumption).get(device_class, 0)
                 if given:
                     released[workload.queue] = released.get(workload.queue, 0) + given
             check = cycle.quota.check(self.request.queue.name, device_class, amount, released)
             if check.available is not None and amount > check.available + EPSILON:
                 return False
         return True
+
+    def _charged(self, workload: RunningWorkload, consumption) -> dict:
+        """consumption.of_running, once per workload and search (checks ask it of every victim)."""
+        charged = self.charges.get(workload.id)
+        if charged is None:
+            charged = self.charges[workload.id] = consumption.of_running(workload)
+        return charged
 
     def _freed(self, workload: RunningWorkload) -> list:
         freed = self.freed.get(workload.id)
