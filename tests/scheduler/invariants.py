@@ -254,3 +254,28 @@ def assert_counters_hold(snapshot, held):
                 used[(device.node, set_name, counter)] += amount
     over = {key: amount for key, amount in used.items() if amount > value.get(key, 0)}
     assert not over, f"counters exceeded: {over}"
+
+
+def assert_preempted_only_what_it_needs(running, preemptor, result, fits_without=None):
+    """For one pending `preemptor` under a LowerPriority queue: every victim is preemptible and below its
+    priority; and, with `fits_without(gone ids)` an oracle of whether it fits once those leave, its victims
+    make room, none of them could be spared, and it preempts nobody when even every eligible victim would
+    not make room. Hypothesis events say which case an example was."""
+    from hypothesis import event
+
+    holders = {workload.id: workload for workload in running}
+    victims = {preemption.victim_id for preemption in result.preemptions}
+    for victim_id in victims:
+        victim = holders[victim_id]
+        assert victim.preemptible and victim.priority < preemptor.priority, f"{victim_id} may not be preempted"
+    if fits_without is None:
+        return
+    if victims:
+        event("preempted")
+        assert fits_without(victims), "its victims do not make room"
+        for victim_id in victims:
+            assert not fits_without(victims - {victim_id}), f"{victim_id} was preempted but not needed"
+    else:
+        event("pending, no victims")
+        eligible = {w.id for w in running if w.preemptible and w.priority < preemptor.priority}
+        assert not fits_without(eligible), "it could have made room"

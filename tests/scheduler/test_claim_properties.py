@@ -6,7 +6,7 @@ brute-force search could place on the devices the cycle left free."""
 
 from itertools import combinations, product
 
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker.scheduler.cycle import decide
@@ -26,7 +26,7 @@ from broker.scheduler.snapshot import (
     SchedulerConfig,
     Snapshot,
 )
-from tests.scheduler.invariants import assert_valid_result
+from tests.scheduler.invariants import assert_preempted_only_what_it_needs, assert_valid_result
 
 CLASSES = (
     DeviceClass("h100", match={"model": "H100"}),
@@ -252,24 +252,9 @@ def test_it_preempts_for_a_claim_only_lower_priority_work_and_only_what_it_needs
     assert_valid_result(snapshot, result)
     if result.admissions:
         return
-    holders = {workload.id: workload for workload in running}
-    victims = {preemption.victim_id for preemption in result.preemptions}
-    for victim_id in victims:
-        victim = holders[victim_id]
-        assert victim.preemptible and victim.priority < preemptor.priority, f"{victim_id} may not be preempted"
 
-    def free_without(gone):
+    def fits_without(gone):
         kept = {d for workload in running if workload.id not in gone for pod in workload.pods for d in pod.device_ids}
-        return [device for device in devices if device.id not in kept]
+        return brute_force_fits(preemptor, [device for device in devices if device.id not in kept], devices)
 
-    if victims:
-        event("preempted")
-        assert brute_force_fits(preemptor, free_without(victims), devices), "its victims do not make room"
-        for victim_id in victims:
-            assert not brute_force_fits(preemptor, free_without(victims - {victim_id}), devices), (
-                f"{victim_id} was preempted but not needed"
-            )
-    else:
-        event("pending, no victims" + (" (fits the idle cluster)" if brute_force_fits(preemptor, devices) else ""))
-        eligible = {w.id for w in running if w.preemptible and w.priority < preemptor.priority}
-        assert not brute_force_fits(preemptor, free_without(eligible), devices), "it could have made room"
+    assert_preempted_only_what_it_needs(running, preemptor, result, fits_without)

@@ -6,7 +6,7 @@ gang left waiting could not have been placed with its claims on what the cycle l
 
 from itertools import combinations_with_replacement
 
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker.scheduler.cycle import decide
@@ -28,7 +28,7 @@ from broker.scheduler.snapshot import (
     SchedulerConfig,
     Snapshot,
 )
-from tests.scheduler.invariants import assert_valid_result, reaches
+from tests.scheduler.invariants import assert_preempted_only_what_it_needs, assert_valid_result, reaches
 
 CLASSES = (
     DeviceClass("gpu", match={"kind": "gpu"}),
@@ -274,24 +274,12 @@ def test_it_preempts_for_a_group_gang_only_lower_priority_work_and_only_what_it_
     assert_valid_result(snapshot, result)
     if result.admissions:
         return
-    holders = {workload.id: workload for workload in running}
-    victims = {preemption.victim_id for preemption in result.preemptions}
-    for victim_id in victims:
-        victim = holders[victim_id]
-        assert victim.preemptible and victim.priority < gang.priority, f"{victim_id} may not be preempted"
     if not _simple(gang):
+        assert_preempted_only_what_it_needs(running, gang, result)
         return
 
     def fits_without(gone):
         left = tuple(workload for workload in running if workload.id not in gone)
         return _brute_force_fits(Snapshot(**{**snapshot.__dict__, "running": left}), gang)
 
-    if victims:
-        event("preempted")
-        assert fits_without(victims), "its victims do not make room"
-        for victim_id in victims:
-            assert not fits_without(victims - {victim_id}), f"{victim_id} was preempted but not needed"
-    else:
-        event("pending, no victims")
-        eligible = {w.id for w in running if w.preemptible and w.priority < gang.priority}
-        assert not fits_without(eligible), "it could have made room"
+    assert_preempted_only_what_it_needs(running, gang, result, fits_without)

@@ -5,7 +5,7 @@ only when no device has its amounts left."""
 
 from collections import Counter
 
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker.scheduler.cycle import decide
@@ -22,7 +22,7 @@ from broker.scheduler.snapshot import (
     SchedulerConfig,
     Snapshot,
 )
-from tests.scheduler.invariants import assert_valid_result
+from tests.scheduler.invariants import assert_preempted_only_what_it_needs, assert_valid_result
 
 CLASSES = (DeviceClass("gpu", match={"model": "A100"}),)
 RESOURCE_CLASSES = (
@@ -145,11 +145,6 @@ def test_it_preempts_for_a_time_slice_only_lower_priority_work_and_only_what_it_
     assert_valid_result(snapshot, result)
     if result.admissions:
         return
-    holders = {workload.id: workload for workload in running}
-    victims = {preemption.victim_id for preemption in result.preemptions}
-    for victim_id in victims:
-        victim = holders[victim_id]
-        assert victim.preemptible and victim.priority < notebook.priority, f"{victim_id} may not be preempted"
 
     def fits_without(gone):
         for device in snapshot.devices:
@@ -162,12 +157,4 @@ def test_it_preempts_for_a_time_slice_only_lower_priority_work_and_only_what_it_
                 return True
         return False
 
-    if victims:
-        event("preempted")
-        assert fits_without(victims), "its victims do not make room"
-        for victim_id in victims:
-            assert not fits_without(victims - {victim_id}), f"{victim_id} was preempted but not needed"
-    else:
-        event("pending, no victims")
-        eligible = {w.id for w in running if w.preemptible and w.priority < notebook.priority}
-        assert not fits_without(eligible), "it could have made room"
+    assert_preempted_only_what_it_needs(running, notebook, result, fits_without)
