@@ -143,14 +143,15 @@ class Cycle:
         # share of the capacity), each device under the class it was allocated with.
         self.consumption = consumption = Consumption.of_snapshot(self.snapshot)
         charges: dict[tuple, float] = {}
-        for workload in self.snapshot.running:  # sums: the order cannot change them (but for rounding)
-            if consumption.whole and not workload.device_classes:
+        if consumption.whole and not any(workload.device_classes for workload in self.snapshot.running):
+            for workload in self.snapshot.running:  # sums: the order cannot change them (but for rounding)
                 key = (workload.queue, workload.device_class)
                 charges[key] = charges.get(key, 0) + workload.device_count
-                continue
-            for device_class, amount in consumption.of_running(workload).items():
-                key = (workload.queue, device_class)
-                charges[key] = charges.get(key, 0) + amount
+        else:
+            for workload, charged in consumption.of_every_running(self.snapshot.running):
+                for device_class, amount in charged.items():
+                    key = (workload.queue, device_class)
+                    charges[key] = charges.get(key, 0) + amount
         for (queue, device_class), amount in charges.items():
             self._charge(queue, device_class, amount)
         # 3. Resolve pending workloads against the policy (the impossible ones are InvalidRequest), each

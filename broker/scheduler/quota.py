@@ -359,6 +359,9 @@ class Consumption:
         # The least any device's allocation counts for (shares of shared devices aside: their requests'
         # charges are checked on their plans).
         self.smallest = min(self.shares.values(), default=1.0)
+        # id(running record) -> (record, its charges): the loader keeps the records of work that did not
+        # change from one cycle to the next, and so does this, for the current ones (of_every_running).
+        self._running: dict[int, tuple] = {}
 
     _last: tuple | None = None
 
@@ -390,9 +393,27 @@ class Consumption:
             return len(device_ids)
         return sum(self.of(device_id, consumed) for device_id in device_ids)
 
+    def of_every_running(self, running) -> list[tuple]:
+        """[(workload, of_running(workload))] for every record of `running`, kept for the next cycle's
+        same records (and for of_running meanwhile); those of records gone are dropped."""
+        known, kept = self._running, {}
+        for workload in running:
+            entry = known.get(id(workload))
+            if entry is None or entry[0] is not workload:
+                entry = (workload, self._charges_of(workload))
+            kept[id(workload)] = entry
+        self._running = kept
+        return list(kept.values())
+
     def of_running(self, workload) -> dict[str, float]:
         """{device class: what it counts for} of a running workload: its devices under the class each
-        was allocated with (a several-request claim's under each request's class)."""
+        was allocated with (a several-request claim's under each request's class). Read, never change."""
+        entry = self._running.get(id(workload))
+        if entry is not None and entry[0] is workload:
+            return entry[1]
+        return self._charges_of(workload)
+
+    def _charges_of(self, workload) -> dict[str, float]:
         classes = dict(workload.device_classes)
         if self.whole and not classes:
             return {workload.device_class: workload.device_count}

@@ -40,3 +40,23 @@ def test_it_counts_a_time_slice_by_its_share_of_the_capacity_and_a_claim_by_clas
     assert consumption.of_running(sliced) == {"t4": 0.5}  # bandwidth binds: 50/100 > 20/80
     assert consumption.of_running(claim) == {"t4": 1, "nic": 1}
     assert Consumption((Device("n1/0", "n1"),), ()).whole
+
+
+def test_it_keeps_each_running_records_charges_for_the_next_cycle_only_while_it_runs():
+    """The loader hands a cycle the same record for work that did not change: its charges are kept from
+    one cycle to the next, a new record (changed work) is charged anew, and a record gone is dropped."""
+    devices = (Device("n1/0", "n1", consumes_counters={"gpu-0": {"memory": 10, "compute": 1}}), Device("n1/1", "n1"))
+    consumption = Consumption(devices, (GPU_SET,))
+    slice_holder = RunningWorkload("a", "q", (RunningPod("main", 0, "n1", ("n1/0",)),), "gpu")
+    whole_holder = RunningWorkload("b", "q", (RunningPod("main", 0, "n1", ("n1/1",)),), "gpu")
+
+    first = dict(consumption.of_every_running((slice_holder, whole_holder)))
+    assert first == {slice_holder: {"gpu": 1 / 7}, whole_holder: {"gpu": 1}}
+    changed = RunningWorkload("b", "q", (RunningPod("main", 0, "n1", ("n1/0", "n1/1")),), "gpu")
+    second = dict(consumption.of_every_running((slice_holder, changed)))
+
+    assert second[slice_holder] is first[slice_holder], "an unchanged record is not charged again"
+    assert second[changed] == {"gpu": 1 + 1 / 7}
+    assert consumption.of_running(changed) is second[changed]
+    assert consumption.of_running(whole_holder) == {"gpu": 1}, "a record gone is charged from its devices"
+    assert all(record is not whole_holder for record, _ in consumption._running.values())
