@@ -559,16 +559,33 @@ class Cycle:
         self.log.outcomes[request.id] = Outcome(request)
         return False
 
-    def _shared_plan(self, request: Request, class_name: str, access: Access, excluded=frozenset()):
+    def shared_plan(self, request: Request, class_name: str, access: Access, excluded=frozenset(), leaving=()):
+        """A time-sliced request's plan; with `leaving` (running records), as if those had left."""
         levels = self.state.levels
+        ledger = self.ledger.without(leaving) if leaving else self.ledger
         return sharing.place_shared(
-            self.state, self.ledger, self.state.class_index[class_name], request.demands, request.shared_amounts,
+            self.state, ledger, self.state.class_index[class_name], request.demands, request.shared_amounts,
             access, levels.index(request.required) if request.required else None, excluded,
+            frozenset(workload.id for workload in leaving),
         )  # fmt: skip
 
-    def _claim_plan(self, request: Request, access: Access, excluded=frozenset()) -> GangPlan | None:
+    def freed_view(self, class_name: str, access: Access, excluded, freed=(), credit=None) -> View:
+        """`view`, with the devices of `freed` ((rank, slot) of any class) that are of this class counted
+        free too, and `credit` (counter position -> amount) given back: what preemption victims leave."""
+        if not freed and credit is None:
+            return self.view(class_name, access, excluded)
+        class_index = self.state.class_index[class_name]
+        view = self.view(class_name, access, excluded, [entry for entry in freed if class_index in entry[1].classes])
+        if credit is not None:
+            view.counter_credit = credit
+        return view
+
+    def claim_plan(
+        self, request: Request, access: Access, excluded=frozenset(), freed=(), credit=None
+    ) -> GangPlan | None:
+        """A several-request claim's plan; with `freed` and `credit` as `freed_view` takes them."""
         state = self.state
-        views = {name: self.view(name, access, excluded) for name in request.classes}
+        views = {name: self.freed_view(name, access, excluded, freed, credit) for name in request.classes}
         levels = state.levels
         planner = claims.Planner(state, views, request.demands, self.selectors)
         return planner.place(
@@ -895,7 +912,7 @@ class Cycle:
             key = (None, request.demands, request.required, request.preferred, self.access_key(access), excluded)
             if key in self._failed:
                 return None
-            plan = self._claim_plan(request, access, excluded)
+            plan = self.claim_plan(request, access, excluded)
             if plan is None:
                 self._failed.add(key)
             return plan
@@ -904,7 +921,7 @@ class Cycle:
             key = (class_name, request.demands, request.required, amounts, self.access_key(access), excluded)
             if key in self._failed:
                 return None
-            plan = self._shared_plan(request, class_name, access, excluded)
+            plan = self.shared_plan(request, class_name, access, excluded)
             if plan is None:  # what is left on shared devices only shrinks during a cycle
                 self._failed.add(key)
             return plan
@@ -942,7 +959,7 @@ class Cycle:
         if request.workload.group_claims:
             return self.grouped_plan(request, class_name, access, excluded)
         if request.claimed:
-            return self._claim_plan(request, access, excluded)
+            return self.claim_plan(request, access, excluded)
         if request.shared_amounts is not None:
             # Only the estimate simulation asks here, and its releases give back whole devices, not
             # shares: the ledger cannot follow it, so it is never told a time-sliced start.

@@ -256,14 +256,7 @@ class GroupPlacer:
         return None
 
     def _view(self, class_name: str):
-        if not self.freed and self.credit is None:
-            return self.cycle.view(class_name, self.access, self.excluded)
-        class_index = self.state.class_index[class_name]
-        more = [entry for entry in self.freed if class_index in entry[1].classes]
-        view = self.cycle.view(class_name, self.access, self.excluded, more)
-        if self.credit is not None:
-            view.counter_credit = self.credit
-        return view
+        return self.cycle.freed_view(class_name, self.access, self.excluded, self.freed, self.credit)
 
     def _room(self, class_name: str):
         """Free devices of the gang's class in a region as it sees them (None for a several-request claim,

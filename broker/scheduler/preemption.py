@@ -51,11 +51,9 @@ from heapq import heappop, heappush
 from operator import attrgetter
 
 from broker.scheduler.capacity import COUNTERS, PLAIN, RANK_PLAIN, ROOT
-from broker.scheduler.claims import Planner
 from broker.scheduler.group_claims import GroupPlacer
 from broker.scheduler.placement import place_within_scope
 from broker.scheduler.quota import EPSILON, request_charges
-from broker.scheduler.sharing import place_shared
 from broker.scheduler.snapshot import NEVER_PREEMPT, RunningWorkload, label, leaving_id
 
 
@@ -220,7 +218,6 @@ class _ClaimSearch:
         self.freed: dict[str, list] = {}
         self.checks = 0
         self.used: set[str] = set()  # the devices of the last plan that fitted
-        self.charges: dict[str, dict] = {}
 
     def fewest(self, ordered: list[Victim]) -> list[Victim] | None:
         # Prefixes of 1, 2, 4, ... victims first: most preemptors need a few of thousands of candidates,
@@ -278,18 +275,11 @@ class _ClaimSearch:
         for a gang with group claims (its claims' devices count with its pods' against the class it is
         admitted with, as admitted) or for a time-sliced request (its shares, on a ledger without them)."""
         cycle, request = self.cycle, self.request
-        state, levels = cycle.state, cycle.state.levels
         access = request.default_access
         if request.shared_amounts is not None:
-            ledger = cycle.ledger.without(leaving)
-            gone = frozenset(workload.id for workload in leaving)
-            required = levels.index(request.required) if request.required else None
             consumed = tuple(sorted(request.shared_amounts.items()))
             for class_name in request.classes:
-                plan = place_shared(
-                    state, ledger, state.class_index[class_name], request.demands, request.shared_amounts, access,
-                    required, self.excluded, gone,
-                )  # fmt: skip
+                plan = cycle.shared_plan(request, class_name, access, self.excluded, leaving)
                 if plan is not None:
                     slots = [slot.id for pod in plan.pods for slot in pod.slots]
                     yield {class_name: cycle.consumption.of_devices(slots, consumed)}, set(slots)
@@ -304,18 +294,7 @@ class _ClaimSearch:
                     taken.update(slot.id for _, slots in plan.group for slot in slots)
                     yield {admitted_as: sum(len(pod.slots) for pod in plan.pods) + plan.group_count()}, taken
             return
-        views = {}
-        for name in request.classes:
-            index = state.class_index[name]
-            view = cycle.view(name, access, self.excluded, [entry for entry in freed if index in entry[1].classes])
-            if credit is not None:
-                view.counter_credit = credit
-            views[name] = view
-        plan = Planner(state, views, request.demands, cycle.selectors).place(
-            levels.index(request.required) if request.required else None,
-            levels.index(request.preferred) if request.preferred else None,
-            state.class_index[request.classes[0]],
-        )
+        plan = cycle.claim_plan(request, access, self.excluded, freed, credit)
         if plan is not None:
             taken = {slot.id for pod in plan.pods for slot in pod.slots}
             yield request_charges(plan.pods, cycle.consumption, plan.pods[0].requests[0][1]), taken
@@ -326,20 +305,13 @@ class _ClaimSearch:
         for device_class, amount in charges.items():
             released: dict[str, float] = {}
             for workload in leaving:
-                given = self._charged(workload, consumption).get(device_class, 0)
+                given = consumption.of_running(workload).get(device_class, 0)
                 if given:
                     released[workload.queue] = released.get(workload.queue, 0) + given
             check = cycle.quota.check(self.request.queue.name, device_class, amount, released)
             if check.available is not None and amount > check.available + EPSILON:
                 return False
         return True
-
-    def _charged(self, workload: RunningWorkload, consumption) -> dict:
-        """consumption.of_running, once per workload and search (checks ask it of every victim)."""
-        charged = self.charges.get(workload.id)
-        if charged is None:
-            charged = self.charges[workload.id] = consumption.of_running(workload)
-        return charged
 
     def _freed(self, workload: RunningWorkload) -> list:
         freed = self.freed.get(workload.id)
