@@ -619,7 +619,10 @@ def team_breakdowns(start, end, team, dims_list, now=None):
 # (SHARE_SCALE), so every amount is a whole number, and scaling all of a step's lines and its rounding unit
 # by the same factor leaves the rounded total, each line's share and the order of the remainders as they
 # were. An allocation's share comes from `shared` (Shares, in Python), a whole one counts SHARE_SCALE.
-# Allocations of one workload, class, share and holding (clipped to the window) are one row of n devices.
+# Allocations of one workload, class, share and holding are one row of n devices: grouped on the stored
+# times, which costs less than grouping on the clipped ones, and the ledger is linear in its intervals.
+# A piece's length comes from date_part (a double): exact to the microsecond for windows of centuries,
+# where extract's numeric costs a fifth of the query.
 COSTLIEST_SQL = """
 WITH steps(i, a, b) AS (SELECT * FROM unnest(%(step_index)s::int[], %(step_start)s::timestamptz[],
                                             %(step_end)s::timestamptz[])),
@@ -628,15 +631,16 @@ prices(c, pf, pt, p) AS (SELECT * FROM unnest(%(price_class)s::bigint[], %(price
 shared(d, c, m) AS (SELECT * FROM unnest(%(share_device)s::bigint[], %(share_consumed)s::text[],
                                          %(share_millionths)s::bigint[])),
 held AS (
-    SELECT al.workload_id AS w, al.device_class_id AS c, {share} AS m,
-           greatest(al.allocated_at, %(window_start)s) AS lo,
-           least(coalesce(al.released_at, %(billed_until)s), %(billed_until)s) AS hi, count(*) AS n
-    FROM workloads_allocation al {join_shared}
-    WHERE al.allocated_at < %(billed_until)s AND (al.released_at IS NULL OR al.released_at > %(window_start)s)
-    GROUP BY 1, 2, 3, 4, 5
+    SELECT w, c, m, greatest(a, %(window_start)s) AS lo,
+           least(coalesce(r, %(billed_until)s), %(billed_until)s) AS hi, n
+    FROM (SELECT al.workload_id AS w, al.device_class_id AS c, {share} AS m, al.allocated_at AS a,
+                 al.released_at AS r, count(*) AS n
+          FROM workloads_allocation al {join_shared}
+          WHERE al.allocated_at < %(billed_until)s AND (al.released_at IS NULL OR al.released_at > %(window_start)s)
+          GROUP BY 1, 2, 3, 4, 5) AS grouped
 )
 SELECT h.w, s.i, h.m * h.n, pr.p,
-       (extract(epoch FROM least(h.hi, s.b, pr.pt) - greatest(h.lo, s.a, pr.pf)) * 1000000)::bigint
+       (date_part('epoch', least(h.hi, s.b, pr.pt) - greatest(h.lo, s.a, pr.pf)) * 1000000)::bigint
 FROM held h
 JOIN steps s ON greatest(h.lo, s.a) < least(h.hi, s.b)
 JOIN prices pr ON pr.c = h.c AND greatest(h.lo, s.a, pr.pf) < least(h.hi, s.b, pr.pt)
@@ -655,6 +659,14 @@ WORKLOAD_KEYS_SQL = """
 SELECT wl.id, t.name || '/' || wl.name
 FROM unnest(%(ids)s::bigint[]) AS wanted(id) JOIN workloads_workload wl ON wl.id = wanted.id
 JOIN policy_team t ON t.id = wl.team_id
+"""
+# The first of such workloads in line order, sorted where they are: the ties can be tens of thousands, of
+# which only the first few hundred or thousand take a unit.
+FIRST_BY_KEY_SQL = """
+SELECT wl.id
+FROM unnest(%(ids)s::bigint[]) AS wanted(id) JOIN workloads_workload wl ON wl.id = wanted.id
+JOIN policy_team t ON t.id = wl.team_id
+ORDER BY (t.name || '/' || wl.name) COLLATE "C" LIMIT %(limit)s
 """
 # A team's workloads holding devices in the window, in line order (one team's keys share "team/").
 FIRST_WORKLOADS_BY_KEY_SQL = """
@@ -688,18 +700,23 @@ class WorkloadKeys:
         self.known = {}
 
     def first(self, ids, limit):
-        """[(id, key)] of the first `limit` of the workloads `ids` in line order."""
+        """The ids of the first `limit` of the workloads `ids` in line order."""
         if not ids or limit <= 0:
             return []
-        self.read(ids)
-        return sorted(((workload_id, self.known[workload_id]) for workload_id in ids), key=_by_key)[:limit]
+        with connection.cursor() as cursor:
+            cursor.execute(FIRST_BY_KEY_SQL, {"ids": _id_array(ids), "limit": limit})
+            return [workload_id for (workload_id,) in cursor.fetchall()]
 
     def read(self, ids):
         missing = [workload_id for workload_id in ids if workload_id not in self.known]
         if missing:
             with connection.cursor() as cursor:
-                cursor.execute(WORKLOAD_KEYS_SQL, {"ids": "{" + ",".join(map(str, missing)) + "}"})
+                cursor.execute(WORKLOAD_KEYS_SQL, {"ids": _id_array(missing)})
                 self.known.update(cursor.fetchall())
+
+
+def _id_array(ids):
+    return "{" + ",".join(map(str, ids)) + "}"
 
 
 def _divmods(total, amounts, weight):
@@ -708,10 +725,6 @@ def _divmods(total, amounts, weight):
         return [], []
     scaled = [total * amount for amount in amounts]
     return [part // weight for part in scaled], [part % weight for part in scaled]
-
-
-def _by_key(item):
-    return item[1]
 
 
 class RoundedStep:
@@ -765,7 +778,7 @@ class RoundedStep:
         else:
             wanted = set(equal_amounts)
             ids = [workload_id for workload_id, amount in amounts.items() if amount in wanted]
-            self.extra_workloads.update(workload_id for workload_id, _ in by_key(ids, left))
+            self.extra_workloads.update(by_key(ids, left))
 
     def of(self, workload_id):
         return self.rounded[self.amounts[workload_id]] + (workload_id in self.extra_workloads)
@@ -910,7 +923,7 @@ def _costliest(spent, top, keys):
     edge = heapq.nlargest(top, spent.values())[-1]
     better = [workload_id for workload_id, value in spent.items() if value > edge]
     tied = [workload_id for workload_id, value in spent.items() if value == edge]
-    return better + [workload_id for workload_id, _ in keys.first(tied, top - len(better))]
+    return better + keys.first(tied, top - len(better))
 
 
 def _first_others(by_step, kept_ids, start, billed_until, batch=64):

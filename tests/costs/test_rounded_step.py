@@ -21,7 +21,7 @@ steps = st.fixed_dictionaries(
 
 def by_key_of(keys):
     def first(ids, limit):
-        return sorted(((workload_id, keys[workload_id]) for workload_id in ids), key=lambda item: item[1])[:limit]
+        return sorted(ids, key=keys.__getitem__)[:limit]
 
     return first
 
