@@ -4,6 +4,7 @@ and the report is the one read on a single connection."""
 
 import threading
 from datetime import timedelta
+from fractions import Fraction
 
 import pytest
 from django.db import connection, connections
@@ -40,7 +41,14 @@ def elsewhere(write):
 
 
 def pieces_of(beside):
+    """([{workload id: device-microseconds}], [{workload id: raw cost}]) per hour of NOV's first 4 h."""
     return report._start_pieces(NOV, NOV + 4 * H, "hour", NOV + 3 * H, beside).result()
+
+
+def workloads_in(amounts):
+    device_us, raw = amounts
+    assert [step.keys() for step in device_us] == [step.keys() for step in raw]
+    return {workload_id for step in device_us for workload_id in step}
 
 
 def test_it_reads_the_pieces_beside_in_the_reports_snapshot(cluster):
@@ -52,9 +60,11 @@ def test_it_reads_the_pieces_beside_in_the_reports_snapshot(cluster):
         alone = pieces_of(beside=False)  # the snapshot is taken here
         elsewhere(lambda: hold(late, devices(cluster, 1, 3), cluster.h100, NOV + H))
         beside = pieces_of(beside=True)
-    assert sorted(beside) == sorted(alone)
-    assert {row[0] for row in beside} == {early.pk}
-    assert {row[0] for row in pieces_of(beside=False)} == {early.pk, late.pk}
+    assert beside == alone
+    assert workloads_in(beside) == {early.pk}
+    assert workloads_in(pieces_of(beside=False)) == {early.pk, late.pk}
+    device_us, _ = beside
+    assert [step.get(early.pk) for step in device_us] == [2 * 3_600_000_000 * 10**6] * 3 + [None]
 
 
 def test_it_reports_the_top_workloads_read_beside_as_read_alone(cluster, monkeypatch):
@@ -63,9 +73,9 @@ def test_it_reports_the_top_workloads_read_beside_as_read_alone(cluster, monkeyp
     alone = []
     pieces = report.Pieces
 
-    def watched(query, params, beside_flag):
+    def watched(query, params, steps, scale, beside_flag):
         (beside if beside_flag else alone).append(query)
-        return pieces(query, params, beside_flag)
+        return pieces(query, params, steps, scale, beside_flag)
 
     monkeypatch.setattr(report, "Pieces", watched)
 
@@ -87,6 +97,6 @@ def test_it_reports_the_top_workloads_read_beside_as_read_alone(cluster, monkeyp
 
 def test_it_raises_what_the_query_beside_raises(cluster):
     with checkpoint.one_snapshot():
-        running = report.Pieces("SELECT 1 / 0", {}, beside=True)
+        running = report.Pieces("SELECT 1 / 0", {}, 1, Fraction(1), beside=True)
         with pytest.raises(Exception, match="division by zero"):
             running.result()
