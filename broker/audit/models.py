@@ -72,7 +72,20 @@ def replaying():
 
 def record(action, target, actor=None, before=None, after=None, reason="", manual_intervention=False):
     """Write one audit event about `target` (a model instance) and return it."""
-    return AuditEvent.objects.create(
+    written = event(action, target, actor, before, after, reason, manual_intervention)
+    written.save()
+    return written
+
+
+def record_all(events):
+    """Write the unsaved `events` (see `event`) in one statement: a cycle that stops hundreds of
+    workloads audits each of them."""
+    return AuditEvent.objects.bulk_create(events)
+
+
+def event(action, target, actor=None, before=None, after=None, reason="", manual_intervention=False):
+    """The audit event `record` would write, unsaved (for `record_all`)."""
+    return AuditEvent(
         replayed=_replaying.get(),
         actor=actor if actor is not None and actor.is_authenticated else None,
         actor_name=actor.get_username() if actor is not None and actor.is_authenticated else "system",

@@ -26,7 +26,7 @@ from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.utils import timezone
 
 from broker import events
-from broker.audit.models import record
+from broker.audit.models import event, record_all
 from broker.costs.sampling import capacity_rows, record_capacity_sample
 from broker.cycle.admissions import HISTORY_COLUMNS, AdmissionWriter
 from broker.cycle.bulk import JsonText, column_in, insert_rows, pk_in, upsert_rows
@@ -408,29 +408,32 @@ def evict(preemptions, cycle, now):
     preemptors = Workload.objects.select_related("team").in_bulk({int(p.preemptor_id) for p in by_victim.values()})
     shrunk = sorted(pk for pk, preemption in by_victim.items() if preemption.pods)
     nominated = defaultdict(set)
-    history = [shrink(victims[pk], preemptors, by_victim[pk], cycle, now, nominated) for pk in shrunk]
+    audited = []
+    history = [shrink(victims[pk], preemptors, by_victim[pk], cycle, now, nominated, audited) for pk in shrunk]
     ids = sorted(by_victim.keys() - set(shrunk))
+    asked = []
     for pk in ids:
-        preemption = by_victim[pk]
+        preemption, victim = by_victim[pk], victims[pk]
         preemptor = preemptors[int(preemption.preemptor_id)]
-        Workload.objects.filter(pk=pk).update(
-            eviction_requested_at=now,
-            evicted_for=preemptor,
-            eviction_rule=preemption.rule,
-            eviction_message=preemption.message,
+        audited.append(
+            event(
+                "workload.preempt",
+                victim,
+                before={"state": victim.state},
+                after={"state": victim.state, "evicting": True, "preemptor": preemptor.pk, "rule": preemption.rule},
+                reason=f"{preemption.rule}: {preemption.message}",
+            )
         )
-        record(
-            "workload.preempt",
-            victims[pk],
-            before={"state": victims[pk].state},
-            after={"state": victims[pk].state, "evicting": True, "preemptor": preemptor.pk, "rule": preemption.rule},
-            reason=f"{preemption.rule}: {preemption.message}",
-        )
+        victim.eviction_requested_at, victim.evicted_for = now, preemptor
+        victim.eviction_rule, victim.eviction_message = preemption.rule, preemption.message
+        asked.append(victim)
         history.append(
             ExplanationChange(
                 workload_id=pk, cycle=cycle, reason="Preempted", message=preempted_text(preemptor, preemption), at=now
             )
         )
+    Workload.objects.bulk_update(asked, EVICTION_FIELDS)
+    record_all(audited)
     ExplanationChange.objects.bulk_create(history)
     held = Allocation.objects.filter(**column_in("workload", ids), released_at__isnull=True)
     for workload_id, device_pk in held.values_list("workload_id", "device_id"):
@@ -450,44 +453,55 @@ def evict_failed(evictions, cycle, now):
         return []
     by_pk = {int(eviction.workload_id): eviction for eviction in evictions}
     workloads = Workload.objects.select_related("team").in_bulk(list(by_pk))
-    history = []
+    shrunk = sorted(pk for pk, eviction in by_pk.items() if eviction.pods)
+    pods_held = defaultdict(list)  # Pod mode: workload pk -> [(allocation pk, pod)] of what it holds
+    if shrunk:
+        held = Allocation.objects.filter(**column_in("workload", shrunk), released_at__isnull=True)
+        for allocation_id, workload_id, pod_set, pod_index in held.values_list(
+            "id", "workload_id", "pod_set", "pod_index"
+        ):
+            pods_held[workload_id].append((allocation_id, (pod_set, pod_index)))
+    leaving, asked, audited, history = [], [], [], []
     for pk in sorted(by_pk):
         eviction, workload = by_pk[pk], workloads[pk]
         if eviction.pods:
             wanted = set(eviction.pods)
-            rows = Allocation.objects.filter(workload_id=pk, released_at__isnull=True).values_list(
-                "id", "pod_set", "pod_index"
-            )
-            leaving = [row[0] for row in rows if (row[1], row[2]) in wanted]
-            Allocation.objects.filter(**pk_in(leaving)).update(eviction_requested_at=now, evicted_for=None)
+            leaving.extend(allocation_id for allocation_id, pod in pods_held[pk] if pod in wanted)
             action, reason = "workload.shrink", "Shrunk"
         else:
-            Workload.objects.filter(pk=pk).update(
-                eviction_requested_at=now, evicted_for=None, eviction_rule=eviction.reason,
-                eviction_message=eviction.message,
-            )  # fmt: skip
+            workload.eviction_requested_at, workload.evicted_for = now, None
+            workload.eviction_rule, workload.eviction_message = eviction.reason, eviction.message
+            asked.append(workload)
             action, reason = "workload.evict", "Evicted"
-        record(
+        audited.append(event(
             action,
             workload,
             before={"state": workload.state},
             after={"state": workload.state, "evicting": True, "rule": eviction.reason,
                    "pods": [list(pod) for pod in eviction.pods]},
             reason=f"{eviction.reason}: {eviction.message}",
-        )  # fmt: skip
+        ))  # fmt: skip
         message = f"{eviction.message}; it keeps its devices while it shuts down, then goes back to its queue"
         if eviction.pods:
             message = f"{eviction.message}; those pods keep their devices while they shut down"
         history.append(ExplanationChange(workload_id=pk, cycle=cycle, reason=reason, message=message, at=now))
+    if leaving:
+        Allocation.objects.filter(**pk_in(leaving)).update(eviction_requested_at=now, evicted_for=None)
+    Workload.objects.bulk_update(asked, EVICTION_FIELDS)
+    record_all(audited)
     ExplanationChange.objects.bulk_create(history)
     return sorted(by_pk)
 
 
-def shrink(victim, preemptors, preemption, cycle, now, nominated):
+# What asking a workload to leave writes on it; hundreds at once in one statement (bulk_update).
+EVICTION_FIELDS = ("eviction_requested_at", "evicted_for", "eviction_rule", "eviction_message")
+
+
+def shrink(victim, preemptors, preemption, cycle, now, nominated, audited):
     """A Pod-mode victim gives up the pods the core named (those above its gang minimum): their
     allocations are marked evicting for the preemptor, which is nominated for their devices; the
     workload itself runs on. Stale if a named pod no longer holds devices or is already leaving.
-    Returns the victim's history row."""
+    Returns the victim's history row; its audit event is added to `audited`."""
     preemptor = preemptors[int(preemption.preemptor_id)]
     wanted = set(preemption.pods)
     rows = list(
@@ -505,14 +519,14 @@ def shrink(victim, preemptors, preemption, cycle, now, nominated):
     )
     nominated[preemptor.pk].update(row[3] for row in leaving)
     pods = sorted(wanted)
-    record(
+    audited.append(event(
         "workload.shrink",
         victim,
         before={"state": victim.state, "pods": len(staying) + len(wanted)},
         after={"state": victim.state, "pods": len(staying), "leaving": [list(pod) for pod in pods],
                "preemptor": preemptor.pk, "rule": preemption.rule},
         reason=f"{preemption.rule}: {preemption.message}",
-    )  # fmt: skip
+    ))  # fmt: skip
     why = preemption.message.split("): ", 1)[-1]
     return ExplanationChange(
         workload=victim,

@@ -146,3 +146,85 @@ def test_it_evicts_only_the_pods_on_a_failed_device_in_pod_mode(cluster):
     (change,) = ExplanationChange.objects.filter(workload=elastic)
     assert change.reason == "Shrunk"
     assert change.message.startswith(f"evicted: device {devices[2].node.name}/{devices[2].name} failed (unhealthy)")
+
+
+@pytest.mark.parametrize("gangs", [2, 8])
+def test_it_asks_every_workload_on_failed_devices_to_leave_in_a_few_statements(
+    cluster, gangs, django_assert_max_num_queries
+):
+    """A failure under hundreds of gangs (a rack's power, a switch) stops them all in one cycle: the same
+    statements for 2 gangs as for 8, whole gangs and Pod-mode gangs mixed, each audited and explained."""
+    from broker.audit.models import AuditEvent
+    from broker.cycle.commit import evict_failed
+    from broker.scheduler.snapshot import Eviction
+    from broker.workloads.models import ExplanationChange, PodSet
+
+    free = list(Device.objects.order_by("node__name", "name"))
+    whole, elastic = [], []
+    for index in range(gangs):
+        if index % 2:
+            pair = [free.pop(0), free.pop(3)]  # two nodes: one pod each
+            workload = running(cluster.queue_a, f"elastic-{index}", pair, cluster.h100, disruption_mode="Pod")
+            PodSet.objects.filter(workload=workload).update(min_count=1)
+            elastic.append(workload)
+        else:
+            whole.append(running(cluster.queue_b, f"whole-{index}", [free.pop(0)], cluster.h100))
+    evictions = [Eviction(str(w.pk), "DeviceFailed", f"evicted: device of {w.name} failed (xid 79)") for w in whole]
+    evictions += [
+        Eviction(str(w.pk), "DeviceFailed", f"evicted: device of {w.name} failed (unhealthy)", pods=(("main", 1),))
+        for w in elastic
+    ]
+    cycle = SchedulingCycle.objects.create()
+    now = timezone.now()
+
+    with django_assert_max_num_queries(6):
+        stopped = evict_failed(evictions, cycle, now)
+
+    assert stopped == sorted(w.pk for w in whole + elastic)
+    for workload in whole:
+        workload.refresh_from_db()
+        assert (workload.eviction_requested_at, workload.evicted_for) == (now, None)
+        assert workload.eviction_message == f"evicted: device of {workload.name} failed (xid 79)"
+        assert workload.eviction_rule == "DeviceFailed"
+        (audit,) = AuditEvent.objects.filter(target_id=str(workload.pk))
+        assert (audit.action, audit.reason) == ("workload.evict", f"DeviceFailed: {workload.eviction_message}")
+        assert ExplanationChange.objects.get(workload=workload).reason == "Evicted"
+    for workload in elastic:
+        workload.refresh_from_db()
+        assert workload.eviction_requested_at is None, "it runs on with its other pod"
+        leaving = Allocation.objects.filter(workload=workload, eviction_requested_at=now)
+        assert list(leaving.values_list("pod_index", flat=True)) == [1]
+        (audit,) = AuditEvent.objects.filter(target_id=str(workload.pk))
+        assert audit.action == "workload.shrink" and audit.after["pods"] == [["main", 1]]
+        assert ExplanationChange.objects.get(workload=workload).reason == "Shrunk"
+
+
+@pytest.mark.parametrize("victims", [2, 8])
+def test_it_asks_every_victim_to_leave_in_a_few_statements(cluster, victims, django_assert_max_num_queries):
+    """Whole victims of one cycle's preemptions: the same statements for 2 as for 8, each marked for its
+    preemptor, audited and explained, and the preemptor nominated for all their devices."""
+    from broker.audit.models import AuditEvent
+    from broker.cycle.commit import evict
+    from broker.scheduler.snapshot import Preemption
+    from broker.workloads.models import ExplanationChange, Workload
+
+    free = list(Device.objects.order_by("node__name", "name"))
+    held = [running(cluster.queue_b, f"victim-{index}", [free[index]], cluster.h100) for index in range(victims)]
+    preemptor = pending(cluster.queue_a, "urgent", replicas=victims, priority=1000)
+    preemptions = [Preemption(str(w.pk), str(preemptor.pk), "WithinQueue", f"{w.name} is below it") for w in held]
+    cycle = SchedulingCycle.objects.create()
+    now = timezone.now()
+
+    with django_assert_max_num_queries(9):
+        asked = evict(preemptions, cycle, now)
+
+    assert asked == sorted(w.pk for w in held)
+    for victim in held:
+        victim.refresh_from_db()
+        assert (victim.eviction_requested_at, victim.evicted_for_id) == (now, preemptor.pk)
+        assert (victim.eviction_rule, victim.eviction_message) == ("WithinQueue", f"{victim.name} is below it")
+        (audit,) = AuditEvent.objects.filter(target_id=str(victim.pk))
+        assert audit.action == "workload.preempt" and audit.after["preemptor"] == preemptor.pk
+        assert ExplanationChange.objects.get(workload=victim).reason == "Preempted"
+    nominated = Workload.objects.get(pk=preemptor.pk).nominated_devices
+    assert sorted(nominated) == sorted(device.pk for device in free[:victims])
