@@ -432,7 +432,7 @@ def evict(preemptions, cycle, now):
                 workload_id=pk, cycle=cycle, reason="Preempted", message=preempted_text(preemptor, preemption), at=now
             )
         )
-    Workload.objects.bulk_update(asked, EVICTION_FIELDS)
+    Workload.objects.bulk_update(asked, EVICTION_FIELDS, batch_size=EVICTION_BATCH)
     record_all(audited)
     ExplanationChange.objects.bulk_create(history)
     held = Allocation.objects.filter(**column_in("workload", ids), released_at__isnull=True)
@@ -487,14 +487,17 @@ def evict_failed(evictions, cycle, now):
         history.append(ExplanationChange(workload_id=pk, cycle=cycle, reason=reason, message=message, at=now))
     if leaving:
         Allocation.objects.filter(**pk_in(leaving)).update(eviction_requested_at=now, evicted_for=None)
-    Workload.objects.bulk_update(asked, EVICTION_FIELDS)
+    Workload.objects.bulk_update(asked, EVICTION_FIELDS, batch_size=EVICTION_BATCH)
     record_all(audited)
     ExplanationChange.objects.bulk_create(history)
     return sorted(by_pk)
 
 
-# What asking a workload to leave writes on it; hundreds at once in one statement (bulk_update).
+# What asking a workload to leave writes on it, for hundreds at once (bulk_update). bulk_update sets each
+# column with one CASE over the batch's pks, which PostgreSQL walks row by row: quadratic in the batch, so
+# a zone's thousands of gangs go in batches.
 EVICTION_FIELDS = ("eviction_requested_at", "evicted_for", "eviction_rule", "eviction_message")
+EVICTION_BATCH = 500
 
 
 def shrink(victim, preemptors, preemption, cycle, now, nominated, audited):
