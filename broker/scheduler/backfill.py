@@ -265,14 +265,46 @@ def _ends_by_domain(cycle, level_index: int) -> dict[tuple, list[tuple[float, li
     events = timeline.events(cycle, len(timeline.ends) + len(timeline.evicting) + len(cycle.log.admitted) + 1)
     keys = cycle.state.node_domains[level_index]
     by_domain: dict[tuple, list] = {}
-    for end, workload_id in events:
-        here: dict[tuple, list] = {}
-        for slot in cycle.slots_held_by(workload_id):
-            here.setdefault(keys[slot.node], []).append(slot)
-        for scope, slots in here.items():
-            by_domain.setdefault(scope, []).append((end, slots))
+    if cycle.log.admitted_plans or cycle.simulated_plans or cycle.leaving:
+        for end, workload_id in events:
+            here: dict[tuple, list] = {}
+            for slot in cycle.slots_held_by(workload_id):
+                here.setdefault(keys[slot.node], []).append(slot)
+            for scope, slots in here.items():
+                by_domain.setdefault(scope, []).append((end, slots))
+    else:
+        held = _held_by_holder(cycle.state.slots)
+        for end, workload_id in events:
+            slots = held.get(workload_id)
+            if not slots:
+                continue
+            # The devices lie node by node: first and last on one node, all are (most work's case).
+            if slots[0].node == slots[-1].node:
+                by_domain.setdefault(keys[slots[0].node], []).append((end, slots))
+                continue
+            here = {}
+            for slot in slots:
+                here.setdefault(keys[slot.node], []).append(slot)
+            for scope, slots_there in here.items():
+                by_domain.setdefault(scope, []).append((end, slots_there))
     known[key] = by_domain
     return by_domain
+
+
+def _held_by_holder(slots) -> dict[str, list]:
+    """Holder -> the devices it holds, in one pass over the devices. Before any plan is held and while no
+    victim leaves, a running workload's devices are exactly those held under its id (Cycle.slots_held_by):
+    asked for each of ~40,000 running workloads one by one, they cost three times as much at 325,000
+    devices."""
+    held: dict[str, list] = {}
+    for slot in slots:
+        holder = slot.holder
+        if holder is not None:
+            if holder in held:
+                held[holder].append(slot)
+            else:
+                held[holder] = [slot]
+    return held
 
 
 def _protection(cycle, request, scope, plan_nodes, start) -> Protection:

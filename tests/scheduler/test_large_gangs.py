@@ -4,6 +4,8 @@ their start, and a start beyond the release horizon is still planned."""
 
 from dataclasses import replace
 
+from broker.scheduler import backfill
+from broker.scheduler.capacity import CapacityState
 from broker.scheduler.cycle import Cycle, decide
 from broker.scheduler.snapshot import (
     Cohort,
@@ -231,3 +233,72 @@ def test_it_spares_a_running_large_gang_from_shorter_remaining_work_smaller_than
 
     assert [(p.victim_id, p.rule) for p in unprotected.preemptions] == [("big", "ShorterRemaining")]
     assert protected.preemptions == ()
+
+
+def ends_by_domain_one_by_one(cycle, level_index):
+    """backfill._ends_by_domain as Cycle.slots_held_by answers it, workload by workload."""
+    timeline = backfill._timeline(cycle)
+    events = timeline.events(cycle, len(timeline.ends) + len(timeline.evicting) + len(cycle.log.admitted) + 1)
+    keys = cycle.state.node_domains[level_index]
+    by_domain = {}
+    for end, workload_id in events:
+        here = {}
+        for slot in cycle.slots_held_by(workload_id):
+            here.setdefault(keys[slot.node], []).append(slot.id)
+        for scope, device_ids in here.items():
+            by_domain.setdefault(scope, []).append((end, sorted(device_ids)))
+    return by_domain
+
+
+def device_ids_by_domain(by_domain):
+    return {
+        scope: [(end, sorted(slot.id for slot in slots)) for end, slots in events]
+        for scope, events in by_domain.items()
+    }
+
+
+def test_it_reads_the_ends_by_domain_of_work_across_nodes_and_racks_in_one_pass():
+    # One workload on one node, one over two nodes of a rack, one over two racks, one with no end.
+    spanning_racks = replace(
+        running("both-racks", "n2", 4, 7_200, first=4),
+        pods=(RunningPod("main", 0, "n2", ("n2/4", "n2/5")), RunningPod("main", 1, "n3", ("n3/6", "n3/7"))),
+    )
+    spanning_nodes = replace(
+        running("rack-1", "n1", 4, 3_600),
+        pods=(RunningPod("main", 0, "n1", ("n1/0", "n1/1")), RunningPod("main", 1, "n2", ("n2/0", "n2/1"))),
+    )
+    work = [spanning_racks, spanning_nodes, running("one-node", "n4", 8, 600), running("day", "n3", 2, 86_400)]
+    endless = replace(running("endless", "n1", 2, 0, first=6), expected_end=None)
+    cycle = Cycle(snapshot([*work, endless], [gang()], protected_large_gangs=1))
+    cycle.state = CapacityState.for_cycle(cycle.snapshot, cycle.matcher, cycle.class_names)  # as run() begins
+    level = cycle.state.levels.index("rack")
+
+    in_one_pass = device_ids_by_domain(backfill._ends_by_domain(cycle, level))
+
+    assert in_one_pass == ends_by_domain_one_by_one(cycle, level)
+    rack_1, rack_2 = sorted(in_one_pass)
+    assert in_one_pass[rack_1] == [
+        (NOW + 3_600, ["n1/0", "n1/1", "n2/0", "n2/1"]),
+        (NOW + 7_200, ["n2/4", "n2/5"]),
+    ]
+    assert in_one_pass[rack_2] == [(NOW + 600, [f"n4/{i}" for i in range(8)]), (NOW + 7_200, ["n3/6", "n3/7"]),
+                                   (NOW + 86_400, ["n3/0", "n3/1"])]  # fmt: skip
+
+
+def test_it_reads_the_ends_by_domain_of_held_plans_as_the_plans_hold_them():
+    work = [running("ending", "n1", 8, 600), running("day3", "n3", 8, 86_400)]
+    seen = {}
+
+    def read_ends(admission):
+        level = cycle.state.levels.index("rack")
+        seen["plans"] = dict(cycle.log.admitted_plans)
+        seen["read"] = device_ids_by_domain(backfill._ends_by_domain(cycle, level))
+        seen["one_by_one"] = ends_by_domain_one_by_one(cycle, level)
+
+    cycle = Cycle(snapshot(work, [small("s0", hours=1.0)], protected_large_gangs=0), on_admission=read_ends)
+    cycle.run()
+
+    assert "s0" in seen["plans"], "s0 was admitted and holds its plan"
+    assert seen["read"] == seen["one_by_one"]
+    [device] = [slot.id for slot in seen["plans"]["s0"].slots()]
+    assert (NOW + 3_600, [device]) in [event for events in seen["read"].values() for event in events]
