@@ -576,6 +576,9 @@ class CapacityState:
         self._reserved: list[Slot] = []
         self._reserved_by: dict[str, list[Slot]] = {}
         self._node_starts: list[int] | None = None  # see node_devices
+        # Bumped by every hold, release and end of a reservation: what was read of free devices at one
+        # count still holds while it stays (Cycle.extras_for).
+        self.changes = 0
 
     def node_devices(self, node: int) -> list[Slot]:
         """Every device of `node` whatever its state (a claim taking all of a kind must know the busy
@@ -680,6 +683,7 @@ class CapacityState:
         """The reservation that held `slots` has ended (used only by the estimated-start simulation, after
         all decisions): they are nobody's any more, plain again unless unhealthy or tainted, and free ones
         count as free. A rebase restores them, as it restores every reservation."""
+        self.changes += 1
         made_plain = set()
         freed: dict[int, list[Slot]] = {}
         for slot in slots:
@@ -770,6 +774,7 @@ class CapacityState:
 
     def hold(self, slots, holder: str) -> None:
         """Give `slots` to `holder`; plain ones leave the aggregates."""
+        self.changes += 1
         journal = self._journal
         if journal is not None:
             journal.extend([(slot, slot.holder) for slot in slots])
@@ -856,6 +861,7 @@ class CapacityState:
 
     def release(self, slots) -> None:
         """Free `slots` again (used only by the estimated-start simulation, after all decisions)."""
+        self.changes += 1
         if self.counted:
             slots = list(slots)
             slots += self._give_back(slots)

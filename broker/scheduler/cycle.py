@@ -886,16 +886,21 @@ class Cycle:
         return known[1]
 
     def extras_for(self, access: Access) -> list:
+        """The free extras `access` may use, as (rank, slot), ranked once per access and filtered once per
+        change of the state's holders (callers only read the list)."""
         key = self.access_key(access)
-        candidates = self._extras_cache.get(key)
-        if candidates is None:
+        known = self._extras_cache.get(key)
+        if known is None:
             candidates = []
             for slot in self.state.extras:
                 rank = access.rank(slot)
                 if rank is not None:
                     candidates.append((rank, slot))
-            self._extras_cache[key] = candidates
-        return [(rank, slot) for rank, slot in candidates if slot.holder is None]
+            known = self._extras_cache[key] = [candidates, None, None]
+        changes = self.state.changes
+        if known[1] != changes:
+            known[1], known[2] = changes, [(rank, slot) for rank, slot in known[0] if slot.holder is None]
+        return known[2]
 
     def view(self, class_name: str, access: Access, excluded=frozenset(), more=()) -> View:
         extra = self.extras_for(access) if self.uses_extras(access) else []

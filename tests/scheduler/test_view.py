@@ -4,6 +4,7 @@ import copy
 
 from broker.scheduler.capacity import RANK_PLAIN, CapacityState, View
 from broker.scheduler.cycle import Cycle
+from broker.scheduler.scenario import load_scenario
 from broker.scheduler.synthetic import synthetic_snapshot
 
 
@@ -49,3 +50,31 @@ def test_it_stays_plain_when_nothing_it_can_use_is_added():
 
     assert view.plain
     assert view.extra_count == 0
+
+
+TAINTED = """
+device_classes: {h100: {match: {model: H100}}}
+nodes:
+  - {name: n1, devices: 4, attributes: {model: H100},
+     taints: [{key: maintenance, value: "true", effect: NoSchedule}]}
+queues: [{name: research}]
+pending:
+  - {name: tolerant, queue: research, device_class: h100, devices_per_pod: 8, tolerations: [{key: maintenance}]}
+"""
+
+
+def test_it_reads_the_free_extras_again_once_a_hold_or_release_changed_them():
+    cycle = Cycle(load_scenario(TAINTED))
+    cycle.run()
+    access = cycle.requests["tolerant"].default_access
+
+    def free_extras():
+        return sorted(slot.id for _, slot in cycle.extras_for(access))
+
+    tainted = ["n1/0", "n1/1", "n1/2", "n1/3"]
+    assert free_extras() == tainted
+    taken = [cycle.state.slot_by_id["n1/1"]]
+    cycle.state.hold(taken, "someone")
+    assert free_extras() == ["n1/0", "n1/2", "n1/3"]
+    cycle.state.release(taken)
+    assert free_extras() == tainted
