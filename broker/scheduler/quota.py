@@ -12,6 +12,8 @@ Queues with `quota=None` are unlimited and take no part in the tree.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import compress, count
+from operator import is_not
 
 from broker.scheduler.snapshot import Cohort, Queue
 
@@ -343,25 +345,55 @@ class Consumption:
       largest fraction of any of the device's capacities it takes, times the device's own share.
 
     Made from the snapshot's devices once per inventory (`of_snapshot` keeps the last), so a cycle
-    of whole devices pays one look at an empty dict per charge."""
+    of whole devices pays one look at an empty dict per charge. `before`: the last one made, whose
+    answers hold for the device records the new inventory kept (the loader keeps the records of
+    devices that did not change, in place: a health change swaps one)."""
 
-    def __init__(self, devices, counter_sets):
-        values = {(counter_set.node, counter_set.name): counter_set.counters for counter_set in counter_sets}
+    def __init__(self, devices, counter_sets, before: Consumption | None = None):
+        self._values = {(counter_set.node, counter_set.name): counter_set.counters for counter_set in counter_sets}
+        self._devices, self._counter_sets = devices, counter_sets
         self.shares: dict[str, float] = {}  # device id -> its share of a physical device, when not 1
         self.capacities: dict[str, dict] = {}  # device id -> capacity, of devices several may share
-        for device in devices:
-            if device.consumes_counters:
-                share = partition_share(device.node, device.consumes_counters, values)
-                if share != 1:
-                    self.shares[device.id] = share
-            if device.allow_multiple_allocations:
-                self.capacities[device.id] = dict(device.capacity)
-        # The least any device's allocation counts for (shares of shared devices aside: their requests'
-        # charges are checked on their plans).
-        self.smallest = min(self.shares.values(), default=1.0)
         # id(running record) -> (record, its charges): the loader keeps the records of work that did not
         # change from one cycle to the next, and so does this, for the current ones (of_every_running).
         self._running: dict[int, tuple] = {}
+        kept = ()
+        if before is not None and (before._counter_sets is counter_sets or before._counter_sets == counter_sets):
+            kept = before._devices
+        if len(kept) != len(devices):
+            for device in devices:
+                self._count(device)
+            # The least any device's allocation counts for (shares of shared devices aside: their
+            # requests' charges are checked on their plans).
+            self.smallest = min(self.shares.values(), default=1.0)
+            return
+        changed = list(compress(count(), map(is_not, devices, kept)))
+        self.shares, self.capacities = dict(before.shares), dict(before.capacities)
+        for position in changed:
+            self.shares.pop(kept[position].id, None)
+            self.capacities.pop(kept[position].id, None)
+        for position in changed:
+            self._count(devices[position])
+        self.smallest = min(self.shares.values(), default=1.0)
+        # Charges are made of the shares and capacities alone: where the changed devices' are as they
+        # were, so are every running record's.
+        if all(self._counts_as(before, kept[position], devices[position]) for position in changed):
+            self._running = before._running
+
+    def _counts_as(self, before: Consumption, old, device) -> bool:
+        return (
+            old.id == device.id
+            and before.shares.get(old.id) == self.shares.get(device.id)
+            and before.capacities.get(old.id) == self.capacities.get(device.id)
+        )
+
+    def _count(self, device) -> None:
+        if device.consumes_counters:
+            share = partition_share(device.node, device.consumes_counters, self._values)
+            if share != 1:
+                self.shares[device.id] = share
+        if device.allow_multiple_allocations:
+            self.capacities[device.id] = dict(device.capacity)
 
     _last: tuple | None = None
 
@@ -370,7 +402,7 @@ class Consumption:
         last = cls._last
         if last is not None and last[0] is snapshot.devices and last[1] is snapshot.counter_sets:
             return last[2]
-        made = cls(snapshot.devices, snapshot.counter_sets)
+        made = cls(snapshot.devices, snapshot.counter_sets, before=last[2] if last is not None else None)
         cls._last = (snapshot.devices, snapshot.counter_sets, made)
         return made
 

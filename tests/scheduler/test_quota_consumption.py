@@ -1,6 +1,8 @@
 """Quota counts what an allocation consumes (issue 26): a partition its share of the GPU, a time-slice
 its share of the capacity, a several-request claim's devices each under its request's class."""
 
+from dataclasses import replace
+
 from broker.scheduler.quota import Consumption
 from broker.scheduler.snapshot import CounterSet, Device, RunningPod, RunningWorkload
 
@@ -60,3 +62,38 @@ def test_it_keeps_each_running_records_charges_for_the_next_cycle_only_while_it_
     assert consumption.of_running(changed) is second[changed]
     assert consumption.of_running(whole_holder) == {"gpu": 1}, "a record gone is charged from its devices"
     assert all(record is not whole_holder for record, _ in consumption._running.values())
+
+
+def test_it_answers_a_changed_inventory_as_one_made_anew_keeping_what_its_kept_devices_said():
+    """A health change swaps one device record and keeps the others: the new Consumption reads only the
+    swapped one, and keeps the running records' charges while the shares stay."""
+    devices = (
+        Device("n1/0", "n1"),
+        Device("n1/0:1g", "n1", consumes_counters={"gpu-0": {"memory": 10, "compute": 1}}),
+        Device("n1/0:3g", "n1", consumes_counters={"gpu-0": {"memory": 40, "compute": 3}}),
+        Device("n1/nic", "n1", capacity={"bandwidth": 100}, allow_multiple_allocations=True),
+    )
+    before = Consumption(devices, (GPU_SET,))
+    holder = RunningWorkload("a", "q", (RunningPod("main", 0, "n1", ("n1/0:3g",)),), "gpu")
+    [(_, charges)] = before.of_every_running((holder,))
+
+    flapped = (devices[0], replace(devices[1], healthy=False), *devices[2:])
+    after = Consumption(flapped, (GPU_SET,), before=before)
+    assert (after.shares, after.capacities, after.smallest) == (before.shares, before.capacities, 1 / 7)
+    [(_, kept)] = after.of_every_running((holder,))
+    assert kept is charges, "the shares stayed: the running record is not charged again"
+
+    # A swapped record that consumes another profile: its share is read anew, and the charges too.
+    recut = (devices[0], devices[1], replace(devices[2], consumes_counters={"gpu-0": {"memory": 20}}), devices[3])
+    again = Consumption(recut, (GPU_SET,), before=after)
+    fresh = Consumption(recut, (GPU_SET,))
+    assert (again.shares, again.capacities, again.smallest) == (fresh.shares, fresh.capacities, fresh.smallest)
+    assert dict(again.of_every_running((holder,))) == {holder: {"gpu": 20 / 80}}
+
+    # A device more (or fewer), or other counter sets: everything is read anew.
+    grown = Consumption((*recut, Device("n2/0", "n2")), (GPU_SET,), before=again)
+    assert grown.shares == fresh.shares and grown.of("n2/0") == 1
+    bigger = CounterSet("gpu-0", "n1", {"memory": 160, "compute": 7})
+    resized = Consumption(recut, (bigger,), before=again)
+    assert resized.shares == Consumption(recut, (bigger,)).shares
+    assert dict(resized.of_every_running((holder,))) == {holder: {"gpu": 20 / 160}}
