@@ -22,7 +22,7 @@ from broker.cycle.locks import cycle_transaction, reading_snapshot
 from broker.cycle.triggers import follow_up_requests, requests_so_far
 from broker.events import request_cycle_after_commit
 from broker.scheduler import heap
-from broker.scheduler.cycle import decide
+from broker.scheduler.cycle import decide, warm
 from broker.workloads.models import SchedulingCycle
 
 log = logging.getLogger(__name__)
@@ -154,16 +154,17 @@ def _run_once(now, decider):
 def warm_up(now=None):
     """What a process that runs cycles does before its first one: read the inventory and the queued
     and running work, and decide once, in a transaction rolled back (nothing is written, no lock is
-    taken), so that its first cycle finds the loader's records and the core's inventory index kept, as
-    every later cycle does. As kube-scheduler waits for its informers' caches to sync before it
-    schedules: at 100k devices a cold cycle costs about a second more than a warm one.
+    taken), so that its first cycle finds the loader's records, the core's inventory index and the
+    cluster as built (broker.scheduler.cycle.warm) kept, as every later cycle does. As kube-scheduler
+    waits for its informers' caches to sync before it schedules: at 100k devices a cold cycle costs
+    about a second more than a warm one.
 
     Returns the milliseconds it took, or None when it could not run (no database yet, say): the
     first cycle then reads everything itself."""
     started = time.perf_counter()
     try:
         with heap.collector_paused(), reading_snapshot():
-            decide(load_snapshot(now or timezone.now())[0])
+            warm(load_snapshot(now or timezone.now())[0])
     except Exception:
         log.warning("warm-up before the first cycle failed; the first cycle reads everything", exc_info=True)
         return None

@@ -47,6 +47,18 @@ def decide(snapshot: Snapshot, on_admission: Callable[[Admission], None] | None 
         return result
 
 
+def warm(snapshot: Snapshot) -> None:
+    """What a process that decides does before its first cycle: decide once on `snapshot` (the result
+    is dropped) and make what later cycles make on first use and then keep for the same inventory: its
+    index and records (as `decide` leaves them) and the cluster as built, which explanations ask for
+    when a request could never run (0.5 s at 325,000 devices, else paid by the first cycle that asks)."""
+    with heap.collector_paused():
+        cycle = Cycle(snapshot)
+        cycle.run()
+        cycle.empty_state()
+        cycle.state.retire()
+
+
 @dataclass
 class Outcome:
     """What the cycle did with one request that was not admitted (explanations read it)."""

@@ -9,6 +9,7 @@ from broker.cycle.embedded import Runner
 from broker.cycle.loader import load_snapshot
 from broker.cycle.runner import run_once, warm_up
 from broker.inventory.models import Device
+from broker.scheduler.capacity import InventoryIndex
 from broker.workloads.models import Allocation, Explanation, ExplanationChange, SchedulingCycle, Workload
 from tests.cycle.helpers import pending, running
 
@@ -37,6 +38,9 @@ def test_it_warms_a_new_process_up_without_writing_anything(cluster):
     snapshot, _ = load_snapshot(timezone.now())
     assert snapshot.running[0] is kept_running
     assert snapshot.pending[0] is kept_pending
+    # The cluster as built, which explanations of requests that can never run ask for, is made already.
+    index = InventoryIndex._last
+    assert index.serves(snapshot, index.class_names) and index._as_built is not None
 
 
 def test_it_leaves_the_first_cycle_to_read_everything_when_the_warm_up_fails(cluster, monkeypatch, caplog):

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from broker.scheduler.capacity import InventoryIndex, _device_key
-from broker.scheduler.cycle import Cycle, decide
+from broker.scheduler.cycle import Cycle, decide, warm
 from broker.scheduler.snapshot import DeviceClass, Taint
 from broker.scheduler.synthetic import synthetic_snapshot
 
@@ -242,3 +242,13 @@ def test_it_builds_anew_when_the_inventory_structure_changed(change):
     assert InventoryIndex._last.device_ids is not first.device_ids, "built anew"
     assert index_fields(InventoryIndex._last) == index_fields(new_build(changed))
     assert result == cold_decide(changed)
+
+
+def test_it_warms_up_with_the_cluster_as_built_made_and_the_same_decisions_after():
+    snapshot = synthetic_snapshot(nodes=32, pending=40, seed=11)
+    InventoryIndex._last = None
+
+    warm(snapshot)
+
+    assert InventoryIndex._last._as_built is not None, "made before any cycle asks"
+    assert decide(snapshot) == cold_decide(snapshot)
