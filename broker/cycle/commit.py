@@ -29,7 +29,7 @@ from broker import events
 from broker.audit.models import event, record_all
 from broker.costs.sampling import capacity_rows, record_capacity_sample
 from broker.cycle.admissions import HISTORY_COLUMNS, AdmissionWriter
-from broker.cycle.bulk import JsonText, column_in, insert_rows, pk_in, upsert_rows
+from broker.cycle.bulk import JsonText, column_in, insert_rows, pk_in, update_rows, upsert_rows
 from broker.cycle.loader import as_text, load_snapshot, numeric_capacity
 from broker.cycle.refusals import StaleSnapshot
 from broker.inventory.models import ClusterState, Device, Health, InventoryRevision
@@ -424,15 +424,13 @@ def evict(preemptions, cycle, now):
                 reason=f"{preemption.rule}: {preemption.message}",
             )
         )
-        victim.eviction_requested_at, victim.evicted_for = now, preemptor
-        victim.eviction_rule, victim.eviction_message = preemption.rule, preemption.message
-        asked.append(victim)
+        asked.append((pk, now, preemptor.pk, preemption.rule, preemption.message))
         history.append(
             ExplanationChange(
                 workload_id=pk, cycle=cycle, reason="Preempted", message=preempted_text(preemptor, preemption), at=now
             )
         )
-    Workload.objects.bulk_update(asked, EVICTION_FIELDS, batch_size=EVICTION_BATCH)
+    update_rows(Workload, EVICTION_FIELDS, asked)
     record_all(audited)
     ExplanationChange.objects.bulk_create(history)
     held = Allocation.objects.filter(**column_in("workload", ids), released_at__isnull=True)
@@ -469,9 +467,7 @@ def evict_failed(evictions, cycle, now):
             leaving.extend(allocation_id for allocation_id, pod in pods_held[pk] if pod in wanted)
             action, reason = "workload.shrink", "Shrunk"
         else:
-            workload.eviction_requested_at, workload.evicted_for = now, None
-            workload.eviction_rule, workload.eviction_message = eviction.reason, eviction.message
-            asked.append(workload)
+            asked.append((pk, now, None, eviction.reason, eviction.message))
             action, reason = "workload.evict", "Evicted"
         audited.append(event(
             action,
@@ -487,17 +483,14 @@ def evict_failed(evictions, cycle, now):
         history.append(ExplanationChange(workload_id=pk, cycle=cycle, reason=reason, message=message, at=now))
     if leaving:
         Allocation.objects.filter(**pk_in(leaving)).update(eviction_requested_at=now, evicted_for=None)
-    Workload.objects.bulk_update(asked, EVICTION_FIELDS, batch_size=EVICTION_BATCH)
+    update_rows(Workload, EVICTION_FIELDS, asked)
     record_all(audited)
     ExplanationChange.objects.bulk_create(history)
     return sorted(by_pk)
 
 
-# What asking a workload to leave writes on it, for hundreds at once (bulk_update). bulk_update sets each
-# column with one CASE over the batch's pks, which PostgreSQL walks row by row: quadratic in the batch, so
-# a zone's thousands of gangs go in batches.
-EVICTION_FIELDS = ("eviction_requested_at", "evicted_for", "eviction_rule", "eviction_message")
-EVICTION_BATCH = 500
+# What asking a workload to leave writes on it, for hundreds at once (update_rows).
+EVICTION_FIELDS = ("eviction_requested_at", "evicted_for_id", "eviction_rule", "eviction_message")
 
 
 def shrink(victim, preemptors, preemption, cycle, now, nominated, audited):

@@ -149,3 +149,29 @@ def test_it_writes_what_each_admission_got_in_its_history(cluster):
     racks = ("r1", "r2")
     assert history[gang.pk] in {f"admitted: 2 pods, 8 h100 devices in zone z1, block b1, rack {r}" for r in racks}
     assert history[single.pk].startswith("admitted: 1 pods, 2 h100 devices in zone z1, block b1, rack r")
+
+
+def test_it_updates_rows_from_their_values_each_its_own_and_leaves_the_others(cluster):
+    from broker.cycle.bulk import update_rows
+
+    preemptor = pending(cluster.queue_b, "preemptor")
+    first, second, untouched = (pending(cluster.queue_a, name, eviction_rule="Old") for name in ("a", "b", "c"))
+    at = timezone.now()
+
+    updated = update_rows(
+        Workload,
+        ("eviction_requested_at", "evicted_for_id", "eviction_rule", "eviction_message"),
+        [(first.pk, at, preemptor.pk, "WithinQueue", 'tab\t"quote" ü'), (second.pk, None, None, "", "none")],
+    )
+
+    assert updated == 2
+    first, second, untouched = (Workload.objects.get(pk=w.pk) for w in (first, second, untouched))
+    assert (first.eviction_requested_at, first.evicted_for, first.eviction_rule) == (at, preemptor, "WithinQueue")
+    assert first.eviction_message == 'tab\t"quote" ü'
+    assert (second.eviction_requested_at, second.evicted_for_id, second.eviction_rule) == (None, None, "")
+    assert (untouched.eviction_rule, untouched.eviction_message) == ("Old", "")
+    update_rows(Workload, ("eviction_requested_at",), [(untouched.pk, at - timedelta(hours=1))])
+    assert Workload.objects.get(pk=untouched.pk).eviction_requested_at == at - timedelta(hours=1)
+    assert update_rows(Workload, ("eviction_rule",), []) == 0
+    with pytest.raises(ValueError, match="JSON"):
+        update_rows(Workload, ("nominated_devices",), [(first.pk, [1])])
