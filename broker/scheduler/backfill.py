@@ -192,6 +192,8 @@ def plan_protection(cycle, request, every_domain: bool = False) -> Protection | 
     events = release_timeline(cycle)[: cycle.config.estimate_horizon_events]
     # Never on the nodes held for gangs protected before it (ahead of it in line).
     ahead = frozenset().union(*(protection.nodes for protection in cycle.protections))
+    if request.claimed:
+        return _plan_claim(cycle, request, events, ahead, every_domain and required is not None)
     # One view per class, extended with each release (not rebuilt with everything released so far).
     views = {name: cycle.view(name, access, excluded=ahead) for name in classes}
     extended = dict.fromkeys(classes, 0)
@@ -216,6 +218,56 @@ def plan_protection(cycle, request, every_domain: bool = False) -> Protection | 
     if cycle.snapshot.now - request.workload.submitted < cycle.config.backfill_wait_seconds:
         return None
     return _protection_without_durations(cycle, request, classes, required, ahead)
+
+
+def _plan_claim(cycle, request, events, ahead, every_domain) -> Protection | None:
+    """plan_protection for a several-request claim: its pods are placed by the claim planner (every
+    request in its own class, with the constraints across them) over what the releases free, of any of
+    its classes; with `every_domain`, in each domain of its required level by the ends there alone.
+    Without an expected end there is no start to plan: the guess by free devices per domain that
+    whole-device gangs fall back on counts one class, and a claim's requests span several."""
+    access = request.default_access
+    free_now = sum(cycle.view(name, access, excluded=ahead).total() for name in request.classes)
+    released: list = []
+    for position, (end, workload_id) in enumerate(events):
+        released.extend(held_slots(cycle, workload_id, access))
+        if position + 1 < len(events) and events[position + 1][0] == end:
+            continue
+        if free_now + len(released) < request.needed:
+            continue  # not even the total is there yet
+        plan = cycle.claim_plan(request, access, excluded=ahead, freed=released)
+        if plan is not None:
+            return _protection(cycle, request, plan.scope, {pod.node for pod in plan.pods}, end)
+    return _plan_claim_in_each_domain(cycle, request, ahead) if every_domain else None
+
+
+def _plan_claim_in_each_domain(cycle, request, ahead) -> Protection | None:
+    """_plan_in_each_domain for a several-request claim: the earliest end after which the claim planner
+    places it within one domain, every node outside that domain excluded."""
+    required = cycle.state.levels.index(request.required)
+    access = request.default_access
+    ends = _ends_by_domain(cycle, required)
+    every_node = frozenset(range(len(cycle.state.node_names)))
+    best = None
+    for scope in sorted(ends):
+        outside = ahead | (every_node - frozenset(cycle.state.nodes_of(scope)))
+        free = sum(cycle.view(name, access, excluded=outside).total() for name in request.classes)
+        released: list = []
+        events = ends[scope]
+        for position, (end, slots) in enumerate(events):
+            if best is not None and end >= best[0]:
+                break
+            released.extend((rank, slot) for slot in slots if (rank := access.rank(slot)) is not None)
+            if position + 1 < len(events) and events[position + 1][0] == end:
+                continue
+            if free + len(released) < request.needed:
+                continue
+            if cycle.claim_plan(request, access, excluded=outside, freed=released) is not None:
+                best = (end, scope)
+                break
+    if best is None:
+        return None
+    return _protection(cycle, request, best[1], (), best[0])
 
 
 def _plan_in_each_domain(cycle, request, classes, required, preferred, ahead) -> Protection | None:

@@ -31,6 +31,7 @@ from broker.scheduler.snapshot import (
 from broker.scheduler.windows import Window, future_windows
 
 NOMINATED = "nominated:"  # slot holder prefix for devices held for a nominated preemptor
+LARGE_GANG_TRIES = 3  # of the oldest large gangs, how many per protected one may be tried
 NOTHING: frozenset = frozenset()
 
 
@@ -338,11 +339,19 @@ class Cycle:
         for workload in self.snapshot.pending:
             devices = 0
             for pod_set in workload.pod_sets:
-                devices += pod_set.gang_size * pod_set.devices_per_pod
+                per_pod = pod_set.devices_per_pod
+                if pod_set.requests:  # a several-request claim: the fewest devices its requests do with
+                    per_pod = claims.Claim(pod_set.requests).fewest_devices()
+                devices += pod_set.gang_size * per_pod
             if devices >= least:
                 large.append(workload)
         large.sort(key=_by_age)
-        for workload in large[:count]:
+        # The oldest `count` that get a planned start: one whose start cannot be planned (no expected
+        # end in reach) leaves its place to the next, as Slurm's backfill reserves for the first jobs
+        # that can have a reservation. Tries are bounded: each can walk every domain's ends.
+        for workload in large[: count * LARGE_GANG_TRIES]:
+            if len(self.protected_first) >= count:
+                break
             request = self.requests.get(workload.id) or self._resolve(workload)
             if request is None or self.gate_problem(request) or not self.entitled_classes(request):
                 continue
