@@ -247,13 +247,16 @@ def _plan_claim_in_each_domain(cycle, request, ahead) -> Protection | None:
     required = cycle.state.levels.index(request.required)
     access = request.default_access
     ends = _ends_by_domain(cycle, required)
+    views = [cycle.view(name, access, excluded=ahead) for name in request.classes]
     every_node = frozenset(range(len(cycle.state.node_names)))
     best = None
     for scope in sorted(ends):
-        outside = ahead | (every_node - frozenset(cycle.state.nodes_of(scope)))
-        free = sum(cycle.view(name, access, excluded=outside).total() for name in request.classes)
-        released: list = []
         events = ends[scope]
+        free = sum(view.domain_count(scope) for view in views)
+        if free + sum(len(slots) for _, slots in events) < request.needed:
+            continue  # even everything there ending is not enough
+        outside = None  # every node but the domain's: made once a placement is worth trying
+        released: list = []
         for position, (end, slots) in enumerate(events):
             if best is not None and end >= best[0]:
                 break
@@ -262,6 +265,8 @@ def _plan_claim_in_each_domain(cycle, request, ahead) -> Protection | None:
                 continue
             if free + len(released) < request.needed:
                 continue
+            if outside is None:
+                outside = ahead | (every_node - frozenset(cycle.state.nodes_of(scope)))
             if cycle.claim_plan(request, access, excluded=outside, freed=released) is not None:
                 best = (end, scope)
                 break
