@@ -160,21 +160,25 @@ def _load_snapshot(now, config):
         running=running,
         pending=pending,
         now=now.timestamp(),
-        config=config
-        or s.SchedulerConfig(
-            backfill_wait_seconds=settings.BACKFILL_WAIT_SECONDS,
-            backfill_depth=settings.BACKFILL_DEPTH,
-            protected_large_gangs=settings.PROTECTED_LARGE_GANGS,
-            large_gang_devices=settings.LARGE_GANG_DEVICES,
-            estimate_queue_depth=settings.ESTIMATE_QUEUE_DEPTH,
-            preemption_min_runtime_seconds=settings.PREEMPTION_MIN_RUNTIME_SECONDS,
-            max_preemptions_per_workload=settings.PREEMPTION_MAX_PER_WORKLOAD,
-            shorter_remaining_factor=settings.SHORTER_REMAINING_FACTOR,
-            shortest_first_aging_seconds=settings.SHORTEST_FIRST_AGING_SECONDS,
-        ),
+        config=config or scheduler_config(),
     )
     loaded.load_ms = (time.perf_counter() - started) * 1000
     return snapshot, loaded
+
+
+def scheduler_config():
+    """The core's settings as this deployment configures them (each cycle's snapshot carries them)."""
+    return s.SchedulerConfig(
+        backfill_wait_seconds=settings.BACKFILL_WAIT_SECONDS,
+        backfill_depth=settings.BACKFILL_DEPTH,
+        protected_large_gangs=settings.PROTECTED_LARGE_GANGS,
+        large_gang_devices=settings.LARGE_GANG_DEVICES,
+        estimate_queue_depth=settings.ESTIMATE_QUEUE_DEPTH,
+        preemption_min_runtime_seconds=settings.PREEMPTION_MIN_RUNTIME_SECONDS,
+        max_preemptions_per_workload=settings.PREEMPTION_MAX_PER_WORKLOAD,
+        shorter_remaining_factor=settings.SHORTER_REMAINING_FACTOR,
+        shortest_first_aging_seconds=settings.SHORTEST_FIRST_AGING_SECONDS,
+    )
 
 
 # --- inventory ---------------------------------------------------------------------------------------
