@@ -65,7 +65,9 @@ class Claim(NamedTuple):
         return tuple(names)
 
     def fewest_devices(self) -> int:
-        return sum(min(way.count for way in request.alternatives) for request in self.requests)
+        # A request of no way counts none: only a claim written past the API has one, and resolving it
+        # (claim_problem) says it is invalid; what sizes a claim before that must not fail on it.
+        return sum(min((way.count for way in request.alternatives), default=0) for request in self.requests)
 
     def asks_all(self) -> bool:
         """Whether a request may take every matching device (allocationMode All in any of its ways)."""

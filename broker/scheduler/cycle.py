@@ -341,9 +341,7 @@ class Cycle:
             for pod_set in workload.pod_sets:
                 per_pod = pod_set.devices_per_pod
                 if pod_set.requests:  # a several-request claim: the fewest devices its requests do with
-                    # (min of none: a claim written past the API with a request of no way is invalid,
-                    # and resolving it says so)
-                    per_pod = sum(min((way.count for way in r.alternatives), default=0) for r in pod_set.requests)
+                    per_pod = claims.Claim(pod_set.requests).fewest_devices()
                 devices += pod_set.gang_size * per_pod
             if devices >= least:
                 large.append(workload)

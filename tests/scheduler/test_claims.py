@@ -1,6 +1,9 @@
 """Claims with several requests (DRA DeviceClaim) in the cycle: selectors, firstAvailable order, the
 request an explanation names, and the InvalidRequest for a claim that can never be valid."""
 
+import dataclasses
+
+from broker.scheduler.claims import Claim
 from broker.scheduler.cycle import decide
 from broker.scheduler.snapshot import (
     Device,
@@ -12,6 +15,7 @@ from broker.scheduler.snapshot import (
     PendingWorkload,
     PodSet,
     Queue,
+    SchedulerConfig,
     Snapshot,
 )
 from tests.scheduler.invariants import assert_valid_result
@@ -93,3 +97,18 @@ def test_it_passes_over_a_thousand_nodes_that_cannot_hold_the_pod():
     )  # fmt: skip
     (admission,) = decide(snapshot).admissions
     assert admission.pods[0].device_ids == ("n1499/0", "n1499/nic-0")
+
+
+def test_it_calls_a_request_of_no_way_invalid_while_large_gangs_are_sized():
+    # Only a claim written past the API has one; sizing the gangs for protection must not fail on it.
+    snapshot = cluster(claim("w", DeviceRequest("empty"), gpus(1)))
+    snapshot = dataclasses.replace(snapshot, config=SchedulerConfig(protected_large_gangs=2, large_gang_devices=1))
+    (decision,) = decide(snapshot).pending
+    assert decision.reason == "InvalidRequest"
+    assert decision.message == "pod set 'main': request empty: give one device class or a firstAvailable list"
+
+
+def test_it_counts_the_fewest_devices_of_each_request_and_none_for_a_request_of_no_way():
+    ways = (DeviceSubRequest("eight", "h100", 8), DeviceSubRequest("three", "h100", 3))
+    assert Claim((DeviceRequest("acc", first_available=ways), gpus(2))).fewest_devices() == 5
+    assert Claim((DeviceRequest("empty"), gpus(2))).fewest_devices() == 2
