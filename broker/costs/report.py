@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from itertools import accumulate
-from operator import add, mul
+from operator import mul
 
 from django.db import connection, transaction
 from django.db.models import BigIntegerField, Case, Count, DateTimeField, F, Q, TextField, Value, When
@@ -738,7 +738,9 @@ class RoundedStep:
     id: exact amount}) and the rest lines (`rest`: exact amounts in line order) by largest remainder, ties
     in line order: workloads first, by key, then the rest lines. Workloads of equal amounts share their
     quotient and remainder; when only some lines of the last remainder that gets a unit can have one,
-    their keys decide (`by_key(ids, n)`: the first n ids in key order)."""
+    their keys decide (`by_key(ids, n)`: the first n ids in key order). Asking the keys costs a scan of
+    the tied workloads (tens of thousands, when a cycle started them together), and only the workloads
+    near the top of the ranking need the answer, so it is asked when first needed (`extra_workloads`)."""
 
     def __init__(self, amounts, rest, unit, by_key):
         self.amounts = amounts
@@ -746,9 +748,14 @@ class RoundedStep:
         distinct, copies = list(counts), list(counts.values())
         weight = sum(map(mul, distinct, copies)) + sum(rest)
         self.total = total = ledger.round_half_up(weight, unit)
-        self.extra_workloads = set()
+        self.distinct = distinct
+        self._weight = weight
+        self._extra = frozenset()
+        self.tied_amounts = frozenset()  # the amounts whose workloads the keys decide among, if any
+        # An amount's units are its quotient, and one more for a remainder above the cut or, when all the
+        # workloads of the cut's remainder have one, at it (computed when asked: few amounts are).
+        self._cut, self._at_cut = -1, 0
         if weight == 0:
-            self.rounded = dict.fromkeys(counts, 0)  # distinct amount -> its lines' units
             self.rest = [0] * len(rest)
             return
         shares, remainders = _divmods(total, distinct, weight)
@@ -767,8 +774,7 @@ class RoundedStep:
             whole -= 1
         if whole:
             left -= given[whole - 1]
-        lines_of_amounts = zip(distinct, shares, remainders, strict=True)
-        self.rounded = {amount: share + (remainder > cut) for amount, share, remainder in lines_of_amounts}
+        self._cut = cut
         self.rest = [share + (remainder > cut) for share, remainder in zip(rest_shares, rest_remainders, strict=True)]
         if left <= 0:
             return
@@ -776,18 +782,38 @@ class RoundedStep:
         equal_amounts = [amount for amount, remainder in zip(distinct, remainders, strict=True) if remainder == cut]
         workloads = sum(counts[amount] for amount in equal_amounts)
         if left >= workloads:
-            for amount in equal_amounts:
-                self.rounded[amount] += 1
+            self._at_cut = 1
             tied_rest = [order for order, remainder in enumerate(rest_remainders) if remainder == cut]
             for order in tied_rest[: left - workloads]:
                 self.rest[order] += 1
         else:
-            wanted = set(equal_amounts)
-            ids = [workload_id for workload_id, amount in amounts.items() if amount in wanted]
-            self.extra_workloads.update(by_key(ids, left))
+            self.tied_amounts = frozenset(equal_amounts)
+            self._extra = None
+            self._by_key, self._left = by_key, left
+
+    @property
+    def extra_workloads(self):
+        """The workloads that have one unit more than their amount's: those of the tied amounts that the
+        keys put first."""
+        if self._extra is None:
+            wanted = self.tied_amounts
+            ids = [workload_id for workload_id, amount in self.amounts.items() if amount in wanted]
+            self._extra = frozenset(self._by_key(ids, self._left))
+        return self._extra
+
+    def rounded(self, amount):
+        """The units of the workloads of `amount`, but for the one more that the keys give some of them
+        when it is one of the tied_amounts."""
+        if self._weight == 0:
+            return 0
+        share, remainder = divmod(self.total * amount, self._weight)
+        return share + (remainder > self._cut or (remainder == self._cut and self._at_cut))
 
     def of(self, workload_id):
-        return self.rounded[self.amounts[workload_id]] + (workload_id in self.extra_workloads)
+        amount = self.amounts[workload_id]
+        if amount in self.tied_amounts:
+            return self.rounded(amount) + (workload_id in self.extra_workloads)
+        return self.rounded(amount)
 
 
 class Pieces:
@@ -841,6 +867,10 @@ def _beside():
 
 
 SNAPSHOT_ID = re.compile(r"[0-9A-F]+-[0-9A-F]+-[0-9]+")
+# The pieces query's memory for its grouping and for the held rows it joins with each step: at 100,000
+# devices PostgreSQL's default 4 MB spilled those rows to disk and the query took 145 ms instead of 104.
+# Set for its own transaction only.
+PIECES_WORK_MEM = "32MB"
 
 
 def _fetch_pieces(query, params, snapshot=None):
@@ -854,6 +884,7 @@ def _fetch_pieces(query, params, snapshot=None):
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
             cursor.execute(f"SET TRANSACTION SNAPSHOT '{snapshot}'")
+            cursor.execute(f"SET LOCAL work_mem = '{PIECES_WORK_MEM}'")
             cursor.execute(query, params)
             return cursor.fetchall()
     finally:
@@ -936,25 +967,7 @@ def _costliest_workloads(start, end, step, now, top, beside=False):
         )
         for index in range(len(loaded.steps))
     ]
-    # Workload id -> its cents and units over the window as one number, cents above units (units stay far
-    # below 2**64), so that the ranking compares plain integers.
-    spent = {}
-    for units, cents in rounded:
-        ids = list(units.amounts)
-        ranked_cents = {amount: _ranked(value, 0) for amount, value in cents.rounded.items()}
-        step_cents = map(ranked_cents.__getitem__, map(cents.amounts.__getitem__, ids))
-        step_units = map(units.rounded.__getitem__, map(units.amounts.__getitem__, ids))
-        step_spent = dict(zip(ids, map(add, step_cents, step_units), strict=True))
-        for workload_id in cents.extra_workloads:
-            step_spent[workload_id] += 1 << RANK_SHIFT
-        for workload_id in units.extra_workloads:
-            step_spent[workload_id] += 1
-        if not spent:
-            spent = step_spent
-            continue
-        for workload_id, value in step_spent.items():
-            spent[workload_id] = spent.get(workload_id, 0) + value
-    kept_ids = _costliest(spent, top, workload_keys)
+    kept_ids = _costliest(_near_top(rounded, top), top, workload_keys)
     workload_keys.read(kept_ids)
     kept_key = {workload_id: workload_keys.known[workload_id] for workload_id in kept_ids}
     rounded_steps = []
@@ -993,6 +1006,40 @@ def _ranked(cents, units):
     return cents << RANK_SHIFT | units
 
 
+def _near_top(rounded, top):
+    """{workload id: _ranked(cents, units) over the window} from the steps' (units, cents) RoundedSteps,
+    exact, for a set of workloads that holds every one that can be among the `top` costliest: all tens of
+    thousands of them cost a dict per step to sum, and only a few hundred can matter. In a step, a larger
+    amount never rounds to fewer cents (its quotient is at least as large and, when equal, its remainder
+    is larger), so taking each step's workloads of its `depth` largest amounts, any workload left out of
+    all steps has at most the cents of the largest amounts not taken, summed over the steps. Once `top`
+    of those taken have more, the others cannot be among the `top`; else the depth grows."""
+    depth = top
+    while True:
+        taken = set()
+        most_left_out = 0
+        every_taken = True
+        for _, cents in rounded:
+            if depth < len(cents.distinct):
+                every_taken = False
+                edge = heapq.nlargest(depth + 1, cents.distinct)[-1]
+                taken.update(workload_id for workload_id, amount in cents.amounts.items() if amount > edge)
+                # A workload of the edge amount may be one the keys give the extra cent.
+                most_left_out += cents.rounded(edge) + (edge in cents.tied_amounts)
+            else:
+                taken.update(cents.amounts)
+        spent = dict.fromkeys(taken, 0)
+        for units, cents in rounded:
+            for workload_id in taken.intersection(cents.amounts):
+                spent[workload_id] += _ranked(cents.of(workload_id), units.of(workload_id))
+        if every_taken:
+            return spent
+        costliest_cents = heapq.nlargest(top, (value >> RANK_SHIFT for value in spent.values()))
+        if len(costliest_cents) == top and costliest_cents[-1] > most_left_out:
+            return spent
+        depth *= 4
+
+
 def _costliest(spent, top, keys):
     """The ids of the `top` workloads of most cents, then units, then first key ({id: _ranked(cents,
     units)}; `keys`: WorkloadKeys)."""
@@ -1001,6 +1048,8 @@ def _costliest(spent, top, keys):
     edge = heapq.nlargest(top, spent.values())[-1]
     better = [workload_id for workload_id, value in spent.items() if value > edge]
     tied = [workload_id for workload_id, value in spent.items() if value == edge]
+    if len(tied) <= top - len(better):
+        return better + tied  # all of them are kept: no need of their order
     return better + keys.first(tied, top - len(better))
 
 
