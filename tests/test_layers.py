@@ -73,6 +73,7 @@ LAYERS = (
     ("broker.*.models", MODELS),
     ("broker.workloads.states", MODELS),
     ("broker.workloads.fields", MODELS),
+    ("broker.workloads.changes", MODELS),
     ("broker.inventory.quantities", MODELS),
     ("broker.policy.roles", MODELS),
     ("broker.inventory", MODELS),

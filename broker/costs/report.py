@@ -21,7 +21,7 @@ from django.db.models.functions import Cast
 from django.utils import timezone
 
 from broker import clock
-from broker.costs import checkpoint, ledger, rollup
+from broker.costs import checkpoint, held, ledger, rollup
 from broker.costs.models import CapacitySample, CostCheckpointRow
 from broker.costs.prices import price_timelines
 from broker.costs.windows import from_us, steps_of, to_us
@@ -614,47 +614,15 @@ def team_breakdowns(start, end, team, dims_list, now=None):
 
 # The top of a month's tens of thousands of workloads needs every workload's amount, because the rounding
 # (round_leaves: each step's total rounded half up, shared by largest remainder among all its leaf lines,
-# ties in line order) ranks every line's remainder. The database only cuts the allocations into pieces per
-# step and price, as integers: exact numeric sums and window functions over every workload cost it about a
-# second at 100,000 devices, where Python's integers take a fraction of that, and a remainder is computed
-# once per distinct amount (a cycle admits thousands of workloads at one time). Amounts are counted in
-# millionths of a device (ledger.in_millionths): a share of a shared device is a Fraction in millionths
-# (SHARE_SCALE), so every amount is a whole number, and scaling all of a step's lines and its rounding unit
-# by the same factor leaves the rounded total, each line's share and the order of the remainders as they
-# were. An allocation's share comes from `shared` (Shares, in Python), a whole one counts SHARE_SCALE.
-# Allocations of one workload, class, share and holding are one row of n devices: grouped on the stored
-# times, which costs less than grouping on the clipped ones, and the ledger is linear in its intervals.
-# A piece's length comes from date_part (a double): exact to the microsecond for windows of centuries,
-# where extract's numeric costs a fifth of the query.
-COSTLIEST_SQL = """
-WITH steps(i, a, b) AS (SELECT * FROM unnest(%(step_index)s::int[], %(step_start)s::timestamptz[],
-                                            %(step_end)s::timestamptz[])),
-prices(c, pf, pt, p) AS (SELECT * FROM unnest(%(price_class)s::bigint[], %(price_from)s::timestamptz[],
-                                             %(price_to)s::timestamptz[], %(price)s::bigint[])),
-shared(d, c, m) AS (SELECT * FROM unnest(%(share_device)s::bigint[], %(share_consumed)s::text[],
-                                         %(share_millionths)s::bigint[])),
-held AS (
-    SELECT w, c, m, greatest(a, %(window_start)s) AS lo,
-           least(coalesce(r, %(billed_until)s), %(billed_until)s) AS hi, n
-    FROM (SELECT al.workload_id AS w, al.device_class_id AS c, {share} AS m, al.allocated_at AS a,
-                 al.released_at AS r, count(*) AS n
-          FROM workloads_allocation al {join_shared}
-          WHERE al.allocated_at < %(billed_until)s AND (al.released_at IS NULL OR al.released_at > %(window_start)s)
-          GROUP BY 1, 2, 3, 4, 5) AS grouped
-)
-SELECT h.w, s.i, h.m * h.n, pr.p,
-       (date_part('epoch', least(h.hi, s.b, pr.pt) - greatest(h.lo, s.a, pr.pf)) * 1000000)::bigint
-FROM held h
-JOIN steps s ON greatest(h.lo, s.a) < least(h.hi, s.b)
-JOIN prices pr ON pr.c = h.c AND greatest(h.lo, s.a, pr.pf) < least(h.hi, s.b, pr.pt)
-"""
-# Without shared devices in the window every allocation counts one whole device: no join for its share.
-SHARED_SQL = {
-    "share": "coalesce(sh.m, %(whole)s)",
-    "join_shared": """LEFT JOIN shared sh ON al.consumed_capacity IS NOT NULL AND sh.d = al.device_id
-                                 AND sh.c = al.consumed_capacity::text""",
-}
-WHOLE_SQL = {"share": "%(whole)s", "join_shared": ""}
+# ties in line order) ranks every line's remainder. The allocations come grouped per workload and holding
+# (held.py: kept by the process between reports) and are cut into pieces per step and price in Python, as
+# integers: exact numeric sums and window functions over every workload cost PostgreSQL about a second at
+# 100,000 devices, and a remainder is computed once per distinct amount (a cycle admits thousands of
+# workloads at one time). Amounts are counted in millionths of a device (ledger.in_millionths): a share of
+# a shared device is a Fraction in millionths (SHARE_SCALE), so every amount is a whole number, and
+# scaling all of a step's lines and its rounding unit by the same factor leaves the rounded total, each
+# line's share and the order of the remainders as they were. The ledger is linear in its intervals, so a
+# group's amount is computed once and multiplied by each of its workloads' devices.
 
 # Workloads' line keys "team/name". The ids come as one array's text: thousands of equal workloads can tie
 # at a remainder or in the ranking, and psycopg adapts a list item by item.
@@ -685,13 +653,14 @@ def costliest_workloads(start, end, step, now, top):
     """allocation_report's (rounded steps, kept keys or None, kept workload ids) for aggregate=workload
     with `top`, as round_leaves and keep_costliest make them from the direct ledger by workload: the
     unallocated leaves from the grouped ledger (rollup and checkpoint), every workload's amounts from
-    COSTLIEST_SQL's pieces, rounded by RoundedStep. None where that query cannot run (SQLite)."""
+    the allocations' groups (Pieces), rounded by RoundedStep. None on SQLite, which has no change log to
+    keep the groups by and no second connection to read them beside the ledger."""
     if connection.vendor != "postgresql":
         return None
     now = now or timezone.now()
     # A transaction open already (a test's, a caller's) may hold rows no other connection sees.
     beside = not connection.in_atomic_block
-    # One snapshot for the grouped ledger and the query: their lines must add up to the same capacity.
+    # One snapshot for the grouped ledger and the groups: their lines must add up to the same capacity.
     # Every workload's amounts, pieces and remainders live until the ranking: see broker.scheduler.heap.
     with checkpoint.one_snapshot(), heap.collector_paused():
         return _costliest_workloads(start, end, step, now, top, beside)
@@ -817,21 +786,21 @@ class RoundedStep:
 
 
 class Pieces:
-    """Every workload's exact amounts per step from COSTLIEST_SQL's pieces: `result()` is ([{workload id:
+    """Every workload's exact amounts per step (PiecesWindow.amounts): `result()` is ([{workload id:
     device-microseconds}], [{workload id: raw cost}]), one dict per step, in millionths of a device.
-    `beside`: query and sum on a connection and a thread of their own, in this transaction's snapshot
-    (pg_export_snapshot), while this one loads the grouped ledger: the query is a third of the report's
-    time, most of it PostgreSQL's, and the ledger needs none of its rows."""
+    `beside`: read the groups on a connection and a thread of their own, in this transaction's snapshot
+    (pg_export_snapshot), mostly from what the process kept (held.groups), while this one loads the
+    grouped ledger, which needs none of them."""
 
-    def __init__(self, query, params, steps, scale, beside):
+    def __init__(self, window, beside):
         self.running = None
         if not beside:
-            self.amounts = _step_amounts(_fetch_pieces(query, params), steps, scale)
+            self.amounts = window.amounts(held.groups(window.start, keep=False))
             return
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_export_snapshot()")
             (snapshot,) = cursor.fetchone()
-        self.running = _beside().submit(lambda: _step_amounts(_fetch_pieces(query, params, snapshot), steps, scale))
+        self.running = _beside().submit(_kept_amounts, window, snapshot)
 
     def result(self):
         if self.running is not None:
@@ -839,18 +808,70 @@ class Pieces:
         return self.amounts
 
 
-def _step_amounts(rows, steps, scale):
-    """Pieces (workload id, step, millionths of a device, price, microseconds) summed per workload and step;
-    a piece's length is scaled (floored) before it is multiplied, as ledger.build_ledger bills each stretch."""
-    device_us = [{} for _ in range(steps)]
-    raw = [{} for _ in range(steps)]
-    num, den = scale.numerator, scale.denominator
-    for workload_id, index, millionths, price, length in rows:
-        amount = (length if den == 1 == num else length * num // den) * millionths
-        step_us, step_raw = device_us[index], raw[index]
-        step_us[workload_id] = step_us.get(workload_id, 0) + amount
-        step_raw[workload_id] = step_raw.get(workload_id, 0) + amount * price
-    return device_us, raw
+class PiecesWindow:
+    """What a report cuts the allocations by: its steps, its window's start and the end of what is billed
+    (microseconds, windows.to_us), the price periods of each class and the billing scale."""
+
+    def __init__(self, start, end, step, now):
+        self.start = start
+        self.steps = [(to_us(a), to_us(b)) for a, b in steps_of(start, end, step)]
+        self.window_start, self.billed_until = to_us(start), to_us(min(end, now))
+        self.periods = _price_periods()
+        self.scale = clock.billing_scale()
+
+    def amounts(self, by_group):
+        """([{workload id: device-microseconds}], [{workload id: raw cost}]) per step of the groups
+        `by_group` ({group: {workload id: devices}}, held.py). A piece (a step's stretch at one price) is
+        scaled (floored) before it is multiplied, as ledger.build_ledger bills each stretch, and a
+        workload has a line in a step where it has a piece, even one scaled to nothing."""
+        steps, window_start, billed_until = self.steps, self.window_start, self.billed_until
+        num, den = self.scale.numerator, self.scale.denominator
+        unscaled = den == 1 == num
+        whole = ledger.in_millionths(1)
+        shared = {
+            (group[1], group[2])
+            for group in by_group
+            if group[1] is not None and group[3] < billed_until and (group[4] is None or group[4] > window_start)
+        }
+        shares = Shares(device for device, _ in shared) if shared else None
+        share_of = {pair: ledger.in_millionths(shares.devices(1, *pair)) for pair in shared}
+        device_us = [{} for _ in steps]
+        raw = [{} for _ in steps]
+        steps_at = list(zip(steps, device_us, raw, strict=True))
+        periods_of = self.periods
+        # Conditional expressions, not max() and min(): tens of thousands of groups, a call each saved.
+        for (class_id, device, consumed, held_from, held_to), holders in by_group.items():
+            if held_from >= billed_until:
+                continue
+            if held_to is None or held_to >= billed_until:
+                high = billed_until
+            elif held_to <= window_start:
+                continue
+            else:
+                high = held_to
+            low = held_from if held_from > window_start else window_start
+            millionths = whole if device is None else share_of[(device, consumed)]
+            periods = periods_of.get(class_id, ())
+            for (step_start, step_end), step_us, step_raw in steps_at:
+                begins = low if low > step_start else step_start
+                ends = high if high < step_end else step_end
+                if begins >= ends:
+                    continue
+                per_device_us = per_device_raw = 0
+                pieces = 0
+                for price_from, price_to, price in periods:
+                    length = (ends if ends < price_to else price_to) - (begins if begins > price_from else price_from)
+                    if length > 0:
+                        pieces += 1
+                        amount = (length if unscaled else length * num // den) * millionths
+                        per_device_us += amount
+                        per_device_raw += amount * price
+                if not pieces:
+                    continue
+                for workload_id, devices in holders.items():
+                    step_us[workload_id] = step_us.get(workload_id, 0) + per_device_us * devices
+                    step_raw[workload_id] = step_raw.get(workload_id, 0) + per_device_raw * devices
+        return device_us, raw
 
 
 _BESIDE = {}  # process id -> its executor
@@ -867,79 +888,40 @@ def _beside():
 
 
 SNAPSHOT_ID = re.compile(r"[0-9A-F]+-[0-9A-F]+-[0-9]+")
-# The pieces query's memory for its grouping and for the held rows it joins with each step: at 100,000
-# devices PostgreSQL's default 4 MB spilled those rows to disk and the query took 145 ms instead of 104.
-# Set for its own transaction only.
-PIECES_WORK_MEM = "32MB"
 
 
-def _fetch_pieces(query, params, snapshot=None):
-    if snapshot is None:
-        with connection.cursor() as cursor:
-            cursor.execute(query, params)
-            return cursor.fetchall()
+def _kept_amounts(window, snapshot):
+    """window.amounts of the groups read in the snapshot `snapshot` (exported by the report's
+    transaction), on this thread's connection."""
     if not SNAPSHOT_ID.fullmatch(snapshot):
         raise ValueError(f"not a snapshot id: {snapshot!r}")
     try:
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
             cursor.execute(f"SET TRANSACTION SNAPSHOT '{snapshot}'")
-            cursor.execute(f"SET LOCAL work_mem = '{PIECES_WORK_MEM}'")
-            cursor.execute(query, params)
-            return cursor.fetchall()
+            return window.amounts(held.groups(window.start, keep=True))
     finally:
         connection.close_if_unusable_or_obsolete()
 
 
 def _price_periods():
-    """COSTLIEST_SQL's price periods: {"class", "from", "to", "price"} lists."""
-    periods = {"class": [], "from": [], "to": [], "price": []}
+    """{class id: [(from, to, price)]}: the price timelines as periods in microseconds, the first open
+    to the past and the last to the future."""
+    periods = {}
     for class_id, timeline in price_timelines().items():
-        for position, (at, units) in enumerate(timeline):
-            periods["class"].append(class_id)
-            periods["from"].append(at if position else datetime.min.replace(tzinfo=UTC))
-            periods["to"].append(
-                timeline[position + 1][0] if position + 1 < len(timeline) else datetime.max.replace(tzinfo=UTC)
+        periods[class_id] = [
+            (
+                to_us(at) if position else to_us(datetime.min.replace(tzinfo=UTC)),
+                to_us(timeline[position + 1][0] if position + 1 < len(timeline) else datetime.max.replace(tzinfo=UTC)),
+                int(units),
             )
-            periods["price"].append(int(units))
+            for position, (at, units) in enumerate(timeline)
+        ]
     return periods
 
 
-def _start_pieces(start, end, step, now, beside):
-    steps = steps_of(start, end, step)
-    periods = _price_periods()
-    billed_until = min(end, now)
-    shared = (
-        overlapping(start, billed_until)
-        .filter(consumed_capacity__isnull=False)
-        .annotate(**SHARE_KEYS)
-        .values_list(*SHARE_KEYS)
-        .distinct()
-        .order_by()
-    )
-    shared = list(shared)
-    shares = Shares(device for device, _ in shared)
-    params = {
-        "step_index": list(range(len(steps))),
-        "step_start": [a for a, _ in steps],
-        "step_end": [b for _, b in steps],
-        "price_class": periods["class"],
-        "price_from": periods["from"],
-        "price_to": periods["to"],
-        "price": periods["price"],
-        "share_device": [device for device, _ in shared],
-        "share_consumed": [consumed for _, consumed in shared],
-        "share_millionths": [ledger.in_millionths(shares.devices(1, *pair)) for pair in shared],
-        "whole": ledger.in_millionths(1),
-        "billed_until": billed_until,
-        "window_start": start,
-    }
-    query = COSTLIEST_SQL.format(**(SHARED_SQL if shared else WHOLE_SQL))
-    return Pieces(query, params, len(steps), clock.billing_scale(), beside)
-
-
 def _costliest_workloads(start, end, step, now, top, beside=False):
-    pieces = _start_pieces(start, end, step, now, beside)
+    pieces = Pieces(PiecesWindow(start, end, step, now), beside)
     loaded = load(start, end, step, now, by_workload=False)
     billed_until = min(end, now)
     rest = []  # per step: [(leaf, Amount in millionths)] in line order

@@ -22,7 +22,6 @@ from django.db.models import F, FloatField, TextField
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Cast
 
-from broker.cycle import changes
 from broker.cycle.bulk import Background, column_in, pk_in
 from broker.cycle.executor import get_executor
 from broker.flat_rows import fetch_rows, fetch_sql
@@ -33,6 +32,7 @@ from broker.policy.models import Cohort, DeviceClass, Queue, Reservation, Resour
 from broker.scheduler import heap
 from broker.scheduler import snapshot as s
 from broker.scheduler.claims import claim_from_dra
+from broker.workloads import changes
 from broker.workloads.models import Allocation, ApprovalState, PodSet, Workload
 from broker.workloads.states import HOLDING_STATES, State
 
@@ -1101,7 +1101,7 @@ class BuiltFromRows:
     device names, the executor's clock); a new scope starts empty.
 
     On PostgreSQL the next load need not even read the rows of records that did not change: the
-    records are kept with the horizon of the snapshot they were read at (broker.cycle.changes), and a
+    records are kept with the horizon of the snapshot they were read at (broker.workloads.changes), and a
     load that knows which workloads were written since then patches them (`patch`).
 
     A reused record keeps the rows it was built from, not the equal ones just read: those are freed as

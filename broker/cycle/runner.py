@@ -14,7 +14,6 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from broker.cycle import changes
 from broker.cycle.commit import DecisionFailed, StaleSnapshot, decide_and_commit
 from broker.cycle.executor import get_executor
 from broker.cycle.loader import INVENTORY_CACHE, PENDING_RECORDS, RUNNING_RECORDS, load_snapshot
@@ -23,6 +22,7 @@ from broker.cycle.triggers import follow_up_requests, requests_so_far
 from broker.events import request_cycle_after_commit
 from broker.scheduler import heap
 from broker.scheduler.cycle import decide, warm
+from broker.workloads import changes
 from broker.workloads.models import SchedulingCycle
 
 log = logging.getLogger(__name__)

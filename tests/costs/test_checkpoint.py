@@ -369,9 +369,10 @@ def test_it_reports_the_same_as_the_history_for_random_histories(cluster, monkey
 
 
 @postgresql_only
-def test_it_ranks_the_costliest_workloads_in_one_query(cluster, monkeypatch):
-    """The top workloads come from COSTLIEST_SQL, not from a ledger line per workload (the equality with
-    that ledger is held by the tests above, whose direct reports turn the query off)."""
+def test_it_ranks_the_costliest_workloads_from_the_allocation_groups(cluster, monkeypatch):
+    """The top workloads come from the allocations' groups (report.Pieces), not from a ledger line per
+    workload (the equality with that ledger is held by the tests above, whose direct reports turn the
+    groups off)."""
     busy_history(cluster)
 
     def per_workload_ledger(*args, **kwargs):

@@ -4,12 +4,11 @@ and the report is the one read on a single connection."""
 
 import threading
 from datetime import timedelta
-from fractions import Fraction
 
 import pytest
 from django.db import connection, connections
 
-from broker.costs import checkpoint, report
+from broker.costs import checkpoint, held, report
 from broker.costs.report import allocation_report
 from tests.costs.helpers import NOV, hold, submit
 from tests.costs.test_checkpoint import assert_same, postgresql_only
@@ -42,7 +41,7 @@ def elsewhere(write):
 
 def pieces_of(beside):
     """([{workload id: device-microseconds}], [{workload id: raw cost}]) per hour of NOV's first 4 h."""
-    return report._start_pieces(NOV, NOV + 4 * H, "hour", NOV + 3 * H, beside).result()
+    return report.Pieces(report.PiecesWindow(NOV, NOV + 4 * H, "hour", NOV + 3 * H), beside).result()
 
 
 def workloads_in(amounts):
@@ -73,9 +72,9 @@ def test_it_reports_the_top_workloads_read_beside_as_read_alone(cluster, monkeyp
     alone = []
     pieces = report.Pieces
 
-    def watched(query, params, steps, scale, beside_flag):
-        (beside if beside_flag else alone).append(query)
-        return pieces(query, params, steps, scale, beside_flag)
+    def watched(window, beside_flag):
+        (beside if beside_flag else alone).append(window)
+        return pieces(window, beside_flag)
 
     monkeypatch.setattr(report, "Pieces", watched)
 
@@ -95,8 +94,13 @@ def test_it_reports_the_top_workloads_read_beside_as_read_alone(cluster, monkeyp
     assert read_beside[1]["workloads"]
 
 
-def test_it_raises_what_the_query_beside_raises(cluster):
+def test_it_raises_what_the_read_beside_raises(cluster, monkeypatch):
+    def failing(since, keep):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1 / 0")
+
+    monkeypatch.setattr(held, "groups", failing)
     with checkpoint.one_snapshot():
-        running = report.Pieces("SELECT 1 / 0", {}, 1, Fraction(1), beside=True)
+        running = report.Pieces(report.PiecesWindow(NOV, NOV + H, "hour", NOV + H), beside=True)
         with pytest.raises(Exception, match="division by zero"):
             running.result()

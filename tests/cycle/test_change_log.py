@@ -1,4 +1,4 @@
-"""The change log (workloads migration 0018, broker.cycle.changes) and the loads that patch their kept
+"""The change log (workloads migration 0018, broker.workloads.changes) and the loads that patch their kept
 records with it: the triggers log what each write touched, a load reads the rows of those workloads only,
 and whatever was written, the snapshot equals the one a worker that just started would read."""
 
@@ -10,12 +10,13 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from broker.cycle import changes, loader
+from broker.cycle import loader
 from broker.cycle.loader import BuiltFromRows, load_snapshot
 from broker.cycle.runner import run_once
 from broker.governance.models import ApprovalRequest
 from broker.inventory.models import Device
 from broker.policy.models import Queue
+from broker.workloads import changes
 from broker.workloads.models import Allocation, ApprovalState, PodSet, Workload
 from broker.workloads.states import State
 from tests.cycle.helpers import pending, running

@@ -2,7 +2,7 @@
 
 A steady cycle at 100,000 devices read 150,000 allocation rows, 50,000 holder rows and 20,000 queued
 workloads with their pod sets, only to find all but a few dozen equal to the last cycle's. With this log
-the loader reads the rows of the workloads written since its last snapshot (broker.cycle.changes).
+the loader reads the rows of the workloads written since its last snapshot (broker.workloads.changes).
 
 Statement triggers append one row per writing statement, holding the writing transaction's id and the
 ids of the workloads it wrote, from these tables:
@@ -17,7 +17,7 @@ Statement triggers with transition tables, not row triggers: the cycle's admissi
 
 The one-row `workloads_change_log_state` holds the log's `token`, new with each database (a worker's
 memory of another database's log must not match this one), and `pruned_below`: every log row of a
-transaction below it is gone (broker.cycle.changes.prune), so a worker whose last snapshot is older
+transaction below it is gone (broker.workloads.changes.prune), so a worker whose last snapshot is older
 reads everything. SQLite (the embedded default, one process) has no log: its loader always reads
 everything.
 """
