@@ -188,7 +188,6 @@ def plan_protection(cycle, request, every_domain: bool = False) -> Protection | 
     preferred = levels.index(request.preferred) if request.preferred else None
     access = request.default_access
     classes = cycle.entitled_classes(request)
-    released: list = []
     events = release_timeline(cycle)[: cycle.config.estimate_horizon_events]
     # Never on the nodes held for gangs protected before it (ahead of it in line).
     ahead = frozenset().union(*(protection.nodes for protection in cycle.protections))
@@ -198,19 +197,21 @@ def plan_protection(cycle, request, every_domain: bool = False) -> Protection | 
     views = {name: cycle.view(name, access, excluded=ahead) for name in classes}
     extended = dict.fromkeys(classes, 0)
     free_now = max((view.total() for view in views.values()), default=0)
-    for position, (end, workload_id) in enumerate(events):
-        released.extend(held_slots(cycle, workload_id, access))
-        if position + 1 < len(events) and events[position + 1][0] == end:
-            continue
-        if free_now + len(released) < request.needed:
-            continue  # not even the total is there yet: no placement to try
+
+    def place_in_a_class(released):
         for class_name in classes:
             view = views[class_name]
             view.extend(released[extended[class_name] :])
             extended[class_name] = len(released)
             plan = place_gang(view, request.demands, required, preferred)
             if plan is not None:
-                return _protection(cycle, request, plan.scope, {pod.node for pod in plan.pods}, end)
+                return plan
+        return None
+
+    found = _first_start(cycle, events, access, request.needed - free_now, place_in_a_class)
+    if found is not None:
+        end, plan = found
+        return _protection(cycle, request, plan.scope, {pod.node for pod in plan.pods}, end)
     if every_domain and required is not None:
         found = _plan_in_each_domain(cycle, request, classes, required, preferred, ahead)
         if found is not None:
@@ -228,17 +229,33 @@ def _plan_claim(cycle, request, events, ahead, every_domain) -> Protection | Non
     whole-device gangs fall back on counts one class, and a claim's requests span several."""
     access = request.default_access
     free_now = sum(cycle.view(name, access, excluded=ahead).total() for name in request.classes)
+
+    def place_claim(released):
+        return cycle.claim_plan(request, access, excluded=ahead, freed=released)
+
+    found = _first_start(cycle, events, access, request.needed - free_now, place_claim)
+    if found is not None:
+        end, plan = found
+        return _protection(cycle, request, plan.scope, {pod.node for pod in plan.pods}, end)
+    return _plan_claim_in_each_domain(cycle, request, ahead) if every_domain else None
+
+
+def _first_start(cycle, events, access, short, place):
+    """(end, plan) of the first end of the release timeline `events` after which `place(released)` plans
+    the gang over the slots the releases so far freed (held_slots, in release order), or None. Releases
+    at one time are tried once, after the last of them, and none before `short` devices are released
+    (what the free ones lack of the gang's count: no placement can succeed with fewer)."""
     released: list = []
     for position, (end, workload_id) in enumerate(events):
         released.extend(held_slots(cycle, workload_id, access))
         if position + 1 < len(events) and events[position + 1][0] == end:
             continue
-        if free_now + len(released) < request.needed:
-            continue  # not even the total is there yet
-        plan = cycle.claim_plan(request, access, excluded=ahead, freed=released)
+        if len(released) < short:
+            continue
+        plan = place(released)
         if plan is not None:
-            return _protection(cycle, request, plan.scope, {pod.node for pod in plan.pods}, end)
-    return _plan_claim_in_each_domain(cycle, request, ahead) if every_domain else None
+            return end, plan
+    return None
 
 
 def _plan_claim_in_each_domain(cycle, request, ahead) -> Protection | None:
