@@ -108,7 +108,9 @@ _LOCK = threading.Lock()
 def groups(since, keep):
     """{group: {workload id: devices}} of the allocations held at or after `since`, in this transaction's
     snapshot; read mostly from what this process kept when `keep` (a transaction of the report's own, on
-    PostgreSQL). The caller only reads the answer."""
+    PostgreSQL). The caller only reads the answer, and is done with it before the next call with `keep`
+    may change it: that caller is the process's one pieces thread (report._beside), which runs one report
+    at a time."""
     if not keep or connection.vendor != "postgresql":
         return Kept(None, since, read_rows(since)).by_group
     with _LOCK:
