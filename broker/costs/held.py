@@ -14,8 +14,10 @@ over a window is computed once and multiplied.
 
 Kept only for a report read in a transaction of its own (read-only: every row it sees is committed, and
 stays so). Inside a caller's transaction, which may hold writes that are never committed (a test, a
-caller's own writes), the groups are read whole and not kept; so are they for a snapshot older than the
-kept one (two reports at once in one process) and on SQLite, which has no log.
+caller's own writes), the groups are read whole and not kept; so are they on SQLite, which has no log,
+and for a snapshot that misses a transaction the kept one saw (two reports at once in one process reach
+the reading thread in another order than they took their snapshots; equal horizons do not tell which
+came first, so the snapshots themselves are compared: `sees_all_of`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,15 @@ WHERE (released_at IS NULL OR released_at > %(since)s) {only}
 GROUP BY 1, 2, 3, 4, 5, 6
 """
 ONLY_WORKLOADS = "AND workload_id = ANY(%(ids)s::bigint[])"
+# Whether this transaction's snapshot sees every transaction the snapshot %(kept)s saw: none that ended
+# before that one was taken (below its xmax, not in progress in it) is in progress in this one or after it.
+SEES_ALL_OF_SQL = """
+SELECT NOT EXISTS (
+    SELECT FROM generate_series(pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
+                                pg_snapshot_xmax(%(kept)s::pg_snapshot)::text::bigint - 1) AS x
+    WHERE pg_visible_in_snapshot(x::text::xid8, %(kept)s::pg_snapshot)
+      AND NOT pg_visible_in_snapshot(x::text::xid8, pg_current_snapshot()))
+"""
 # The kept groups of allocations released before a report's window start are dropped once it has moved
 # this far past the earliest start they were kept for (a rolling window's start moves every request).
 DROP_RELEASED_AFTER = timedelta(hours=6)
@@ -47,8 +58,8 @@ class Kept:
     to replace a workload's, `by_workload` {workload id: (group, ...)}; read in the snapshot of
     `horizon`."""
 
-    def __init__(self, horizon, since, rows):
-        self.horizon, self.since = horizon, since
+    def __init__(self, horizon, since, rows, snapshot=None):
+        self.horizon, self.since, self.snapshot = horizon, since, snapshot
         self.by_group, self.by_workload = {}, {}
         self._add(rows)
 
@@ -61,8 +72,8 @@ class Kept:
             holders[workload_id] = holders.get(workload_id, 0) + devices
             by_workload[workload_id] = (*by_workload.get(workload_id, ()), group)
 
-    def replace(self, workload_ids, rows, horizon):
-        """The groups of `workload_ids` as `rows` (read in the snapshot of `horizon`) say now."""
+    def replace(self, workload_ids, rows, horizon, snapshot):
+        """The groups of `workload_ids` as `rows` (read in `snapshot`, of `horizon`) say now."""
         for workload_id in workload_ids:
             for group in self.by_workload.pop(workload_id, ()):
                 holders = self.by_group[group]
@@ -70,7 +81,7 @@ class Kept:
                 if not holders:
                     del self.by_group[group]
         self._add(rows)
-        self.horizon = horizon
+        self.horizon, self.snapshot = horizon, snapshot
 
     def drop_released_before(self, since):
         since_us = to_us(since)
@@ -82,6 +93,19 @@ class Kept:
                 else:
                     del self.by_workload[workload_id]
         self.since = since
+
+
+def current_snapshot():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_current_snapshot()::text")
+        return cursor.fetchone()[0]
+
+
+def sees_all_of(snapshot):
+    """Whether this transaction's snapshot sees every transaction `snapshot` (pg_snapshot text) saw."""
+    with connection.cursor() as cursor:
+        cursor.execute(SEES_ALL_OF_SQL, {"kept": snapshot})
+        return cursor.fetchone()[0]
 
 
 def read_rows(since, workload_ids=None):
@@ -117,20 +141,21 @@ def groups(since, keep):
         if _KEPT["pid"] != os.getpid():  # a forked child has its parent's memory, not its connection's view
             _KEPT["pid"], _KEPT["kept"] = os.getpid(), None
         kept = _KEPT["kept"]
-        horizon = changes.current_horizon()
-        if kept is not None and since >= kept.since and horizon.xid >= kept.horizon.xid:
+        horizon, snapshot = changes.current_horizon(), current_snapshot()
+        newer = kept is None or sees_all_of(kept.snapshot)
+        if newer and kept is not None and since >= kept.since:
             written = changes.written_since(kept.horizon, horizon)
             if written is not None:
                 if written:
-                    kept.replace(written, read_rows(kept.since, sorted(written)), horizon)
+                    kept.replace(written, read_rows(kept.since, sorted(written)), horizon, snapshot)
                 else:
-                    kept.horizon = horizon
+                    kept.horizon, kept.snapshot = horizon, snapshot
                 if since - kept.since > DROP_RELEASED_AFTER:
                     kept.drop_released_before(since)
                 return kept.by_group
-        fresh = Kept(horizon, since, read_rows(since))
-        if kept is None or horizon.xid >= kept.horizon.xid:
-            _KEPT["kept"] = fresh  # else an older snapshot's: the kept one stays
+        fresh = Kept(horizon, since, read_rows(since), snapshot)
+        if newer:
+            _KEPT["kept"] = fresh  # else this snapshot misses what the kept one saw: the kept one stays
         return fresh.by_group
 
 

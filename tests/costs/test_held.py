@@ -2,16 +2,19 @@
 committed write, what a report reads from them is what it would read whole, and it reads again only the
 workloads written since."""
 
+import threading
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
-from django.db import connection  # noqa: F401 - postgresql_only reads it
+from django.db import connection, connections, transaction
 
 from broker.costs import checkpoint, held
 from broker.costs.report import allocation_report
-from broker.workloads.models import Allocation
+from broker.workloads.models import Allocation, Workload
 from tests.costs.helpers import NOV, hold, release, submit
 from tests.costs.test_checkpoint import assert_same, postgresql_only
+from tests.costs.test_costliest_beside import elsewhere
 from tests.costs.test_lifecycle import devices
 from tests.costs.test_rollup import busy_history
 from tests.costs.test_shared_devices import share, sliced  # noqa: F401 - the fixture
@@ -33,6 +36,32 @@ def reads(monkeypatch):
 
     monkeypatch.setattr(held, "read_rows", watched)
     return seen
+
+
+@contextmanager
+def transaction_open_elsewhere():
+    """A transaction with an id, open on another connection until the block ends (then rolled back)."""
+    started, done = threading.Event(), threading.Event()
+
+    def stay_open():
+        try:
+            with transaction.atomic():
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT pg_current_xact_id()")
+                started.set()
+                done.wait(60)
+                transaction.set_rollback(True)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=stay_open)
+    thread.start()
+    assert started.wait(60)
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def kept_and_whole(since=NOV):
@@ -131,3 +160,27 @@ def test_it_reports_the_top_workloads_from_the_kept_groups_as_read_whole(cluster
     kept = ranked()
     assert_same(kept, whole())
     assert "team-b/late" in kept[1]["workloads"]  # hourly steps, the top 50
+
+
+def test_it_reads_whole_for_a_snapshot_that_misses_what_it_kept(cluster, reads):
+    """Two reports at once: the one that took its snapshot first reaches the groups last. What the later
+    one kept includes a workload the earlier snapshot must not see."""
+    early = submit(cluster.queue_a, name="early", at=NOV)
+    hold(early, devices(cluster, 0, 1), cluster.h100, NOV)
+    # A transaction open meanwhile keeps both snapshots' horizon (their xmin) the same.
+    with transaction_open_elsewhere(), checkpoint.one_snapshot():
+        held.groups(NOV, keep=False)  # the earlier report's snapshot is taken here
+        late = []
+
+        def hold_late():
+            late.append(submit(cluster.queue_b, name="late", at=NOV).pk)
+            hold(Workload.objects.get(pk=late[0]), devices(cluster, 1, 1), cluster.h100, NOV)
+
+        elsewhere(hold_late)
+        elsewhere(kept_and_whole)  # the later report keeps what its snapshot saw, the late one included
+        reads.clear()
+        older = held.groups(NOV, keep=True)
+        assert reads == [None]
+        assert {w for holders in older.values() for w in holders} == {early.pk}
+    kept, whole = kept_and_whole()  # the later report's kept groups stayed
+    assert kept == whole and {w for holders in kept.values() for w in holders} == {early.pk, *late}
