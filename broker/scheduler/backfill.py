@@ -21,6 +21,7 @@ import heapq
 from dataclasses import dataclass
 from itertools import islice
 
+from broker.scheduler import claims
 from broker.scheduler.capacity import ROOT, View
 from broker.scheduler.placement import place_gang, place_within_scope
 from broker.scheduler.snapshot import label
@@ -225,8 +226,8 @@ def _plan_claim(cycle, request, events, ahead, every_domain) -> Protection | Non
     """plan_protection for a several-request claim: its pods are placed by the claim planner (every
     request in its own class, with the constraints across them) over what the releases free, of any of
     its classes; with `every_domain`, in each domain of its required level by the ends there alone.
-    Without an expected end there is no start to plan: the guess by free devices per domain that
-    whole-device gangs fall back on counts one class, and a claim's requests span several."""
+    Without a start from the expected ends, once it has waited `backfill_wait_seconds`, it is kept a
+    place as whole-device gangs are (`_claim_without_durations`)."""
     access = request.default_access
     free_now = sum(cycle.view(name, access, excluded=ahead).total() for name in request.classes)
 
@@ -237,7 +238,13 @@ def _plan_claim(cycle, request, events, ahead, every_domain) -> Protection | Non
     if found is not None:
         end, plan = found
         return _protection(cycle, request, plan.scope, {pod.node for pod in plan.pods}, end)
-    return _plan_claim_in_each_domain(cycle, request, ahead) if every_domain else None
+    if every_domain:
+        protection = _plan_claim_in_each_domain(cycle, request, ahead)
+        if protection is not None:
+            return protection
+    if cycle.snapshot.now - request.workload.submitted < cycle.config.backfill_wait_seconds:
+        return None
+    return _claim_without_durations(cycle, request, ahead)
 
 
 def _first_start(cycle, events, access, short, place):
@@ -410,6 +417,63 @@ def _protection_without_durations(cycle, request, classes, required, ahead=froze
             if place_within_scope(built_view, scope, request.demands, None) is not None:
                 return _protection(cycle, request, scope, (), None)
     return None
+
+
+def _claim_without_durations(cycle, request, ahead) -> Protection | None:
+    """_protection_without_durations for a several-request claim. Its requests span several classes, so
+    the free devices that rank the places are those of all its classes, and the claim planner, not one
+    class's placement, says whether a place could hold it once everything there has ended: in a domain
+    of its required level, the one with most free devices now; without one, the fewest nodes, most free
+    now first, on which it could be planned."""
+    built = cycle.empty_state()
+    access = request.default_access
+    now_views = [cycle.view(name, access, excluded=ahead) for name in request.classes]
+    primary = built.class_index[request.classes[0]]
+    levels = built.levels
+
+    def plan_as_built(excluded, within=ROOT):
+        views = {name: View(built, built.class_index[name], excluded=excluded) for name in request.classes}
+        planner = claims.Planner(built, views, request.demands, cycle.selectors)
+        return planner.place(None, None, primary, within)
+
+    if request.required is not None:
+        required = levels.index(request.required)
+        built_views = [View(built, built.class_index[name], excluded=ahead) for name in request.classes]
+        capacity: dict[tuple, int] = {}
+        for view in built_views:
+            for scope, count in view.domain_counts(required).items():
+                capacity[scope] = capacity.get(scope, 0) + count
+        candidates = sorted(
+            (-sum(view.domain_count(scope) for view in now_views), scope)
+            for scope, count in capacity.items()
+            if count >= request.needed and not (ahead and ahead.intersection(cycle.state.nodes_of(scope)))
+        )
+        for _, scope in candidates:
+            if plan_as_built(ahead, within=scope) is not None:
+                return _protection(cycle, request, scope, (), None)
+        return None
+    every_node = range(len(built.node_names))
+    ranked = sorted(
+        (node for node in every_node if node not in ahead),
+        key=lambda node: (-sum(view.node_count(node) for view in now_views), node),
+    )
+    everywhere = frozenset(every_node)
+
+    def plan_on_first(count):
+        return plan_as_built(everywhere.difference(ranked[:count]))
+
+    if not ranked or plan_on_first(len(ranked)) is None:
+        return None
+    # The fewest of the ranked nodes that hold a plan: more nodes never take a plan away, so bisect.
+    low, high = 0, len(ranked)
+    while high - low > 1:
+        middle = (low + high) // 2
+        if plan_on_first(middle) is None:
+            low = middle
+        else:
+            high = middle
+    plan = plan_on_first(high)
+    return _protection(cycle, request, ROOT, {pod.node for pod in plan.pods}, None)
 
 
 def _soonest_nodes(cycle, request, now_view: View, built_view: View) -> set[int]:

@@ -736,16 +736,19 @@ class Cycle:
             return
         if request.claimed or request.shared_amounts is not None or request.workload.group_claims:
             # Victims of a gang with claims, or of a time-sliced request, are searched by placing it
-            # itself; protected starts count whole devices of one class.
+            # itself.
             if self.config.enable_preemption:
                 found = preemption.find_claim_victims(self, request)
                 if found is not None:
                     self._record_preemption(request, found)
                     return
-            self.log.outcomes[request.id].unprotectable = True
-            return
-        # Preemption may also make quota room (victims of the same queue give theirs back).
-        if self.config.enable_preemption:
+            if not request.claimed or request.shared_amounts is not None or request.workload.group_claims:
+                # Protected starts are planned for whole devices and for several-request claims
+                # (backfill._plan_claim); not yet for time-slices or for devices the gang owns.
+                self.log.outcomes[request.id].unprotectable = True
+                return
+        elif self.config.enable_preemption:
+            # Preemption may also make quota room (victims of the same queue give theirs back).
             found = preemption.find_victims(self, request)
             if found is not None:
                 self._record_preemption(request, found)

@@ -369,3 +369,24 @@ def test_it_protects_the_next_oldest_large_gang_when_the_oldest_can_have_no_plan
     assert cycle.protected_first == {"fits"}, "protected before anything in line, as the oldest would be"
     [protection] = [p for p in cycle.protections if p.workload_id == "fits"]
     assert (protection.scope[-1], protection.planned_start) == ("r1", NOW + 600)
+
+
+@pytest.mark.parametrize("now, held", [(7_200.0, "r2"), (3_000.0, None)])
+def test_it_keeps_a_rack_for_the_oldest_large_claimed_gang_once_it_waited_without_known_ends(now, held):
+    # No running work has an expected end, so no start can be planned. Once the gang has waited
+    # backfill_wait_seconds, the rack with most free devices of its classes now (r2: one H100 and two
+    # NICs) is kept for it, as for a whole-device gang; before that, nothing is.
+    text = (
+        CLAIMED_GANGS.replace(", expected_end: 600", "")
+        .replace(", expected_end: 700", "")
+        .replace(", expected_end: 90000", "")
+        .replace("pods: [{node: n4, devices: 8}]", "pods: [{node: n4, devices: 7}]")
+        .replace("protected_large_gangs: 2}", "protected_large_gangs: 1, backfill_wait_seconds: 3600}")
+    ) + f"now: {now}\n"
+    scenario = load_scenario(text)
+    assert all(workload.expected_end is None for workload in scenario.running)
+    cycle = Cycle(scenario)
+    cycle.run()
+
+    planned = {p.workload_id: (p.scope[-1], p.planned_start) for p in cycle.protections}
+    assert planned.get("claimed") == (None if held is None else (held, None))
