@@ -17,10 +17,11 @@ for the workloads whose history has a row stamped at or after `until` (found thr
 of costs migration 0004), their own open part at `until` taken out again and their tail computed from
 their history. Everything is exact (integers, or millionths with shares) and the ledger is linear in
 its intervals, so the sum is the direct computation's (report.py and pending.py say how,
-test_checkpoint.py holds it). One exception, as for a rolled-up hour: shares are read against the
-devices' capacities as published (report.Shares, pending.RequestedShares), and the checkpoint keeps
-those of when it was taken, so a shared device republished with another capacity shows in the reports
-only from the next checkpoint on (the history alone would reprice the whole stretch at once).
+test_checkpoint.py holds it). One exception, as for a rolled-up hour: waiting work's requested shares
+are read against the devices' capacities as published (pending.RequestedShares), and the checkpoint
+keeps those of when it was taken, so a shared device republished with another capacity shows in the
+cost of pending work only from the next checkpoint on. An allocation's share is fixed when it is made
+(Allocation.share_millionths), so held shares read the same either way.
 
 That needs every row stamped before `until` to be committed when the checkpoint reads the history:
 `until` is taken before the oldest transaction open on the database then, less STAMP_LEAD (a writer

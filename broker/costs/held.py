@@ -7,8 +7,8 @@ request's. A process therefore keeps them (`Kept`) with the change log's Horizon
 read in (broker.workloads.changes), and reads again only the allocations of the workloads written since,
 as the cycle's loader does with its records.
 
-A group is what the amount depends on: (device class, shared device, consumed capacity, allocated at,
-released at), times in microseconds (windows.to_us); the device and its consumed capacity only for an
+A group is what the amount depends on: (device class, shared device, share, allocated at, released at),
+times in microseconds (windows.to_us); the device and its share (report.SHARE_KEYS) only for an
 allocation of a shared device. Its workloads hold some number of devices each under it, so its amount
 over a window is computed once and multiplied.
 
@@ -33,7 +33,7 @@ from broker.workloads import changes
 
 GROUPS_SQL = """
 SELECT workload_id, device_class_id, CASE WHEN consumed_capacity IS NULL THEN NULL ELSE device_id END,
-       consumed_capacity::text, allocated_at, released_at, count(*)
+       COALESCE(share_millionths::text, consumed_capacity::text), allocated_at, released_at, count(*)
 FROM workloads_allocation
 WHERE (released_at IS NULL OR released_at > %(since)s) {only}
 GROUP BY 1, 2, 3, 4, 5, 6

@@ -12,6 +12,7 @@ from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from fractions import Fraction
 from itertools import accumulate
 from operator import mul
 
@@ -27,7 +28,7 @@ from broker.costs.prices import price_timelines
 from broker.costs.windows import from_us, steps_of, to_us
 from broker.flat_rows import fetch_rows
 from broker.inventory.models import Device
-from broker.inventory.quantities import quantity
+from broker.inventory.quantities import numbers as numeric
 from broker.policy.models import DeviceClass, Team
 from broker.scheduler import accounting, heap
 from broker.workloads.models import Allocation, Workload
@@ -177,13 +178,15 @@ def group_intervals(allocations, start, end, names=None):
 
 
 # An allocation of a shared device is grouped apart from whole ones (the key of a whole one is NULL, NULL):
-# its share depends on what it consumes of which device.
+# by its device and its share, fixed when it was made (Allocation.share_millionths), as JSON text (a
+# number); one written without it (before workloads migration 0025 fixed them all) by what it consumes.
 SHARE_KEYS = {
     "shared_device": Case(
         When(consumed_capacity__isnull=True, then=Value(None)), default=F("device_id"), output_field=BigIntegerField()
     ),
     "consumed": Case(
         When(consumed_capacity__isnull=True, then=Value(None)),
+        When(share_millionths__isnull=False, then=Cast("share_millionths", TextField())),
         default=Cast("consumed_capacity", TextField()),
         output_field=TextField(),
     ),
@@ -192,10 +195,11 @@ SHARE_KEYS = {
 
 class Shares:
     """What the allocations of shared devices count for: `devices(count, device, consumed)` is `count`
-    whole devices when `device` is None, else `count` times the share (accounting.device_share) that
-    `consumed` (its JSON text) takes of the device's capacity. `device_pks`: the shared devices met.
-    The capacity is the device's as published now: a device republished with another capacity changes
-    the shares of the hours not rolled up yet (rolled-up hours keep theirs)."""
+    whole devices when `device` is None, else `count` times the allocation's share of its device:
+    `consumed` (JSON text, SHARE_KEYS) is that share in millionths, fixed when it was made, so a device
+    republished with another capacity keeps the shares it had; or, for an allocation written without
+    one, what it consumes, read against the device's capacity as published now
+    (accounting.device_share). `device_pks`: the shared devices met."""
 
     def __init__(self, device_pks):
         wanted = {pk for pk in device_pks if pk is not None}
@@ -209,19 +213,13 @@ class Shares:
         key = (device, consumed)
         share = self.known.get(key)
         if share is None:
-            amounts = numeric(json.loads(consumed) if isinstance(consumed, str) else consumed)
-            share = self.known[key] = accounting.device_share(self.capacity.get(device, {}), amounts)
+            value = json.loads(consumed) if isinstance(consumed, str) else consumed
+            if isinstance(value, int):
+                share = Fraction(value, accounting.SHARE_SCALE)
+            else:
+                share = accounting.device_share(self.capacity.get(device, {}), numeric(value))
+            self.known[key] = share
         return count * share
-
-
-def numeric(amounts):
-    """{name: number} of a capacity or consumedCapacity as stored (Kubernetes quantities such as "40Gi")."""
-    out = {}
-    for name, value in (amounts or {}).items():
-        number = quantity(value)
-        if number is not None:
-            out[name] = number
-    return out
 
 
 def overlapping(start, end):

@@ -37,6 +37,7 @@ from django.db import connection
 from broker.cycle.bulk import Background, column_in, insert_rows, is_postgresql, pk_in
 from broker.cycle.executor import Moves, update_returning_sql
 from broker.cycle.refusals import StaleSnapshot
+from broker.scheduler import accounting
 from broker.scheduler.snapshot import GROUP_POD_SET
 from broker.workloads.models import Allocation, Explanation, ExplanationChange, Workload, WorkloadTransition
 from broker.workloads.states import State
@@ -49,7 +50,7 @@ ADMISSION_BATCH = 2000
 FIRST_ADMISSION_BATCH = 250
 
 ALLOCATION_COLUMNS = ("workload_id", "device_id", "device_class_id", "pod_set", "pod_index", "cycle_id", "allocated_at",
-                      "released_at", "consumed_capacity")  # fmt: skip
+                      "released_at", "consumed_capacity", "share_millionths")  # fmt: skip
 HISTORY_COLUMNS = ("workload_id", "cycle_id", "reason", "message", "at")
 # An admitted workload's nomination and eviction record are done with. Set in the admission's own state
 # UPDATE: a second pass over 20,000 just-rewritten rows (and their 17 indexes) cost as much as the first.
@@ -182,8 +183,8 @@ class AdmissionWriter:
         allocations = allocation_rows(admissions, self.loaded, self.cycle, self.now)
         self.devices.extend(row[1] for row in allocations)
         for row in allocations:
-            if row[-1] is not None:
-                self.shares[row[1]].append(row[-1])
+            if row[8] is not None:
+                self.shares[row[1]].append(row[8])
         if placed_twice(self.devices, self.shares):
             moves.abandon()
             raise StaleSnapshot("the result places one device twice")
@@ -246,10 +247,12 @@ def allocated_pods(admission):
 
 
 def allocation_rows(admissions, loaded, cycle, now):
-    """The ALLOCATION_COLUMNS rows of the admissions' devices."""
+    """The ALLOCATION_COLUMNS rows of the admissions' devices. A share's part of its device is fixed
+    against the capacity loaded, which the commit holds to (commit.check_shares)."""
     rows = []
     device_pks = loaded.device_pks
     class_pks = loaded.device_class_pks
+    capacity = loaded.shared_capacity
     for admission in admissions:
         workload_id = int(admission.workload_id)
         class_pk = class_pks[admission.device_class]
@@ -259,33 +262,44 @@ def allocation_rows(admissions, loaded, cycle, now):
             for device_id in pod.device_ids:
                 pk = device_pks[device_id]
                 device_class = classes.get(device_id, class_pk)
-                rows.append((workload_id, pk, device_class, pod.pod_set, pod.index, cycle.pk, now, None, consumed))
+                share = None if consumed is None else accounting.share_millionths(capacity.get(pk, {}), consumed)
+                rows.append(
+                    (workload_id, pk, device_class, pod.pod_set, pod.index, cycle.pk, now, None, consumed, share)
+                )
     return rows
 
 
 class AllocationColumns:
     """The allocation rows of some admissions, column by column: each column's array text for
     PostgreSQL ('{1,2,3}'), and the device pks in order. Pod sets go as indexes into `pod_sets` (a few
-    distinct names among tens of thousands of pods); what time-sliced pods consume likewise, as indexes
-    into `consumed` (0: the device whole), and only when some pod shares (`consumed` is then non-empty)."""
+    distinct names among tens of thousands of pods); what time-sliced pods consume likewise, with the
+    share of its device that makes (against `capacity`, Device pk -> the capacity loaded), as indexes
+    into `consumed` and `share_millionths` (0: the device whole), and only when some pod shares
+    (`consumed` is then non-empty)."""
 
-    def __init__(self, workloads, devices, classes, pod_set_indexes, pod_indexes, pod_sets, consumed=None):
+    def __init__(
+        self, workloads, devices, classes, pod_set_indexes, pod_indexes, pod_sets, consumed=None, capacity=None
+    ):
         self.devices = devices
         self.arrays = [array_text(column) for column in (workloads, devices, classes, pod_set_indexes, pod_indexes)]
         self.pod_sets = pod_sets
         self.consumed = []  # the distinct amounts pods take, as JSON texts
+        self.share_millionths = []  # the share of its device each of those takes there
         self.consumed_indexes = None  # array text of each row's 1-based index into them (0: whole)
         self.shares = []  # (Device pk, amounts) of every share
         if consumed is not None and any(consumed):
-            texts = {}
+            capacity = capacity or {}
+            distinct = {}
             indexes = []
             for pk, amounts in zip(devices, consumed, strict=True):
                 if amounts:
-                    indexes.append(texts.setdefault(amounts, len(texts) + 1))
+                    share = accounting.share_millionths(capacity.get(pk, {}), amounts)
+                    indexes.append(distinct.setdefault((amounts, share), len(distinct) + 1))
                     self.shares.append((pk, dict(amounts)))
                 else:
                     indexes.append(0)
-            self.consumed = [json.dumps(dict(amounts)) for amounts in texts]
+            self.consumed = [json.dumps(dict(amounts)) for amounts, _ in distinct]
+            self.share_millionths = [share for _, share in distinct]
             self.consumed_indexes = array_text(indexes)
 
 
@@ -311,7 +325,9 @@ def allocation_columns(admissions, loaded):
                 pod_set_indexes.append(pod_set)
                 pod_indexes.append(pod.index)
                 consumed.append(pod.consumed)
-    return AllocationColumns(workloads, devices, classes, pod_set_indexes, pod_indexes, list(pod_sets), consumed)
+    return AllocationColumns(
+        workloads, devices, classes, pod_set_indexes, pod_indexes, list(pod_sets), consumed, loaded.shared_capacity
+    )
 
 
 def history_columns(admissions):
@@ -354,18 +370,19 @@ def batch_statement(moves, allocations, history, cycle_pk, now, reason):
     if allocations.consumed_indexes is None:  # every device whole
         parts.append(
             f"allocations AS (INSERT INTO {table(Allocation)} ({allocation_names}) "
-            "SELECT w, d, c, (%s::text[])[s], i, %s, %s, NULL, NULL "
+            "SELECT w, d, c, (%s::text[])[s], i, %s, %s, NULL, NULL, NULL "
             "FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::int[], %s::int[]) AS a(w, d, c, s, i))"
         )
         params.extend([allocations.pod_sets, cycle_pk, now, *allocations.arrays])
     else:  # an index past the array (0) reads NULL: a whole device
         parts.append(
             f"allocations AS (INSERT INTO {table(Allocation)} ({allocation_names}) "
-            "SELECT w, d, c, (%s::text[])[s], i, %s, %s, NULL, (%s::jsonb[])[k] "
+            "SELECT w, d, c, (%s::text[])[s], i, %s, %s, NULL, (%s::jsonb[])[k], (%s::int[])[k] "
             "FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::int[], %s::int[], %s::int[]) "
             "AS a(w, d, c, s, i, k))"
         )
-        params.extend([allocations.pod_sets, cycle_pk, now, allocations.consumed, *allocations.arrays])
+        params.extend([allocations.pod_sets, cycle_pk, now, allocations.consumed, allocations.share_millionths])
+        params.extend(allocations.arrays)
         params.append(allocations.consumed_indexes)
     workloads, indexes, messages = history
     change = ExplanationChange

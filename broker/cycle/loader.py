@@ -27,7 +27,7 @@ from broker.cycle.executor import get_executor
 from broker.flat_rows import fetch_rows, fetch_sql
 from broker.governance.models import ApprovalRequest
 from broker.inventory.models import ClusterState, Device, Domain, Health, InventoryRevision, Node, TopologyLevel
-from broker.inventory.quantities import quantity
+from broker.inventory.quantities import numbers as numeric_capacity
 from broker.policy.models import Cohort, DeviceClass, Queue, Reservation, ResourceClass, ResourceClassDeviceClass
 from broker.scheduler import heap
 from broker.scheduler import snapshot as s
@@ -671,16 +671,6 @@ def device_description(parse, attributes, capacity, taints):
         taint_list,
         tuple(s.Taint(key=t["key"], value=t.get("value"), effect=t.get("effect", "NoSchedule")) for t in taint_list),
     )
-
-
-def numeric_capacity(capacity):
-    """DRA publishes capacity as Kubernetes quantities ("80Gi"); the core compares plain numbers."""
-    out = {}
-    for name, value in capacity.items():
-        number = quantity(value)
-        if number is not None:
-            out[name] = number
-    return out
 
 
 # --- policy ------------------------------------------------------------------------------------------

@@ -37,3 +37,14 @@ def quantity(value):
     except ValueError:  # "1.2.3"
         return None
     return int(number) if number.is_integer() else number
+
+
+def numbers(amounts) -> dict:
+    """{name: number} of a capacity or consumedCapacity as stored ({name: quantity}); names whose value is
+    no quantity are left out."""
+    out = {}
+    for name, value in (amounts or {}).items():
+        number = quantity(value)
+        if number is not None:
+            out[name] = number
+    return out

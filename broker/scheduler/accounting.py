@@ -93,6 +93,11 @@ def device_share(capacity: Mapping[str, float], consumed) -> Fraction:
     return Fraction(int(dominant * SHARE_SCALE), SHARE_SCALE)
 
 
+def share_millionths(capacity: Mapping[str, float], consumed) -> int:
+    """`device_share` as the whole millionths of the device it is (it is rounded down to one)."""
+    return int(device_share(capacity, consumed) * SHARE_SCALE)
+
+
 @dataclass(frozen=True)
 class ClassCapacity:
     """One device class after a cycle; busy + unhealthy + reserved_unused + stranded + idle == total."""

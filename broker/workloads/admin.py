@@ -75,7 +75,7 @@ class WorkloadAdmin(BoundedFieldsAdminMixin, AuditedAdminMixin, admin.ModelAdmin
 
 @admin.register(Allocation)
 class AllocationAdmin(admin.ModelAdmin):
-    list_display = ("device", "workload", "pod_set", "pod_index", "allocated_at", "released_at")
+    list_display = ("device", "workload", "pod_set", "pod_index", "share_millionths", "allocated_at", "released_at")
     list_filter = ("device_class", ("released_at", admin.EmptyFieldListFilter))
     search_fields = ("workload__name", "device__node__name")
     list_select_related = ("device__node", "workload__team")

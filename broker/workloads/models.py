@@ -4,6 +4,8 @@ from django.db import models
 from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
+from broker.inventory import quantities
+from broker.scheduler import accounting
 from broker.scheduler.claims import Claim, claim_from_dra
 from broker.workloads.fields import StoredJSONField
 from broker.workloads.states import HOLDING_STATES, WAITING_STATES, InvalidTransition, State, can_transition
@@ -330,6 +332,12 @@ class Allocation(models.Model):
     # DRA's consumedCapacity: {capacity: amount} this pod takes of the device when it shares it (a
     # time-sliced GPU's memory); None: it holds the device whole.
     consumed_capacity = models.JSONField(null=True, blank=True)
+    # What a share bills and reports as (accounting.device_share), in millionths of the device: fixed
+    # when the allocation is made, against the capacity the device published then, as DRA keeps an
+    # allocation's consumedCapacity when a driver republishes its device. None for a whole device.
+    share_millionths = models.PositiveIntegerField(
+        null=True, blank=True, help_text="The share of its device this allocation takes, in millionths."
+    )
     # Indexed where set only (Meta.indexes): an admission's new rows have none, and the active ones are
     # found through allocation_one_whole_per_device, whose condition is released_at IS NULL.
     released_at = models.DateTimeField(null=True, blank=True)
@@ -382,6 +390,17 @@ class Allocation(models.Model):
 
     def __str__(self):
         return f"{self.device} -> {self.workload}"
+
+    def save(self, *args, **kwargs):
+        # A share written by hand (the admin, a script) is fixed as the cycle's commit fixes those it
+        # writes: against the capacity its device publishes now.
+        if self.consumed_capacity is not None and self.share_millionths is None:
+            self.share_millionths = accounting.share_millionths(
+                quantities.numbers(self.device.capacity), quantities.numbers(self.consumed_capacity)
+            )
+            if kwargs.get("update_fields") is not None:
+                kwargs["update_fields"] = {*kwargs["update_fields"], "share_millionths"}
+        super().save(*args, **kwargs)
 
     @property
     def active(self):

@@ -111,7 +111,8 @@ def test_it_keeps_the_shares_of_shared_devices_apart(sliced, reads):  # noqa: F8
     share(sliced, "large", sliced.queue_b, "40Gi", NOV + H)
     kept, whole = kept_and_whole()
     assert kept == whole
-    assert sorted(group[2] for group in kept) == ['{"memory": "20Gi"}', '{"memory": "40Gi"}']
+    # Keyed by the share each takes of the 80Gi device, fixed when it was allocated (in millionths).
+    assert sorted(group[2] for group in kept) == ["250000", "500000"]
 
 
 def test_it_reads_whole_for_a_window_that_starts_before_what_it_kept(cluster, reads):

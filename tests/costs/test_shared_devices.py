@@ -165,3 +165,32 @@ def test_it_costs_a_waiting_time_slice_by_its_share_of_the_class_s_shared_device
     report = pending_report(NOV, NOV + H, step="hour", now=NOV + 2 * H)
     # Two pods, each a quarter of an 80Gi device, for an hour at 4.00.
     assert report["totals"]["pending"]["team-b"] == {"device_hours": Decimal("0.5000"), "cost": Decimal("2.00")}
+
+
+def test_it_keeps_the_share_a_device_published_when_it_is_republished_with_more_capacity(sliced):
+    # A quarter of the 80Gi device for an hour. The driver then publishes 160Gi for it: the hour was
+    # still a quarter of the device, in the report read directly, by workload, and from the checkpoint.
+    quarter = share(sliced, "quarter", sliced.queue_a, "20Gi", NOV, NOV + H)
+    assert quarter.share_millionths == 250_000
+    sampled(NOV)
+    Device.objects.filter(pk=sliced.shared_device.pk).update(capacity={"memory": "160Gi"})
+    totals = hour_report()["totals"]
+    assert totals["allocations"]["team-a"] == {"device_hours": Decimal("0.2500"), "cost": Decimal("1.00")}
+    by_workload = hour_report(aggregate=("workload",))["totals"]["allocations"]
+    assert by_workload["team-a/quarter"]["device_hours"] == Decimal("0.2500")
+    assert_categories_add_up(totals, Decimal("16.0000"), Decimal("64.00"))
+
+
+def test_it_ticks_a_held_share_at_the_part_it_was_given(sliced):
+    share(sliced, "quarter", sliced.queue_a, "20Gi", NOV)
+    Device.objects.filter(pk=sliced.shared_device.pk).update(capacity={"memory": "40Gi"})
+    assert running_cost(now=NOV + H)["devices"]["allocated"] == Decimal("0.250000")
+
+
+def test_it_reads_a_share_written_without_its_part_against_the_capacity_published(sliced):
+    # Rows written past the model (a script, a restore) carry what they consume only.
+    quarter = share(sliced, "quarter", sliced.queue_a, "20Gi", NOV, NOV + H)
+    Allocation.objects.filter(pk=quarter.pk).update(share_millionths=None)
+    Device.objects.filter(pk=sliced.shared_device.pk).update(capacity={"memory": "40Gi"})
+    totals = hour_report()["totals"]
+    assert totals["allocations"]["team-a"]["device_hours"] == Decimal("0.5000")

@@ -83,6 +83,8 @@ def test_it_shares_one_gpu_between_two_time_sliced_workloads_and_the_third_waits
         ("first", 30 * GIB),
         ("second", 40 * GIB),
     ]
+    # What each bills as, fixed by the commit against the 80Gi the device publishes now.
+    assert [a.share_millionths for a in active] == [375_000, 500_000]
     for workload in (first, second):
         workload.refresh_from_db()
         assert workload.state == State.ADMITTED
@@ -236,6 +238,8 @@ def test_it_takes_a_time_sliced_submission_through_the_api_to_a_share(cluster, a
 
     (held,) = Allocation.objects.filter(workload_id=response.data["id"], released_at__isnull=True)
     assert (held.device_id, quantity(held.consumed_capacity["memory"])) == (gpu.pk, 20 * GIB)
+    (listed,) = client.get("/api/allocations/", {"active": "true"}).json()["results"]
+    assert (listed["id"], listed["consumed_capacity"], listed["share"]) == (held.pk, {"memory": 20 * GIB}, 0.25)
 
 
 def test_it_refuses_capacity_amounts_a_class_cannot_share(cluster, api_client, alice):

@@ -1,3 +1,5 @@
+import importlib
+
 import pytest
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
@@ -116,3 +118,40 @@ def test_it_refuses_deleting_an_allocated_workload_or_device_in_the_database(clu
     raw("DELETE FROM inventory_device WHERE id = %s", [other.pk])  # one nothing names goes
     assert Allocation.objects.get().device == device
     assert not Device.objects.filter(pk=other.pk).exists()
+
+
+def shared(device, capacity):
+    device.capacity = capacity
+    device.allow_multiple_allocations = True
+    device.save()
+    return device
+
+
+def test_it_fixes_the_share_of_a_share_saved_by_hand_against_its_device_s_capacity(cluster):
+    device = shared(Device.objects.first(), {"memory": "80Gi", "bandwidth": "100"})
+    held = Allocation.objects.create(
+        workload=make_workload(cluster.queue_a, name="sliced"), device=device, device_class=cluster.h100,
+        pod_set="main", pod_index=0, consumed_capacity={"memory": "20Gi", "bandwidth": "50"},
+    )  # fmt: skip
+    whole = allocate(make_workload(cluster.queue_b, name="whole"), Device.objects.last(), cluster.h100)
+    # The largest fraction among the capacities it takes (bandwidth's half); a whole device has none.
+    assert (held.share_millionths, whole.share_millionths) == (500_000, None)
+
+
+def test_it_fixes_the_shares_written_before_they_were_kept(cluster):
+    from django.apps import apps
+
+    migration = importlib.import_module("broker.workloads.migrations.0025_allocation_share_millionths")
+    device = shared(Device.objects.first(), {"memory": "80Gi"})
+    workload = make_workload(cluster.queue_a, name="sliced")
+    rows = [
+        Allocation(workload=workload, device=device, device_class=cluster.h100, pod_set="main", pod_index=index,
+                   consumed_capacity={"memory": memory})
+        for index, memory in enumerate(("10Gi", "30Gi"))
+    ]  # fmt: skip
+    Allocation.objects.bulk_create(rows)  # no save(): no share, as rows written before the migration
+    assert set(Allocation.objects.values_list("share_millionths", flat=True)) == {None}
+
+    migration.fix_shares(apps, None)
+
+    assert sorted(Allocation.objects.values_list("share_millionths", flat=True)) == [125_000, 375_000]

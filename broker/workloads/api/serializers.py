@@ -7,6 +7,7 @@ from rest_framework import serializers
 from broker import limits
 from broker.api.serializers import StrictSerializer
 from broker.policy.models import Queue, ResourceClass
+from broker.scheduler import accounting
 from broker.workloads import services
 from broker.workloads.models import (
     Allocation,
@@ -305,6 +306,10 @@ class AllocationSerializer(serializers.ModelSerializer):
     node = serializers.CharField(source="device.node.name", read_only=True)
     device_class = serializers.SlugRelatedField(slug_field="name", read_only=True)
     active = serializers.BooleanField(read_only=True)
+    share = serializers.SerializerMethodField(
+        help_text="The fraction of its device a share of a shared device takes, fixed when it was allocated "
+        "(what finance bills); null: the whole device."
+    )
 
     class Meta:
         model = Allocation
@@ -323,10 +328,17 @@ class AllocationSerializer(serializers.ModelSerializer):
             "allocated_at",
             "released_at",
             "active",
+            "consumed_capacity",
+            "share",
             "eviction_requested_at",
             "evicted_for",
         ]
         read_only_fields = fields
+
+    def get_share(self, allocation) -> float | None:
+        if allocation.share_millionths is None:
+            return None
+        return allocation.share_millionths / accounting.SHARE_SCALE
 
 
 class ExplanationSerializer(serializers.ModelSerializer):
