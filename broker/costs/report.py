@@ -12,7 +12,6 @@ from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from fractions import Fraction
 from itertools import accumulate
 from operator import mul
 
@@ -215,7 +214,7 @@ class Shares:
         if share is None:
             value = json.loads(consumed) if isinstance(consumed, str) else consumed
             if isinstance(value, int):
-                share = Fraction(value, accounting.SHARE_SCALE)
+                share = ledger.from_millionths(0, value)
             else:
                 share = accounting.device_share(self.capacity.get(device, {}), numeric(value))
             self.known[key] = share

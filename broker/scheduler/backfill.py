@@ -462,17 +462,19 @@ def _claim_without_durations(cycle, request, ahead) -> Protection | None:
     def plan_on_first(count):
         return plan_as_built(everywhere.difference(ranked[:count]))
 
-    if not ranked or plan_on_first(len(ranked)) is None:
+    plan = plan_on_first(len(ranked)) if ranked else None
+    if plan is None:
         return None
-    # The fewest of the ranked nodes that hold a plan: more nodes never take a plan away, so bisect.
+    # The fewest of the ranked nodes that hold a plan, bisected: more nodes give the planner more room
+    # (were its search to give up sooner with more, the plan kept is still one it found).
     low, high = 0, len(ranked)
     while high - low > 1:
         middle = (low + high) // 2
-        if plan_on_first(middle) is None:
+        found = plan_on_first(middle)
+        if found is None:
             low = middle
         else:
-            high = middle
-    plan = plan_on_first(high)
+            high, plan = middle, found
     return _protection(cycle, request, ROOT, {pod.node for pod in plan.pods}, None)
 
 

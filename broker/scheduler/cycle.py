@@ -742,7 +742,7 @@ class Cycle:
                 if found is not None:
                     self._record_preemption(request, found)
                     return
-            if not request.claimed or request.shared_amounts is not None or request.workload.group_claims:
+            if request.shared_amounts is not None or request.workload.group_claims:
                 # Protected starts are planned for whole devices and for several-request claims
                 # (backfill._plan_claim); not yet for time-slices or for devices the gang owns.
                 self.log.outcomes[request.id].unprotectable = True
