@@ -24,7 +24,7 @@ from itertools import islice
 from broker.scheduler import claims
 from broker.scheduler.capacity import ROOT, View
 from broker.scheduler.placement import place_gang, place_within_scope
-from broker.scheduler.snapshot import label
+from broker.scheduler.snapshot import label, moment
 
 
 @dataclass(frozen=True)
@@ -45,14 +45,15 @@ class Protection:
 
     def describe(self, state) -> str:
         if self.scope != ROOT and self.level:
-            where = f"{self.level} {self.scope[-1]}"
+            where = f"{self.level} {self.scope[-1]} is"
         else:
             names = sorted(state.node_names[node] for node in self.nodes)
-            where = "nodes " + ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-        head = f"{where} is held for {self.name or self.workload_id} (priority {self.priority}, ahead in line)"
+            more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+            where = f"node {names[0]} is" if len(names) == 1 else "nodes " + ", ".join(names[:5]) + more + " are"
+        head = f"{where} held for {self.name or self.workload_id} (priority {self.priority}, ahead in line)"
         if self.planned_start is None:
             return f"{head}; it has waited too long and durations are unknown, so no start is planned"
-        return f"{head}, planned to start at {self.planned_start:g}"
+        return f"{head}, planned to start at {moment(self.planned_start)}"
 
 
 def release_timeline(cycle) -> list[tuple[float, str]]:

@@ -36,6 +36,7 @@ from broker.scheduler.snapshot import (
     held_outside,
     label,
     made,
+    span,
 )
 
 CAPACITY_CODES = ("DeviceUnhealthy", "Reserved", "InsufficientCapacity", "TopologyFragmented", "Priority")
@@ -399,7 +400,7 @@ class Assessor:
                 # The binding constraint is a window about to open, not the work ahead.
                 duration = request.workload.expected_duration
                 runs = (
-                    f"would run {duration:g} s, past its start"
+                    f"would run {span(duration)}, past its start"
                     if duration is not None
                     else ("has no expected duration, so it may run past its start")
                 )

@@ -54,7 +54,7 @@ from broker.scheduler.capacity import COUNTERS, PLAIN, RANK_PLAIN, ROOT
 from broker.scheduler.group_claims import GroupPlacer
 from broker.scheduler.placement import place_within_scope
 from broker.scheduler.quota import EPSILON, request_charges
-from broker.scheduler.snapshot import NEVER_PREEMPT, RunningWorkload, label, leaving_id
+from broker.scheduler.snapshot import NEVER_PREEMPT, RunningWorkload, label, leaving_id, span
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ class Victim:
             return f"it runs on devices reserved for team {request.team}"
         if self.rule == "ShorterRemaining":
             return (
-                f"it expects to hold its devices for {_hours(victim.expected_end - now)} more, at least "
+                f"it expects to hold its devices for {span(victim.expected_end - now)} more, at least "
                 f"{factor:g} times what {label(preemptor)} needs in all, at the same priority"
             )
         class_name = request.resource_class.name if request.resource_class else "its"
@@ -346,10 +346,6 @@ def _may_preempt(cycle, request) -> bool:
         or _preempts_across_queues(request)
         or _shorter_remaining_bar(cycle, request) is not None
     )
-
-
-def _hours(seconds) -> str:
-    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
 
 
 def _shorter_remaining_bar(cycle, request) -> float | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from functools import cached_property
 
 DRIVER = "gpu.example.com"
@@ -420,6 +421,28 @@ class PendingWorkload:
 def label(workload) -> str:
     """What a message calls a pending or running workload: its name, else its id."""
     return workload.name or workload.id
+
+
+def span(seconds: float) -> str:
+    """How long, as a message says it: "450 s", "12 min", "3.5 h" (seconds up to ten minutes, where a
+    rounded minute would be a large error)."""
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 600:
+        return f"{seconds / 60:.0f} min"
+    return f"{max(seconds, 0):.0f} s"
+
+
+EPOCH_CLOCK_FROM = 1e9  # 2001-09-09: a clock past this is a cycle's (epoch seconds), not a what-if's
+
+
+def moment(at: float) -> str:
+    """When, as a message says it: a UTC time to the minute on a cycle's epoch clock
+    ("2026-12-04 21:35 UTC"), "t=100 s" on a what-if's, which starts at 0. Absolute, not "in 5 min": an
+    explanation is rewritten only when what it says changes, and a span would change every cycle."""
+    if at >= EPOCH_CLOCK_FROM:
+        return datetime.fromtimestamp(at, tz=UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return f"t={at:g} s"
 
 
 @dataclass(frozen=True)

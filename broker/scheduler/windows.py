@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 
 from broker.scheduler.capacity import BLOCKED, _reservation_tier
-from broker.scheduler.snapshot import Reservation
+from broker.scheduler.snapshot import Reservation, moment
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class Window:
         where = ", ".join(f"{level} {domain[level]}" for level in level_names if level in domain)
         return (
             f"reservation {reservation.name} (team {reservation.team}, {reservation.count} {reservation.device_class}"
-            f"{' in ' + where if where else ''}), which opens at {reservation.start:g}"
+            f"{' in ' + where if where else ''}), which opens at {moment(reservation.start)}"
         )
 
 
