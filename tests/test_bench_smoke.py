@@ -188,6 +188,24 @@ def test_it_times_the_pages_and_the_reports_over_the_history(tmp_path):
     assert set(pages["reports"]["rollups_caught_up"]) == {"costs", "pending_seconds"}
 
 
+def test_it_benches_the_kubernetes_bridge_and_prints_only_its_report(tmp_path):
+    from django.conf import settings
+
+    if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
+        pytest.skip("the kube section needs a PostgreSQL server")
+    completed, report = quick_bench(tmp_path, "kube", timeout=300, BENCH_DATABASE_NAME=f"bench_smoke_{os.getpid()}")
+    kube = report["sections"]["kube"]
+    assert "error" not in kube, kube
+    assert kube["devices"] == kube["nodes"] * 8
+    assert kube["watch_event_to_database"]["runs"] == 20
+    assert kube["pod_group_to_bound"]["runs"] == kube["pod_group_to_bound"]["of"] == 10
+    assert {"initial_sync", "watch_event_to_database", "pod_group_to_bound"} <= set(kube)
+    # One line per section, not the mock API server's access log (it printed 1,200 request lines).
+    output = completed.stdout + completed.stderr
+    assert "OpenAPI-Generator" not in output and "HTTP/1.1" not in output, output[-2000:]
+    assert "kube     [" in completed.stdout
+
+
 def test_it_refuses_to_bench_without_the_philly_trace(tmp_path):
     from bench.bench_decide import required_philly_sizes
 
