@@ -19,12 +19,13 @@ from django.db.models.functions import Cast
 from django.utils import timezone
 
 from broker import clock
-from broker.costs import checkpoint, ledger, report, rollup
+from broker.costs import checkpoint, ledger, rollup
 from broker.costs.models import PendingCheckpointRow
 from broker.costs.prices import price_timelines
 from broker.costs.report import entry, round_leaves
 from broker.costs.windows import from_us, steps_of, to_us
 from broker.flat_rows import fetch_rows
+from broker.inventory import quantities
 from broker.inventory.models import Device
 from broker.policy.models import DeviceClass, ResourceClassDeviceClass
 from broker.scheduler import accounting
@@ -123,7 +124,7 @@ class RequestedShares:
             for pk, node_id, driver, attributes, capacity in Device.objects.filter(
                 allow_multiple_allocations=True
             ).values_list("pk", "node_id", "driver", "attributes", "capacity")
-            for numeric in (report.numeric(capacity),)
+            for numeric in (quantities.numbers(capacity),)
         ]
         self.largest = {}
         self.known = {}
@@ -139,7 +140,7 @@ class RequestedShares:
                     if matcher is not None and matcher.classes_of(device):
                         for name, value in capacity.items():
                             largest[name] = max(largest.get(name, 0), value)
-            amounts = report.numeric(json.loads(amounts_text))
+            amounts = quantities.numbers(json.loads(amounts_text))
             self.known[key] = accounting.device_share(largest, amounts) if largest else 1
         return self.known[key]
 

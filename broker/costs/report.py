@@ -26,8 +26,8 @@ from broker.costs.models import CapacitySample, CostCheckpointRow
 from broker.costs.prices import price_timelines
 from broker.costs.windows import from_us, steps_of, to_us
 from broker.flat_rows import fetch_rows
+from broker.inventory import quantities
 from broker.inventory.models import Device
-from broker.inventory.quantities import numbers as numeric
 from broker.policy.models import DeviceClass, Team
 from broker.scheduler import accounting, heap
 from broker.workloads.models import Allocation, Workload
@@ -203,7 +203,7 @@ class Shares:
     def __init__(self, device_pks):
         wanted = {pk for pk in device_pks if pk is not None}
         rows = Device.objects.filter(pk__in=wanted).values_list("pk", "capacity") if wanted else ()
-        self.capacity = {pk: numeric(capacity) for pk, capacity in rows}
+        self.capacity = {pk: quantities.numbers(capacity) for pk, capacity in rows}
         self.known = {}
 
     def devices(self, count, device, consumed):
@@ -216,7 +216,7 @@ class Shares:
             if isinstance(value, int):
                 share = ledger.from_millionths(0, value)
             else:
-                share = accounting.device_share(self.capacity.get(device, {}), numeric(value))
+                share = accounting.device_share(self.capacity.get(device, {}), quantities.numbers(value))
             self.known[key] = share
         return count * share
 

@@ -30,8 +30,9 @@ from broker.audit.models import event, record_all
 from broker.costs.sampling import capacity_rows, record_capacity_sample
 from broker.cycle.admissions import HISTORY_COLUMNS, AdmissionWriter
 from broker.cycle.bulk import JsonText, column_in, insert_rows, pk_in, update_rows, upsert_rows
-from broker.cycle.loader import as_text, load_snapshot, numeric_capacity
+from broker.cycle.loader import as_text, load_snapshot
 from broker.cycle.refusals import StaleSnapshot
+from broker.inventory import quantities
 from broker.inventory.models import ClusterState, Device, Health, InventoryRevision
 from broker.scheduler import heap
 from broker.scheduler.accounting import capacity_by_class
@@ -342,7 +343,7 @@ def check_shares(admitted, shares, loaded, inventory_held):
             whole[pk] += 1
             continue
         shared[pk] += 1
-        for name, amount in numeric_capacity(json.loads(consumed) or {}).items():
+        for name, amount in quantities.numbers(json.loads(consumed)).items():
             used[pk][name] += amount
     for pk in sorted(concerned):
         device = loaded.devices_by_pk[pk][0]

@@ -26,8 +26,8 @@ from broker.cycle.bulk import Background, column_in, pk_in
 from broker.cycle.executor import get_executor
 from broker.flat_rows import fetch_rows, fetch_sql
 from broker.governance.models import ApprovalRequest
+from broker.inventory import quantities
 from broker.inventory.models import ClusterState, Device, Domain, Health, InventoryRevision, Node, TopologyLevel
-from broker.inventory.quantities import numbers as numeric_capacity
 from broker.policy.models import Cohort, DeviceClass, Queue, Reservation, ResourceClass, ResourceClassDeviceClass
 from broker.scheduler import heap
 from broker.scheduler import snapshot as s
@@ -605,7 +605,7 @@ def counters_of(node_counters, devices):
     values = {}
     for node, sets in node_counters.items():
         for set_name, counters in sets.items():
-            numbers = numeric_capacity(counters) if isinstance(counters, dict) else {}
+            numbers = quantities.numbers(counters) if isinstance(counters, dict) else {}
             counter_sets.append(s.CounterSet(str(set_name), node, numbers))
             for counter, value in numbers.items():
                 values[(node, str(set_name), counter)] = value
@@ -614,7 +614,7 @@ def counters_of(node_counters, devices):
     for pk, (consumes, parent) in devices.families.items():
         if consumes:
             consumption[pk] = {
-                str(name): numeric_capacity(counters) if isinstance(counters, dict) else {}
+                str(name): quantities.numbers(counters) if isinstance(counters, dict) else {}
                 for name, counters in consumes.items()
             }
         if parent is not None:
@@ -667,7 +667,7 @@ def device_description(parse, attributes, capacity, taints):
     taint_list = parse(taints, [])
     return (
         parse(attributes, {}),
-        numeric_capacity(parse(capacity, {})),
+        quantities.numbers(parse(capacity, {})),
         taint_list,
         tuple(s.Taint(key=t["key"], value=t.get("value"), effect=t.get("effect", "NoSchedule")) for t in taint_list),
     )
@@ -1068,7 +1068,7 @@ def pod_set_from_row(row, parse):
         ),
         requests=requests,
         constraints=constraints,
-        capacity=tuple(sorted(numeric_capacity(parse(capacity, None) or {}).items())),
+        capacity=tuple(sorted(quantities.numbers(parse(capacity, None) or {}).items())),
     )
 
 
@@ -1380,7 +1380,7 @@ def running_workload(workload_id, rows, info, loaded, class_names, executor):
             device_id, node = devices_by_pk[row[3]]
             pods[(row[1], row[2], node)].append(device_id)
             if row[5] is not None:
-                amounts = numeric_capacity(json.loads(row[5]) or {})
+                amounts = quantities.numbers(json.loads(row[5]) or {})
                 consumed[(row[1], row[2], node)] = tuple(sorted(amounts.items()))
         placed = []
         for key, ids in sorted(pods.items()):

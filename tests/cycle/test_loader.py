@@ -1,7 +1,8 @@
 from django.utils import timezone
 
-from broker.cycle.loader import approved_flag, load_snapshot, numeric_capacity
+from broker.cycle.loader import approved_flag, load_snapshot
 from broker.inventory.models import Device, Health
+from broker.inventory.quantities import numbers
 from broker.workloads.models import ApprovalState, Workload
 from broker.workloads.states import State
 from tests.cycle.helpers import pending, running
@@ -110,11 +111,12 @@ def test_it_only_calls_a_workload_approved_when_it_may_run():
 
 
 def test_it_reads_kubernetes_quantities():
-    assert numeric_capacity({"memory": "24Gi", "cores": 4, "bw": "1.5k", "odd": "lots"}) == {
+    assert numbers({"memory": "24Gi", "cores": 4, "bw": "1.5k", "odd": "lots"}) == {
         "memory": 24 * 2**30,
         "cores": 4,
         "bw": 1500,
     }
+    assert numbers(None) == {}
 
 
 def test_it_loads_in_a_number_of_queries_that_does_not_grow_with_the_work(cluster):
